@@ -1,0 +1,432 @@
+"""The TrainingJob API (kubetrain.io/v1alpha1): the single source of truth.
+
+The CRD's OpenAPI schema, defaults, CEL rules and `kubectl explain` text are
+generated from these models (see :mod:`kubetrain.core.crd`); the trainer reads
+its configuration from the same models; `kubetrain validate` checks a manifest
+against them. Field names follow the Kubeflow Training Operator / JobSet
+vocabulary where one exists (`backoffLimit`, `activeDeadlineSeconds`,
+`ttlSecondsAfterFinished`, `cleanPodPolicy`, `suspend`).
+
+Python attributes are snake_case; the wire format (YAML/JSON) is camelCase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "kubetrain.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SINGULAR = "trainingjob"
+SHORT_NAMES = ["tj", "tjob"]
+
+Strategy = Literal["ddp", "fsdp", "deepspeed"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Phase = Literal["Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+
+
+class _Model(BaseModel):
+    """Base: camelCase on the wire, unknown fields rejected, docstrings as descriptions."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+    def dump(self) -> dict[str, Any]:
+        """The wire form: camelCase keys, unset optional fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# --------------------------------------------------------------------------- spec pieces
+
+
+class FSDPSpec(_Model):
+    """Options for strategy `fsdp` (PyTorch FSDP2 `fully_shard`, one unit per transformer block)."""
+
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward pass (ZeRO-3 like, less memory). False keeps them until backward (ZeRO-2 like, less communication)."""
+    cpu_offload: bool = False
+    """Keep sharded parameters, gradients and optimizer state in host memory."""
+
+
+class DeepSpeedSpec(_Model):
+    """Options for strategy `deepspeed` (DeepSpeed ZeRO)."""
+
+    zero_stage: int = Field(2, ge=0, le=3)
+    """ZeRO stage: 0 (plain data parallel), 1 (optimizer state sharded), 2 (+ gradients), 3 (+ parameters)."""
+    offload_optimizer: bool = False
+    """Offload optimizer state and step to CPU (ZeRO-Offload). Needs zeroStage >= 1."""
+    offload_param: bool = False
+    """Offload parameters to CPU. Needs zeroStage 3."""
+    config: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+    """Extra DeepSpeed config merged over the generated one (expert use; kubetrain's own keys win for batch size, precision and ZeRO stage)."""
+
+
+class ModelSpec(_Model):
+    """The model to train: the built-in decoder-only transformer, or a Hugging Face causal LM from a local path."""
+
+    vocab_size: int = Field(256, ge=2)
+    """Vocabulary size of the built-in transformer (256 for the byte-level tokenizer)."""
+    d_model: int = Field(128, ge=8)
+    """Hidden size of the built-in transformer."""
+    n_layers: int = Field(2, ge=1)
+    """Number of transformer blocks."""
+    n_heads: int = Field(4, ge=1)
+    """Attention heads per block; dModel must be divisible by it."""
+    seq_len: int = Field(128, ge=8)
+    """Sequence length (tokens per sample)."""
+    hf_path: str | None = None
+    """Local path (volume) of a Hugging Face causal LM to train instead of the built-in model. Never downloaded from a hub."""
+
+
+class DataSpec(_Model):
+    """Training data: real text from local files."""
+
+    path: str = "examples/data"
+    """A text file or a directory of text files (read in sorted order). Relative paths resolve against the manifest's directory in local runs and the working directory in pods."""
+    glob: str = "*.txt"
+    """File pattern when path is a directory."""
+    tokenizer: Literal["byte"] = "byte"
+    """Tokenizer: `byte` (UTF-8 bytes, vocabulary 256; ships with kubetrain)."""
+
+
+class OptimizerSpec(_Model):
+    """AdamW with linear warmup and cosine decay."""
+
+    name: Literal["adamw"] = "adamw"
+    """Optimizer."""
+    lr: float = Field(3e-3, gt=0)
+    """Peak learning rate."""
+    min_lr: float = Field(3e-4, ge=0)
+    """Learning rate at the end of the cosine decay."""
+    weight_decay: float = Field(0.01, ge=0)
+    """Decoupled weight decay."""
+    beta1: float = Field(0.9, ge=0, lt=1)
+    """Adam beta1."""
+    beta2: float = Field(0.95, ge=0, lt=1)
+    """Adam beta2."""
+    warmup_steps: int = Field(10, ge=0)
+    """Linear warmup steps."""
+    grad_clip: float = Field(1.0, ge=0)
+    """Clip the global gradient norm to this value (0 disables clipping)."""
+
+
+class CheckpointSpec(_Model):
+    """Checkpointing: periodic, on SIGTERM, atomic, and used for every gang restart."""
+
+    every_steps: int = Field(50, ge=1)
+    """Save a checkpoint every N optimizer steps (and at the last step)."""
+    keep: int = Field(3, ge=1)
+    """Keep the newest K complete checkpoints; older ones are deleted."""
+    on_sigterm: bool = True
+    """Save a checkpoint when a worker is asked to stop (preemption, node drain, Ctrl-C)."""
+    dir: str | None = None
+    """Checkpoint directory. Default: `<output dir>/checkpoints` locally, `/checkpoints` in pods."""
+    claim_name: str | None = None
+    """An existing PersistentVolumeClaim mounted at the checkpoint directory in every worker pod."""
+    storage_size: str | None = None
+    """Size of a claim the operator creates for this job when claimName is not set (e.g. `100Gi`)."""
+    storage_class_name: str | None = None
+    """StorageClass of the claim the operator creates."""
+
+
+class ResourcesSpec(_Model):
+    """Per-worker-pod resources."""
+
+    gpus_per_worker: int = Field(0, ge=0)
+    """GPUs requested per worker pod (`nvidia.com/gpu`). Also the default procsPerWorker when that is not set."""
+    cpu: str | None = None
+    """CPU request and limit per worker pod (e.g. `16`)."""
+    memory: str | None = None
+    """Memory request and limit per worker pod (e.g. `128Gi`)."""
+    shm_size: str = "16Gi"
+    """Size of the in-memory /dev/shm volume."""
+    extra: dict[str, str] | None = None
+    """Extra extended resources per worker pod (e.g. `rdma/ib: "1"`). Merged over those the fabric profile adds; yours win."""
+
+
+class RestartPolicySpec(_Model):
+    """When and how the whole gang is restarted from the latest complete checkpoint."""
+
+    backoff_limit: int = Field(3, ge=0)
+    """Gang restarts allowed before the job fails."""
+    backoff_seconds: float = Field(5.0, ge=0)
+    """Delay before the first restart; doubles after each restart."""
+    max_backoff_seconds: float = Field(300.0, ge=0)
+    """Upper bound of the restart delay."""
+    permanent_exit_codes: list[int] = Field(default_factory=lambda: [2, 126, 127])
+    """Worker exit codes that fail the job at once (configuration errors). Every other non-zero exit, signal, eviction or lost node restarts the gang."""
+    progress_deadline_seconds: int | None = Field(None, ge=1)
+    """Restart the gang when rank 0 reports no new step for this long (hang detection). Unset disables it."""
+    node_not_ready_grace_seconds: int = Field(60, ge=0)
+    """How long a worker's node may be NotReady before the gang is restarted."""
+
+
+class SchedulingSpec(_Model):
+    """Placement of worker pods."""
+
+    node_selector: dict[str, str] | None = None
+    """Node labels every worker pod requires."""
+    tolerations: list[dict[str, Any]] | None = Field(default=None, json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
+    """Tolerations of worker pods (core/v1 Toleration objects)."""
+    affinity: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+    """Affinity of worker pods (core/v1 Affinity)."""
+    priority_class_name: str | None = None
+    """PriorityClass of worker pods."""
+    queue: str | None = None
+    """Kueue LocalQueue: set as the `kueue.x-k8s.io/queue-name` label; Kueue admits the job by clearing spec.suspend."""
+    gang: Literal["none", "volcano", "coscheduling"] = "none"
+    """Create a PodGroup so that a gang scheduler places all workers at once or none."""
+    scheduler_name: str | None = None
+    """Scheduler for worker pods (set automatically for gang `volcano`)."""
+
+
+# --------------------------------------------------------------------------- cross-field rules
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One cross-field rule, stated once: CEL for the API server, Python for `kubetrain validate`.
+
+    `path` is the field the message is about (relative to spec). `check` returns True when
+    the spec is valid. tests/unit/test_crd.py and the integration tests assert that both
+    forms agree on the same manifests.
+    """
+
+    path: str
+    cel: str
+    message: str
+    check: Callable[[TrainingJobSpec], bool]
+
+
+SPEC_RULES: list[Rule] = [
+    Rule(
+        "deepspeed",
+        "!has(self.deepspeed) || self.strategy == 'deepspeed'",
+        "deepspeed options need strategy 'deepspeed'",
+        lambda s: s.deepspeed is None or s.strategy == "deepspeed",
+    ),
+    Rule(
+        "fsdp",
+        "!has(self.fsdp) || self.strategy == 'fsdp'",
+        "fsdp options need strategy 'fsdp'",
+        lambda s: s.fsdp is None or s.strategy == "fsdp",
+    ),
+    Rule(
+        "model.nHeads",
+        "self.model.dModel % self.model.nHeads == 0",
+        "model.dModel must be divisible by model.nHeads",
+        lambda s: s.model.d_model % s.model.n_heads == 0,
+    ),
+    Rule(
+        "optimizer.minLr",
+        "self.optimizer.minLr <= self.optimizer.lr",
+        "optimizer.minLr must not exceed optimizer.lr",
+        lambda s: s.optimizer.min_lr <= s.optimizer.lr,
+    ),
+    Rule(
+        "deepspeed.offloadParam",
+        "!has(self.deepspeed) || !self.deepspeed.offloadParam || self.deepspeed.zeroStage == 3",
+        "deepspeed.offloadParam needs zeroStage 3",
+        lambda s: s.deepspeed is None or not s.deepspeed.offload_param or s.deepspeed.zero_stage == 3,
+    ),
+    Rule(
+        "deepspeed.offloadOptimizer",
+        "!has(self.deepspeed) || !self.deepspeed.offloadOptimizer || self.deepspeed.zeroStage >= 1",
+        "deepspeed.offloadOptimizer needs zeroStage >= 1",
+        lambda s: s.deepspeed is None or not s.deepspeed.offload_optimizer or s.deepspeed.zero_stage >= 1,
+    ),
+    Rule(
+        "command",
+        "!has(self.args) || has(self.command)",
+        "args needs command (custom script mode)",
+        lambda s: s.args is None or s.command is not None,
+    ),
+    Rule(
+        "precision",
+        "self.precision != 'fp16' || self.strategy != 'deepspeed' || self.resources.gpusPerWorker > 0",
+        "precision fp16 with strategy deepspeed needs GPUs (DeepSpeed has no fp16 on CPU); use bf16",
+        lambda s: s.precision != "fp16" or s.strategy != "deepspeed" or s.resources.gpus_per_worker > 0,
+    ),
+]
+
+
+# --------------------------------------------------------------------------- spec and status
+
+
+class TrainingJobSpec(_Model):
+    """Desired state of a TrainingJob: what to train, on how many workers, and how to survive failures."""
+
+    workers: int = Field(1, ge=1)
+    """Number of worker pods (nodes). Every worker runs procsPerWorker processes."""
+    procs_per_worker: int | None = Field(None, ge=1)
+    """Processes per worker (one per GPU). Default: resources.gpusPerWorker, or 1 without GPUs."""
+    image: str | None = None
+    """Worker container image. Default: the operator's trainer image."""
+    command: list[str] | None = None
+    """Custom script mode: run this command in every worker instead of the built-in trainer. It receives the same environment contract (MASTER_ADDR, RANK, KUBETRAIN_CHECKPOINT_DIR, ...)."""
+    args: list[str] | None = None
+    """Arguments for command."""
+    env: list[dict[str, Any]] | None = Field(default=None, json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
+    """Extra environment variables for every worker container (core/v1 EnvVar objects). They override kubetrain's."""
+    strategy: Strategy = "ddp"
+    """Parallelism strategy: `ddp` (DistributedDataParallel), `fsdp` (FSDP2 fully_shard) or `deepspeed` (ZeRO)."""
+    fsdp: FSDPSpec | None = None
+    """FSDP options (strategy fsdp only)."""
+    deepspeed: DeepSpeedSpec | None = None
+    """DeepSpeed options (strategy deepspeed only)."""
+    precision: Precision = "bf16"
+    """Numeric precision: `fp32`, `bf16` (autocast / mixed precision) or `fp16` (with dynamic loss scaling)."""
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    """Micro-batches accumulated per optimizer step."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of storing them."""
+    micro_batch_size: int = Field(8, ge=1)
+    """Samples per process per micro-batch. Global batch = microBatchSize x gradientAccumulationSteps x world size."""
+    max_steps: int = Field(100, ge=1)
+    """Optimizer steps to train; the job succeeds when rank 0 reaches it."""
+    seed: int = Field(1234, ge=0)
+    """Seed for initialisation and data order; the same seed gives the same run."""
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    """The model."""
+    data: DataSpec = Field(default_factory=DataSpec)
+    """The training data."""
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    """Optimizer and learning-rate schedule."""
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Checkpointing."""
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    """Per-worker resources."""
+    restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec)
+    """Gang restart policy."""
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    """Placement of worker pods."""
+    fabric: Literal["none", "infiniband", "roce", "efa", "tcpx"] = "none"
+    """Network fabric profile: adds the device resources, IPC_LOCK, NCCL/libfabric environment and annotations for it. Your own env and resources win."""
+    metrics_port: int = Field(9400, ge=1024, le=65535)
+    """Port of every worker's Prometheus endpoint (local runs use consecutive ports from it)."""
+    suspend: bool = False
+    """Suspended jobs have no pods; resuming starts a new gang from the latest checkpoint (Kueue sets and clears it)."""
+    active_deadline_seconds: int | None = Field(None, ge=1)
+    """Fail the job when it has been active (not suspended) this long."""
+    ttl_seconds_after_finished: int | None = Field(None, ge=0)
+    """Delete the job this long after it finished. Unset keeps it."""
+    clean_pod_policy: Literal["None", "Running", "All"] = "Running"
+    """Which pods to delete when the job finishes: `None`, `Running` (still running ones) or `All`."""
+
+    @property
+    def procs(self) -> int:
+        """Processes per worker after defaults."""
+        if self.procs_per_worker is not None:
+            return self.procs_per_worker
+        return max(1, self.resources.gpus_per_worker)
+
+    @property
+    def world_size(self) -> int:
+        return self.workers * self.procs
+
+    def rule_violations(self) -> list[tuple[str, str]]:
+        """(spec-relative path, message) for every cross-field rule this spec breaks."""
+        return [(r.path, r.message) for r in SPEC_RULES if not r.check(self)]
+
+
+class Condition(_Model):
+    """A standard Kubernetes condition."""
+
+    type: str
+    """Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed."""
+    status: Literal["True", "False", "Unknown"]
+    """Whether the condition holds."""
+    reason: str = ""
+    """Machine-readable reason in CamelCase."""
+    message: str = ""
+    """Human-readable detail."""
+    last_transition_time: str | None = None
+    """When status last changed (RFC 3339)."""
+
+
+class CheckpointRef(_Model):
+    """A complete checkpoint."""
+
+    step: int
+    """Optimizer step it holds."""
+    path: str = ""
+    """Where it is."""
+    time: str | None = None
+    """When it was committed (RFC 3339)."""
+
+
+class TrainingJobStatus(_Model):
+    """Observed state of a TrainingJob, written by the operator."""
+
+    phase: Phase = "Pending"
+    """Pending, Created, Running, Restarting, Suspended, Succeeded or Failed."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Conditions with reasons and messages."""
+    workers_ready: int = 0
+    """Worker pods Running and ready in the current generation."""
+    workers_total: int = 0
+    """Worker pods desired."""
+    workers_summary: str = ""
+    """ready/total, for the printer column."""
+    restart_count: int = 0
+    """Gang restarts so far."""
+    restart_generation: int = 0
+    """Generation of the current gang (0 for the first)."""
+    failures: dict[str, int] = Field(default_factory=dict)
+    """Worker failures counted by kind (e.g. ExitCode, Evicted, NodeLost, NoProgress)."""
+    current_step: int = 0
+    """Last optimizer step rank 0 reported."""
+    max_steps: int = 0
+    """spec.maxSteps."""
+    loss: str | None = None
+    """Last loss rank 0 reported."""
+    last_checkpoint: CheckpointRef | None = None
+    """Newest complete checkpoint."""
+    last_progress_time: str | None = None
+    """When rank 0 last reported a new step."""
+    start_time: str | None = None
+    """When the job first started running (RFC 3339)."""
+    completion_time: str | None = None
+    """When the job finished (RFC 3339)."""
+    observed_generation: int = 0
+    """metadata.generation this status reflects."""
+
+
+class ObjectMeta(_Model):
+    """The subset of metadata kubetrain reads."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+    name: str = Field(..., min_length=1, max_length=50, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Job name: a DNS label of at most 50 characters (pod hostnames append `-worker-<i>` and must stay within 63)."""
+    namespace: str | None = None
+    """Namespace."""
+    labels: dict[str, str] | None = None
+    """Labels."""
+    annotations: dict[str, str] | None = None
+    """Annotations."""
+
+
+class TrainingJob(_Model):
+    """A distributed PyTorch training job (DDP, FSDP2 or DeepSpeed ZeRO) run as a gang that restarts from its latest checkpoint."""
+
+    api_version: Literal["kubetrain.io/v1alpha1"] = API_VERSION
+    """kubetrain.io/v1alpha1"""
+    kind: Literal["TrainingJob"] = KIND
+    """TrainingJob"""
+    metadata: ObjectMeta
+    """Standard object metadata."""
+    spec: TrainingJobSpec = Field(default_factory=TrainingJobSpec)
+    """Desired state."""
+    status: TrainingJobStatus | None = None
+    """Observed state."""

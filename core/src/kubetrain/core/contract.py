@@ -1,0 +1,103 @@
+"""The worker environment contract, defined once for both backends.
+
+Every worker process (built-in trainer or a user's own script) gets these
+variables from the operator (pod env) or the local backend (process env).
+torchrun's `PET_*` names are set too so that `torchrun` inside a pod needs no flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# torch.distributed's own
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+WORLD_SIZE = "WORLD_SIZE"
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+NODE_RANK = "NODE_RANK"
+# torchrun (elastic launcher) equivalents
+PET_NNODES = "PET_NNODES"
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+PET_NODE_RANK = "PET_NODE_RANK"
+PET_MASTER_ADDR = "PET_MASTER_ADDR"
+PET_MASTER_PORT = "PET_MASTER_PORT"
+# kubetrain's own
+JOB = "KUBETRAIN_JOB"
+NAMESPACE = "KUBETRAIN_NAMESPACE"
+CONFIG = "KUBETRAIN_CONFIG"
+"""Path of the rendered trainer config (JSON: the TrainingJob spec in wire form)."""
+CHECKPOINT_DIR = "KUBETRAIN_CHECKPOINT_DIR"
+OUTPUT_DIR = "KUBETRAIN_OUTPUT_DIR"
+"""Where rank 0 writes progress.json and logs."""
+RESTART_GENERATION = "KUBETRAIN_RESTART_GENERATION"
+METRICS_PORT = "KUBETRAIN_METRICS_PORT"
+FAIL_AT = "KUBETRAIN_FAIL_AT"
+"""`RANK:STEP`: that rank exits with FAIL_AT_EXIT_CODE on reaching STEP (failure drills)."""
+DIST_TIMEOUT = "KUBETRAIN_DIST_TIMEOUT_SECONDS"
+
+DEFAULT_MASTER_PORT = 29500
+FAIL_AT_EXIT_CODE = 137
+"""Exit code of an injected failure: the same as a SIGKILLed container, so it is retryable."""
+PROGRESS_FILE = "progress.json"
+"""Rank 0's progress record in KUBETRAIN_OUTPUT_DIR (see kubetrain.core.progress)."""
+
+
+@dataclass(frozen=True)
+class WorkerPlacement:
+    """Where one process sits in the gang."""
+
+    node_rank: int
+    local_rank: int
+    procs_per_worker: int
+    workers: int
+
+    @property
+    def rank(self) -> int:
+        return self.node_rank * self.procs_per_worker + self.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.workers * self.procs_per_worker
+
+
+def torch_env(placement: WorkerPlacement, master_addr: str, master_port: int) -> dict[str, str]:
+    """torch.distributed and torchrun variables for one process."""
+    return {
+        MASTER_ADDR: master_addr,
+        MASTER_PORT: str(master_port),
+        WORLD_SIZE: str(placement.world_size),
+        RANK: str(placement.rank),
+        LOCAL_RANK: str(placement.local_rank),
+        LOCAL_WORLD_SIZE: str(placement.procs_per_worker),
+        NODE_RANK: str(placement.node_rank),
+        PET_NNODES: str(placement.workers),
+        PET_NPROC_PER_NODE: str(placement.procs_per_worker),
+        PET_NODE_RANK: str(placement.node_rank),
+        PET_MASTER_ADDR: master_addr,
+        PET_MASTER_PORT: str(master_port),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def kubetrain_env(
+    *,
+    job: str,
+    namespace: str,
+    config_path: str,
+    checkpoint_dir: str,
+    output_dir: str,
+    restart_generation: int,
+    metrics_port: int,
+) -> dict[str, str]:
+    """kubetrain's own variables, the same for every process of a generation."""
+    return {
+        JOB: job,
+        NAMESPACE: namespace,
+        CONFIG: config_path,
+        CHECKPOINT_DIR: checkpoint_dir,
+        OUTPUT_DIR: output_dir,
+        RESTART_GENERATION: str(restart_generation),
+        METRICS_PORT: str(metrics_port),
+    }

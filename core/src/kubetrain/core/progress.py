@@ -1,0 +1,107 @@
+"""Rank 0's progress record and the checkpoint directory layout (no torch here).
+
+The trainer writes `progress.json` atomically after every optimizer step (rate
+limited) and after every checkpoint; the local backend and the operator read it
+for status, summaries and hang detection. Checkpoints live in
+`<checkpoint dir>/step-<NNNNNNNN>/` and count only once `COMMITTED` exists in
+them; the marker is written last, atomically, by rank 0 after every rank saved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from pydantic import Field
+
+from kubetrain.core.api import _Model
+
+COMMIT_MARKER = "COMMITTED"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+class CheckpointRecord(_Model):
+    step: int
+    path: str
+    time: str
+    """RFC 3339 UTC."""
+    seconds: float = 0.0
+    """How long the save took."""
+
+
+class Progress(_Model):
+    """What rank 0 reports. Field names are camelCase in the file."""
+
+    job: str = ""
+    generation: int = 0
+    step: int = 0
+    max_steps: int = 0
+    loss: float | None = None
+    initial_loss: float | None = None
+    """Loss of step 1 of the whole run (kept across restarts)."""
+    tokens_per_second: float = 0.0
+    """Mean over this generation's steps."""
+    world_size: int = 0
+    resumed_from: int | None = None
+    """Step of the checkpoint this generation resumed from."""
+    last_checkpoint: CheckpointRecord | None = None
+    checkpoints: list[int] = Field(default_factory=list)
+    """Steps of every checkpoint committed in this run (all generations)."""
+    time: str = ""
+    """When this record was written (RFC 3339 UTC)."""
+    finished: bool = False
+    """True once maxSteps is reached and the final checkpoint is committed."""
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a whole file or nothing: temp file in the same directory, fsync, rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_progress(output_dir: Path, progress: Progress) -> None:
+    atomic_write_text(Path(output_dir) / "progress.json", json.dumps(progress.dump(), indent=1))
+
+
+def read_progress(output_dir: Path) -> Progress | None:
+    path = Path(output_dir) / "progress.json"
+    try:
+        return Progress.model_validate(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, OSError):
+        return None  # a torn or foreign file is no progress; the writer replaces it atomically
+
+
+def checkpoint_dirname(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every committed checkpoint, oldest first. Half-written ones are skipped."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        m = _STEP_DIR.match(entry.name)
+        if m and (entry / COMMIT_MARKER).is_file():
+            found.append((int(m.group(1)), entry))
+    return sorted(found)
+
+
+def latest_checkpoint(checkpoint_dir: Path) -> tuple[int, Path] | None:
+    done = complete_checkpoints(checkpoint_dir)
+    return done[-1] if done else None
