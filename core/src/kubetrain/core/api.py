@@ -12,8 +12,9 @@ Python attributes are snake_case; the wire format (YAML/JSON) is camelCase.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -68,7 +69,7 @@ class DeepSpeedSpec(_Model):
     """Offload optimizer state and step to CPU (ZeRO-Offload). Needs zeroStage >= 1."""
     offload_param: bool = False
     """Offload parameters to CPU. Needs zeroStage 3."""
-    config: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+    config: dict[str, Any] | None = None
     """Extra DeepSpeed config merged over the generated one (expert use; kubetrain's own keys win for batch size, precision and ZeRO stage)."""
 
 
@@ -92,7 +93,7 @@ class ModelSpec(_Model):
 class DataSpec(_Model):
     """Training data: real text from local files."""
 
-    path: str = "examples/data"
+    path: str = "data"
     """A text file or a directory of text files (read in sorted order). Relative paths resolve against the manifest's directory in local runs and the working directory in pods."""
     glob: str = "*.txt"
     """File pattern when path is a directory."""
@@ -177,9 +178,9 @@ class SchedulingSpec(_Model):
 
     node_selector: dict[str, str] | None = None
     """Node labels every worker pod requires."""
-    tolerations: list[dict[str, Any]] | None = Field(default=None, json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
+    tolerations: list[dict[str, Any]] | None = None
     """Tolerations of worker pods (core/v1 Toleration objects)."""
-    affinity: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+    affinity: dict[str, Any] | None = None
     """Affinity of worker pods (core/v1 Affinity)."""
     priority_class_name: str | None = None
     """PriorityClass of worker pods."""
@@ -277,7 +278,7 @@ class TrainingJobSpec(_Model):
     """Custom script mode: run this command in every worker instead of the built-in trainer. It receives the same environment contract (MASTER_ADDR, RANK, KUBETRAIN_CHECKPOINT_DIR, ...)."""
     args: list[str] | None = None
     """Arguments for command."""
-    env: list[dict[str, Any]] | None = Field(default=None, json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}})
+    env: list[dict[str, Any]] | None = None
     """Extra environment variables for every worker container (core/v1 EnvVar objects). They override kubetrain's."""
     strategy: Strategy = "ddp"
     """Parallelism strategy: `ddp` (DistributedDataParallel), `fsdp` (FSDP2 fully_shard) or `deepspeed` (ZeRO)."""

@@ -1,0 +1,48 @@
+# kubetrain — the two commands a newcomer types: `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.stamp-install
+PYTEST_ARGS ?=
+
+.PHONY: all venv run test test-unit test-e2e lint crds check-crds clean help
+
+all: venv
+
+help:
+	@echo "make run         set everything up and train examples/quickstart.yaml locally"
+	@echo "make test        set everything up and run the whole test suite"
+	@echo "make lint        ruff"
+	@echo "make crds        regenerate crds/ from the API models"
+	@echo "make cluster-up  start the local test control plane (see docs/testing.md)"
+
+venv: $(STAMP)
+
+$(STAMP): requirements-dev.txt core/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "kubetrain needs Python >= 3.11"'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+	$(BIN)/python -m pip install -r requirements-dev.txt -e core -e operator -e trainer-image
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/kubetrain run examples/quickstart.yaml --fresh --summary-json runs/quickstart/summary.json
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+crds: $(STAMP)
+	$(BIN)/kubetrain crd -o crds/kubetrain.io_trainingjobs.yaml
+
+clean:
+	rm -rf $(VENV) runs
+
+-include hack/cluster.mk

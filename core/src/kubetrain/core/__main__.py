@@ -1,0 +1,5 @@
+import sys
+
+from kubetrain.core.cli import main
+
+sys.exit(main())

@@ -1,0 +1,144 @@
+"""`kubetrain` command line: crd, validate, run.
+
+Exit codes: 0 success, 1 the job failed, 2 bad input (with one line per problem),
+130 stopped by Ctrl-C (the run can be resumed by running it again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kubetrain.core import __version__
+from kubetrain.core.validate import ManifestError, load_documents, load_job, problems_of
+
+
+def _fail_at(value: str) -> tuple[int, int]:
+    try:
+        rank, step = (int(x) for x in value.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--fail-at must be RANK:STEP, e.g. 1:30 (got {value!r})") from None
+    if rank < 0 or step < 1:
+        raise argparse.ArgumentTypeError("--fail-at needs RANK >= 0 and STEP >= 1")
+    return rank, step
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    from kubetrain.core.crd import crd_yaml
+
+    text = crd_yaml()
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    bad = 0
+    for name in args.files:
+        try:
+            docs = load_documents(Path(name))
+        except ManifestError as exc:
+            print(exc, file=sys.stderr)
+            bad += 1
+            continue
+        except OSError as exc:
+            print(f"{name}: cannot read: {exc.strerror}", file=sys.stderr)
+            bad += 1
+            continue
+        if not docs:
+            print(f"{name}: (file): holds no TrainingJob", file=sys.stderr)
+            bad += 1
+        for i, doc in enumerate(docs):
+            where = name if len(docs) == 1 else f"{name}[{i}]"
+            problems = problems_of(doc)
+            for p in problems:
+                print(f"{where}: {p}", file=sys.stderr)
+            if problems:
+                bad += 1
+            else:
+                print(f"{where}: valid TrainingJob {doc['metadata']['name']!r}")
+    return 2 if bad else 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from kubetrain.core.local import LocalRun, RunOptions
+
+    manifest = Path(args.file)
+    try:
+        job = load_job(manifest)
+    except ManifestError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{manifest}: cannot read: {exc.strerror}", file=sys.stderr)
+        return 2
+    if args.workers is not None and args.workers < 1:
+        print("--workers: must be >= 1", file=sys.stderr)
+        return 2
+    world = (args.workers or job.spec.workers) * job.spec.procs
+    if args.fail_at and args.fail_at[0] >= world:
+        print(f"--fail-at: rank {args.fail_at[0]} does not exist (world size {world})", file=sys.stderr)
+        return 2
+    opts = RunOptions(
+        output_dir=Path(args.output_dir or Path("runs") / job.metadata.name),
+        workers=args.workers,
+        fail_at=args.fail_at,
+        fresh=args.fresh,
+        summary_json=Path(args.summary_json) if args.summary_json else None,
+        quiet=args.quiet,
+    )
+    summary = LocalRun(job, manifest.parent.resolve(), opts).run()
+    loss = (
+        f"loss {summary.initial_loss:.4f} -> {summary.final_loss:.4f}"
+        if summary.initial_loss is not None and summary.final_loss is not None
+        else "no loss reported"
+    )
+    print(
+        f"{summary.name}: {summary.phase} ({summary.reason}) after {summary.steps}/{summary.max_steps} steps, "
+        f"{loss}, {summary.restarts} restart(s), {summary.tokens_per_second:,.0f} tokens/s, "
+        f"{summary.wall_seconds:.1f}s; checkpoints at {summary.checkpoints}"
+    )
+    if summary.phase == "Failed":
+        print(f"  {summary.message}", file=sys.stderr)
+    print(f"summary: {opts.summary_json or Path(summary.output_dir) / 'summary.json'}")
+    return {"Succeeded": 0, "Suspended": 130}.get(summary.phase, 1)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kubetrain",
+        description="Distributed PyTorch training jobs: run a TrainingJob locally, validate it, print the CRD.",
+    )
+    p.add_argument("--version", action="version", version=f"kubetrain {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("crd", help="print the TrainingJob CustomResourceDefinition (generated from the API models)")
+    c.add_argument("-o", "--output", help="write to this file instead of stdout")
+    c.set_defaults(func=cmd_crd)
+
+    v = sub.add_parser("validate", help="check TrainingJob manifests; exit 2 with one line per problem")
+    v.add_argument("files", nargs="+", metavar="FILE")
+    v.set_defaults(func=cmd_validate)
+
+    r = sub.add_parser("run", help="run a TrainingJob on this machine as local worker processes")
+    r.add_argument("file", metavar="FILE", help="TrainingJob manifest (YAML)")
+    r.add_argument("--workers", type=int, help="override spec.workers")
+    r.add_argument("--output-dir", help="checkpoints, logs and progress (default: runs/<job name>)")
+    r.add_argument("--summary-json", help="also write the run summary (JSON) here")
+    r.add_argument("--fail-at", type=_fail_at, metavar="RANK:STEP", help="kill RANK when it reaches STEP (once)")
+    r.add_argument("--fresh", action="store_true", help="discard an unfinished run in the output dir")
+    r.add_argument("-q", "--quiet", action="store_true", help="no live progress line")
+    r.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,412 @@
+"""The local backend: run a TrainingJob as processes on this machine, no cluster.
+
+Each worker (a pod on Kubernetes) is a group of `procsPerWorker` processes of the
+same entrypoint the trainer image runs, with the same environment contract. The
+supervisor loop observes them, asks the shared lifecycle policy
+(kubetrain.core.lifecycle.decide) what to do, and does it: start a generation,
+kill and restart the whole gang from the latest checkpoint, succeed or fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from kubetrain.core import contract
+from kubetrain.core.api import TrainingJob, TrainingJobSpec
+from kubetrain.core.lifecycle import Action, Decision, History, Observed, WorkerPhase, WorkerState, decide
+from kubetrain.core.progress import Progress, complete_checkpoints, read_progress
+
+TRAINER_ENTRYPOINT = [sys.executable, "-m", "kubetrain.trainer"]
+STOP_GRACE_SECONDS = 120.0
+"""How long Ctrl-C waits for workers to write their SIGTERM checkpoint."""
+KILL_GRACE_SECONDS = 3.0
+"""How long a gang being restarted gets between SIGTERM and SIGKILL."""
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def exit_code(returncode: int) -> int:
+    """Popen's -N for a signal becomes 128+N, as a container runtime reports it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass
+class Proc:
+    rank: int
+    node_rank: int
+    popen: subprocess.Popen[bytes]
+    log: IO[bytes]
+
+
+@dataclass
+class Generation:
+    number: int
+    procs: list[Proc]
+    started: datetime
+    started_monotonic: float
+    base_step: int
+    """Step of the checkpoint this generation resumed from (0 for a fresh start)."""
+
+
+@dataclass
+class RunOptions:
+    output_dir: Path
+    workers: int | None = None
+    fail_at: tuple[int, int] | None = None
+    fresh: bool = False
+    summary_json: Path | None = None
+    poll_seconds: float = 0.25
+    quiet: bool = False
+
+
+@dataclass
+class Summary:
+    name: str
+    phase: str
+    reason: str
+    message: str
+    steps: int
+    max_steps: int
+    initial_loss: float | None
+    final_loss: float | None
+    restarts: int
+    tokens_per_second: float
+    checkpoints: list[int]
+    resumed_from: list[int] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+    output_dir: str = ""
+    world_size: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=2)
+
+
+def resolve_spec(job: TrainingJob, manifest_dir: Path, opts: RunOptions) -> TrainingJobSpec:
+    """The spec as this run executes it: CLI overrides applied, paths made absolute."""
+    spec = job.spec.model_copy(deep=True)
+    if opts.workers is not None:
+        spec.workers = opts.workers
+    data = Path(spec.data.path)
+    spec.data.path = str(data if data.is_absolute() else (manifest_dir / data).resolve())
+    ckpt = Path(spec.checkpoint.dir) if spec.checkpoint.dir else opts.output_dir / "checkpoints"
+    spec.checkpoint.dir = str(ckpt.resolve())
+    return TrainingJobSpec.model_validate(spec.dump())
+
+
+def prepare_output_dir(spec: TrainingJobSpec, opts: RunOptions) -> str | None:
+    """Start fresh, or resume an unfinished run found there. Returns a line to tell the user."""
+    out, ckpt = opts.output_dir, Path(spec.checkpoint.dir or "")
+    previous = read_progress(out)
+    done = complete_checkpoints(ckpt)
+    if not opts.fresh and previous is not None and not previous.finished and done:
+        return f"resuming the unfinished run in {out} from step {done[-1][0]} (pass --fresh to start over)"
+    for path in (ckpt, out / "logs"):
+        shutil.rmtree(path, ignore_errors=True)
+    for name in (contract.PROGRESS_FILE, "losses.jsonl", "summary.json"):
+        (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+class StatusLine:
+    """One live line: a carriage-return status on a terminal, a plain line every few seconds otherwise."""
+
+    def __init__(self, stream: IO[str], quiet: bool = False):
+        self.stream, self.quiet = stream, quiet
+        self.tty = stream.isatty()
+        self.last_text = ""
+        self.last_print = 0.0
+
+    def show(self, text: str, now: float) -> None:
+        if self.quiet or text == self.last_text:
+            return
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+        elif now - self.last_print >= 5.0:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+            self.last_print = now
+        self.last_text = text
+
+    def say(self, text: str) -> None:
+        if self.tty and self.last_text:
+            self.stream.write("\r\033[K")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self.last_text = ""
+
+
+def _fmt_eta(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def progress_text(p: Progress | None, gen: int, restarts: int, started: float, base_step: int, now: float) -> str:
+    """The live line: bar, step, loss, throughput, ETA from this generation's pace."""
+    if p is None or p.step <= base_step or p.generation != gen:
+        return f"gen {gen} | starting {f'from step {base_step}' if base_step else 'workers'} ... {now - started:.0f}s"
+    width = 24
+    filled = int(width * p.step / max(1, p.max_steps))
+    bar = "#" * filled + "." * (width - filled)
+    loss = f"{p.loss:.4f}" if p.loss is not None else "-"
+    rate = (p.step - base_step) / max(1e-9, now - started)
+    eta = _fmt_eta((p.max_steps - p.step) / rate) if rate > 0 else "?"
+    return (
+        f"[{bar}] step {p.step}/{p.max_steps} | loss {loss} | {p.tokens_per_second:,.0f} tok/s"
+        f" | ETA {eta} | gen {gen} restarts {restarts}"
+    )
+
+
+class LocalRun:
+    """Supervise one TrainingJob as local processes until it succeeds, fails or is stopped."""
+
+    def __init__(self, job: TrainingJob, manifest_dir: Path, opts: RunOptions):
+        self.job = job
+        self.name = job.metadata.name
+        self.opts = opts
+        self.spec = resolve_spec(job, manifest_dir, opts)
+        self.out = opts.output_dir.resolve()
+        self.config_path = self.out / "config.json"
+        self.status = StatusLine(sys.stderr, opts.quiet)
+        self.history = History()
+        self.gen: Generation | None = None
+        self.failures: dict[str, int] = {}
+        self.resumed_from: list[int] = []
+        self.stop_requested = False
+        self.last_step = (0, None)  # (step, when it was first seen)
+
+    # ------------------------------------------------------------------ processes
+
+    def _start_generation(self, number: int, now: datetime) -> None:
+        spec = self.spec
+        port = free_port()
+        self.config_path.write_text(json.dumps(spec.dump(), indent=1))
+        latest = complete_checkpoints(Path(spec.checkpoint.dir or ""))
+        base_step = latest[-1][0] if latest else 0
+        if latest:
+            self.resumed_from.append(base_step)
+        logs = self.out / "logs" / f"gen-{number}"
+        logs.mkdir(parents=True, exist_ok=True)
+        threads = str(max(1, (os.cpu_count() or 1) // spec.world_size))
+        command = spec.command + (spec.args or []) if spec.command else TRAINER_ENTRYPOINT
+        procs = []
+        for node_rank in range(spec.workers):
+            for local_rank in range(spec.procs):
+                placement = contract.WorkerPlacement(node_rank, local_rank, spec.procs, spec.workers)
+                env = dict(os.environ)
+                env.setdefault("OMP_NUM_THREADS", threads)
+                env.update(contract.torch_env(placement, "127.0.0.1", port))
+                env.update(
+                    contract.kubetrain_env(
+                        job=self.name,
+                        namespace="local",
+                        config_path=str(self.config_path),
+                        checkpoint_dir=str(spec.checkpoint.dir),
+                        output_dir=str(self.out),
+                        restart_generation=number,
+                        metrics_port=spec.metrics_port + placement.rank,
+                    )
+                )
+                for item in spec.env or []:
+                    if "name" in item and "value" in item:
+                        env[str(item["name"])] = str(item["value"])
+                if number == 0 and self.opts.fail_at is not None:
+                    env[contract.FAIL_AT] = f"{self.opts.fail_at[0]}:{self.opts.fail_at[1]}"
+                else:
+                    env.pop(contract.FAIL_AT, None)
+                log = open(logs / f"rank-{placement.rank}.log", "wb")  # noqa: SIM115 - closed in _reap
+                popen = subprocess.Popen(
+                    command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops workers in order
+                )
+                procs.append(Proc(placement.rank, node_rank, popen, log))
+        self.gen = Generation(number, procs, now, time.monotonic(), base_step)
+        self.last_step = (0, None)
+
+    def _signal_all(self, sig: int) -> None:
+        for p in self.gen.procs if self.gen else []:
+            if p.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.popen.pid, sig)
+
+    def _wait_all(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        for p in self.gen.procs if self.gen else []:
+            try:
+                p.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return False
+        return True
+
+    def _stop_all(self, grace: float) -> None:
+        """SIGTERM every worker (they checkpoint if they can), SIGKILL what is left after `grace`."""
+        self._signal_all(signal.SIGTERM)
+        if not self._wait_all(grace):
+            self._signal_all(signal.SIGKILL)
+            self._wait_all(10.0)
+        for p in self.gen.procs if self.gen else []:
+            p.log.close()
+
+    # ------------------------------------------------------------------ observe
+
+    def observe(self, now: datetime) -> Observed:
+        if self.gen is None:
+            number = self.history.restart_count
+            workers = tuple(WorkerState(i, WorkerPhase.MISSING, created=False) for i in range(self.spec.workers))
+            return Observed(generation=number, workers=workers)
+        workers = []
+        for node_rank in range(self.spec.workers):
+            group = [p for p in self.gen.procs if p.node_rank == node_rank]
+            codes = [p.popen.poll() for p in group]
+            failed = [exit_code(c) for c in codes if c is not None and c != 0]
+            if failed:
+                workers.append(WorkerState(node_rank, WorkerPhase.FAILED, exit_code=failed[0]))
+            elif all(c == 0 for c in codes):
+                workers.append(WorkerState(node_rank, WorkerPhase.SUCCEEDED, exit_code=0))
+            else:
+                workers.append(WorkerState(node_rank, WorkerPhase.RUNNING))
+        progress = read_progress(self.out)
+        if progress is not None and progress.generation == self.gen.number and progress.step > self.last_step[0]:
+            self.last_step = (progress.step, now)
+        return Observed(
+            generation=self.gen.number,
+            workers=tuple(workers),
+            last_progress_time=self.last_step[1],
+            running_since=self.gen.started,
+        )
+
+    # ------------------------------------------------------------------ act
+
+    def act(self, d: Decision, now: datetime) -> bool:
+        """Carry out one decision; True when the run is over."""
+        if d.action == Action.CREATE_WORKERS:
+            if self.history.start_time is None:
+                self.history = History(start_time=now)
+            self._start_generation(d.generation, now)
+            if d.generation > 0:
+                self.status.say(f"generation {d.generation} started ({self.spec.world_size} processes)")
+        elif d.action == Action.RESTART_GANG:
+            kind = d.failure_kind.value if d.failure_kind else "Unknown"
+            self.failures[kind] = self.failures.get(kind, 0) + 1
+            self.status.say(f"restarting: {d.message}")
+            self._tail_failed_logs(d.failed_workers)
+            self._stop_all(KILL_GRACE_SECONDS)
+            self.gen = None
+            self.history = History(
+                restart_count=self.history.restart_count + 1,
+                start_time=self.history.start_time,
+                last_restart_time=now,
+            )
+        elif d.action in (Action.SUCCEED, Action.FAIL):
+            if d.failure_kind is not None:
+                self.failures[d.failure_kind.value] = self.failures.get(d.failure_kind.value, 0) + 1
+                self._tail_failed_logs(d.failed_workers)
+            self._stop_all(KILL_GRACE_SECONDS)
+            return True
+        return False
+
+    def _tail_failed_logs(self, workers: tuple[int, ...]) -> None:
+        if self.gen is None:
+            return
+        for p in self.gen.procs:
+            if p.node_rank in workers and p.popen.poll() not in (None, 0):
+                p.log.flush()
+                lines = Path(p.log.name).read_text(errors="replace").splitlines()[-8:]
+                self.status.say(f"--- last lines of rank {p.rank} ({p.log.name}) ---")
+                for line in lines:
+                    self.status.say("  " + line)
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> Summary:
+        t0 = time.monotonic()
+        note = prepare_output_dir(self.spec, self.opts)
+        spec = self.spec
+        self.status.say(
+            f"kubetrain: running TrainingJob {self.name!r} locally: {spec.workers} worker(s) x "
+            f"{spec.procs} process(es), strategy {spec.strategy}, precision {spec.precision}, {spec.max_steps} steps"
+        )
+        if note:
+            self.status.say(note)
+        self.status.say(f"output: {self.out} (logs/, checkpoints/, progress.json)")
+        ports = f"{spec.metrics_port}-{spec.metrics_port + spec.world_size - 1}"
+        self.status.say(f"metrics: http://127.0.0.1:{ports}/metrics (one port per rank, Prometheus format)")
+        previous = signal.signal(signal.SIGINT, self._on_interrupt)
+        previous_term = signal.signal(signal.SIGTERM, self._on_interrupt)
+        try:
+            final = self._loop(t0)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            signal.signal(signal.SIGTERM, previous_term)
+        summary = self._summary(final, time.monotonic() - t0)
+        (self.out / "summary.json").write_text(summary.to_json())
+        if self.opts.summary_json:
+            Path(self.opts.summary_json).parent.mkdir(parents=True, exist_ok=True)
+            Path(self.opts.summary_json).write_text(summary.to_json())
+        return summary
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        self.stop_requested = True
+
+    def _loop(self, t0: float) -> Decision:
+        while True:
+            now = now_utc()
+            if self.stop_requested:
+                self.status.say("stopping: asking workers to checkpoint and exit (Ctrl-C again is ignored) ...")
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                self._stop_all(STOP_GRACE_SECONDS)
+                return Decision(Action.SUSPEND, "Suspended", "Interrupted", "stopped by the user; run again to resume")
+            d = decide(self.spec, self.observe(now), self.history, now)
+            if self.act(d, now):
+                return d
+            g = self.gen
+            mono = time.monotonic()
+            line = progress_text(
+                read_progress(self.out) if g else None, d.generation, self.history.restart_count,
+                g.started_monotonic if g else t0, g.base_step if g else 0, mono,
+            )
+            self.status.show(line, mono)
+            time.sleep(self.opts.poll_seconds)
+
+    def _summary(self, final: Decision, wall: float) -> Summary:
+        p = read_progress(self.out) or Progress()
+        return Summary(
+            name=self.name,
+            phase=final.phase,
+            reason=final.reason,
+            message=final.message,
+            steps=p.step,
+            max_steps=self.spec.max_steps,
+            initial_loss=p.initial_loss,
+            final_loss=p.loss,
+            restarts=self.history.restart_count,
+            tokens_per_second=p.tokens_per_second,
+            checkpoints=list(p.checkpoints),
+            resumed_from=self.resumed_from,
+            failures=self.failures,
+            wall_seconds=round(wall, 2),
+            output_dir=str(self.out),
+            world_size=self.spec.world_size,
+        )
