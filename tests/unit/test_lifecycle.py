@@ -1,0 +1,158 @@
+"""The shared lifecycle policy, table-driven. `now` is always passed in."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from kubetrain.core.api import TrainingJobSpec
+from kubetrain.core.lifecycle import (
+    Action,
+    FailureKind,
+    History,
+    Observed,
+    WorkerPhase,
+    WorkerState,
+    backoff_seconds,
+    decide,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+R, S, F, M, P = WorkerPhase.RUNNING, WorkerPhase.SUCCEEDED, WorkerPhase.FAILED, WorkerPhase.MISSING, WorkerPhase.PENDING
+
+
+def spec(**kw) -> TrainingJobSpec:
+    base = {"workers": 3, "restartPolicy": {"backoffLimit": 2, "backoffSeconds": 4, "maxBackoffSeconds": 10}}
+    base.update(kw)
+    return TrainingJobSpec.model_validate(base)
+
+
+def gang(*phases, gen=0, codes=None, **kw) -> Observed:
+    codes = codes or {}
+    workers = tuple(WorkerState(i, ph, exit_code=codes.get(i)) for i, ph in enumerate(phases))
+    return Observed(generation=gen, workers=workers, **kw)
+
+
+def fresh(n=3, gen=0) -> Observed:
+    return Observed(generation=gen, workers=tuple(WorkerState(i, M, created=False) for i in range(n)))
+
+
+def test_new_job_creates_the_gang():
+    d = decide(spec(), fresh(), History(), T0)
+    assert (d.action, d.phase, d.generation) == (Action.CREATE_WORKERS, "Created", 0)
+
+
+def test_partially_created_gang_creates_the_rest():
+    obs = Observed(0, (WorkerState(0, R), WorkerState(1, M, created=False), WorkerState(2, M, created=False)))
+    d = decide(spec(), obs, History(start_time=T0), T0)
+    assert d.action == Action.CREATE_WORKERS and "2 of 3" in d.message
+
+
+def test_all_running_is_running():
+    d = decide(spec(), gang(R, R, R), History(start_time=T0), T0)
+    assert (d.action, d.phase) == (Action.WAIT, "Running")
+
+
+def test_pending_workers_wait():
+    d = decide(spec(), gang(R, P, R), History(start_time=T0), T0)
+    assert (d.action, d.phase, d.reason) == (Action.WAIT, "Created", "WaitingForWorkers")
+
+
+def test_rank0_success_succeeds_even_if_others_still_run():
+    d = decide(spec(), gang(S, R, R), History(start_time=T0), T0)
+    assert (d.action, d.phase) == (Action.SUCCEED, "Succeeded")
+
+
+@pytest.mark.parametrize(
+    ("restarts", "expected_delay"),
+    [(0, 4.0), (1, 8.0), (2, None)],  # backoffLimit 2: the third failure fails the job
+)
+def test_retryable_failure_restarts_whole_gang_with_backoff_until_limit(restarts, expected_delay):
+    d = decide(spec(), gang(R, F, R, codes={1: 137}, gen=restarts), History(restart_count=restarts, start_time=T0), T0)
+    if expected_delay is None:
+        assert (d.action, d.phase, d.reason) == (Action.FAIL, "Failed", "BackoffLimitExceeded")
+        assert "backoffLimit=2" in d.message
+    else:
+        assert (d.action, d.phase, d.reason) == (Action.RESTART_GANG, "Restarting", "ExitCode")
+        assert d.generation == restarts + 1
+        assert d.requeue_after == expected_delay
+        assert d.failed_workers == (1,)
+        assert "worker 1 exited with code 137" in d.message
+
+
+def test_backoff_is_capped():
+    assert [backoff_seconds(spec(), n) for n in range(4)] == [4, 8, 10, 10]
+
+
+def test_permanent_exit_code_fails_without_restart():
+    d = decide(spec(), gang(R, F, R, codes={1: 2}), History(start_time=T0), T0)
+    assert (d.action, d.reason, d.failure_kind) == (Action.FAIL, "PermanentError", FailureKind.PERMANENT_EXIT_CODE)
+
+
+def test_permanent_exit_codes_are_configurable():
+    s = spec(restartPolicy={"permanentExitCodes": [42]})
+    assert decide(s, gang(R, F, R, codes={1: 2}), History(start_time=T0), T0).action == Action.RESTART_GANG
+    assert decide(s, gang(R, F, R, codes={1: 42}), History(start_time=T0), T0).action == Action.FAIL
+
+
+def test_permanent_failure_wins_over_retryable_in_the_same_gang():
+    d = decide(spec(), gang(F, F, R, codes={0: 137, 1: 127}), History(start_time=T0), T0)
+    assert d.reason == "PermanentError" and d.failed_workers == (0, 1)
+
+
+def test_deleted_worker_restarts_gang():
+    obs = Observed(0, (WorkerState(0, R), WorkerState(1, M, created=True), WorkerState(2, R)))
+    d = decide(spec(), obs, History(start_time=T0), T0)
+    assert (d.action, d.failure_kind) == (Action.RESTART_GANG, FailureKind.DELETED)
+
+
+@pytest.mark.parametrize(("reason", "kind"), [("Evicted", FailureKind.EVICTED), ("OOMKilled", FailureKind.OOM_KILLED)])
+def test_evicted_and_oom_are_classified(reason, kind):
+    obs = Observed(0, (WorkerState(0, R), WorkerState(1, F, exit_code=137, reason=reason), WorkerState(2, R)))
+    assert decide(spec(), obs, History(start_time=T0), T0).failure_kind == kind
+
+
+def test_node_not_ready_restarts_only_after_grace():
+    s = spec(restartPolicy={"nodeNotReadyGraceSeconds": 60})
+    obs = Observed(0, (WorkerState(0, R), WorkerState(1, R, node_not_ready_since=T0), WorkerState(2, R)))
+    assert decide(s, obs, History(start_time=T0), T0 + timedelta(seconds=59)).action == Action.WAIT
+    d = decide(s, obs, History(start_time=T0), T0 + timedelta(seconds=60))
+    assert (d.action, d.failure_kind) == (Action.RESTART_GANG, FailureKind.NODE_LOST)
+
+
+def test_no_progress_restarts_with_reason():
+    s = spec(restartPolicy={"progressDeadlineSeconds": 120})
+    obs = gang(R, R, R, running_since=T0, last_progress_time=T0 + timedelta(seconds=30))
+    assert decide(s, obs, History(start_time=T0), T0 + timedelta(seconds=149)).action == Action.WAIT
+    d = decide(s, obs, History(start_time=T0), T0 + timedelta(seconds=150))
+    assert (d.action, d.reason) == (Action.RESTART_GANG, "NoProgress")
+    assert "no progress for 120s" in d.message
+
+
+def test_no_progress_disabled_by_default():
+    obs = gang(R, R, R, running_since=T0)
+    assert decide(spec(), obs, History(start_time=T0), T0 + timedelta(days=3)).action == Action.WAIT
+
+
+def test_next_generation_waits_for_stale_workers_then_backoff():
+    h = History(restart_count=1, start_time=T0, last_restart_time=T0)
+    stale = Observed(1, tuple(WorkerState(i, M, created=False) for i in range(3)), stale_workers=2)
+    assert decide(spec(), stale, h, T0).action == Action.DELETE_STALE
+    gone = fresh(gen=1)
+    d = decide(spec(), gone, h, T0 + timedelta(seconds=3))
+    assert (d.action, d.reason) == (Action.WAIT, "BackoffWait") and d.requeue_after == pytest.approx(1.0)
+    d = decide(spec(), gone, h, T0 + timedelta(seconds=4))
+    assert (d.action, d.phase, d.generation) == (Action.CREATE_WORKERS, "Restarting", 1)
+
+
+def test_suspend_deletes_workers_then_waits():
+    s = spec(suspend=True)
+    assert decide(s, gang(R, R, R), History(start_time=T0), T0).action == Action.SUSPEND
+    d = decide(s, fresh(), History(start_time=T0), T0)
+    assert (d.action, d.phase) == (Action.WAIT, "Suspended")
+
+
+def test_active_deadline_fails_the_job():
+    s = spec(activeDeadlineSeconds=600)
+    assert decide(s, gang(R, R, R), History(start_time=T0), T0 + timedelta(seconds=599)).action == Action.WAIT
+    d = decide(s, gang(R, R, R), History(start_time=T0), T0 + timedelta(seconds=600))
+    assert (d.action, d.reason) == (Action.FAIL, "DeadlineExceeded")
