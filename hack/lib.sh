@@ -1,0 +1,49 @@
+# shellcheck shell=bash
+# Common settings for the hack/ scripts. Source it; do not run it.
+#
+# Everything built or started lives OUTSIDE the work tree, under
+# KUBETRAIN_CACHE (default: ~/.cache/kubetrain):
+#   bin/<component>-<version>/<component>   built binaries, one dir per pin
+#   cluster/                                state of the running test cluster
+
+HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "${HACK_DIR}/.." && pwd)"
+KUBETRAIN_CACHE="${KUBETRAIN_CACHE:-${HOME}/.cache/kubetrain}"
+KUBETRAIN_BIN_CACHE="${KUBETRAIN_CACHE}/bin"
+KUBETRAIN_CLUSTER_DIR="${KUBETRAIN_CLUSTER_DIR:-${KUBETRAIN_CACHE}/cluster}"
+# Never let a dependency's `toolchain` line download another Go.
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+export CGO_ENABLED=0
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# module_version <module dir> <module path>: the version that dir's go.mod pins.
+module_version() {
+  (cd "$1" && go mod edit -json | python3 -c '
+import json, sys
+want = sys.argv[1]
+for r in json.load(sys.stdin).get("Require") or []:
+    if r["Path"] == want:
+        print(r["Version"])
+        break
+else:
+    sys.exit("not required: " + want)
+' "$2")
+}
+
+k8s_version() { module_version "${HACK_DIR}/k8s" k8s.io/kubernetes; }
+etcd_version() { module_version "${HACK_DIR}/etcd" go.etcd.io/etcd/server/v3; }
+kwok_version() { module_version "${HACK_DIR}/kwok" sigs.k8s.io/kwok; }
+
+# bin_path <component>: where build.sh puts that component's binary.
+bin_path() {
+  local c="$1" v
+  case "$c" in
+    kube-apiserver|kube-controller-manager|kube-scheduler|kubectl) v="$(k8s_version)" ;;
+    etcd|etcdctl) v="$(etcd_version)" ;;
+    kwok) v="$(kwok_version)" ;;
+    *) die "unknown component: $c" ;;
+  esac
+  printf '%s/%s-%s/%s\n' "${KUBETRAIN_BIN_CACHE}" "$c" "$v" "$c"
+}
