@@ -1,0 +1,1 @@
+"""kubetrain.operator: the kopf operator that reconciles TrainingJobs. Never imports torch."""

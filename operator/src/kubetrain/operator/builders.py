@@ -1,0 +1,287 @@
+"""Pure builders: a TrainingJob in, the desired child objects (plain dicts) out.
+
+No API calls and no clock here. Children are named deterministically so that a
+create is idempotent (409 means it is already there):
+  Service       <job>             headless, rendezvous DNS <job>-worker-<i>.<job>.<ns>.svc
+  ConfigMap     <job>-config      config.json: the spec the trainer reads
+  Pod           <job>-worker-<i>  one per worker, labelled with its restart generation
+  PVC           <job>-checkpoints when checkpoint.storageSize is set and no claimName
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kubetrain.core import contract
+from kubetrain.core.api import API_VERSION, KIND, TrainingJob, TrainingJobSpec
+
+LABEL_JOB = "kubetrain.io/job-name"
+LABEL_INDEX = "kubetrain.io/replica-index"
+LABEL_GENERATION = "kubetrain.io/restart-generation"
+LABEL_ROLE = "kubetrain.io/role"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+GPU_RESOURCE = "nvidia.com/gpu"
+CHECKPOINT_MOUNT = "/checkpoints"
+CONFIG_MOUNT = "/etc/kubetrain"
+OUTPUT_MOUNT = "/var/run/kubetrain"
+CONTAINER = "trainer"
+SIGTERM_CHECKPOINT_GRACE = 300
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Operator-wide settings (from the Deployment's env / Helm values)."""
+
+    trainer_image: str = "ghcr.io/kubetrain/trainer:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    termination_grace_seconds: int = SIGTERM_CHECKPOINT_GRACE
+
+
+def worker_name(job: str, index: int) -> str:
+    return f"{job}-worker-{index}"
+
+
+def service_name(job: str) -> str:
+    return job
+
+
+def config_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def claim_name(job: TrainingJob) -> str | None:
+    ck = job.spec.checkpoint
+    if ck.claim_name:
+        return ck.claim_name
+    return f"{job.metadata.name}-checkpoints" if ck.storage_size else None
+
+
+def owner_reference(obj: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(job: TrainingJob, name: str, owner: dict[str, Any] | None, **labels: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": job.metadata.namespace,
+        "labels": {LABEL_JOB: job.metadata.name, "app.kubernetes.io/managed-by": "kubetrain", **labels},
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return meta
+
+
+def headless_service(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(job, service_name(job.metadata.name), owner),
+        "spec": {
+            "clusterIP": "None",
+            "selector": {LABEL_JOB: job.metadata.name},
+            "publishNotReadyAddresses": True,  # rendezvous must resolve before readiness
+            "ports": [{"name": "rendezvous", "port": contract.DEFAULT_MASTER_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def config_map(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, config_name(job.metadata.name), owner),
+        "data": {"config.json": json.dumps(job.spec.dump(), indent=1, sort_keys=True)},
+    }
+
+
+def checkpoint_claim(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    ck = job.spec.checkpoint
+    if ck.claim_name or not ck.storage_size:
+        return None
+    spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": ck.storage_size}},
+    }
+    if ck.storage_class_name:
+        spec["storageClassName"] = ck.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(job, f"{job.metadata.name}-checkpoints", owner),
+        "spec": spec,
+    }
+
+
+# --------------------------------------------------------------------------- fabric profiles
+
+
+@dataclass(frozen=True)
+class FabricProfile:
+    resources: dict[str, str]
+    env: dict[str, str]
+    capabilities: tuple[str, ...] = ()
+    annotations: dict[str, str] | None = None
+
+
+FABRICS: dict[str, FabricProfile] = {
+    "none": FabricProfile({}, {}),
+    "infiniband": FabricProfile(
+        {"rdma/ib": "1"},
+        {"NCCL_IB_DISABLE": "0", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_SOCKET_IFNAME": "eth0"},
+        ("IPC_LOCK",),
+    ),
+    "roce": FabricProfile(
+        {"rdma/roce": "1"},
+        {"NCCL_IB_DISABLE": "0", "NCCL_IB_GID_INDEX": "3", "NCCL_SOCKET_IFNAME": "eth0"},
+        ("IPC_LOCK",),
+    ),
+    "efa": FabricProfile(
+        {"vpc.amazonaws.com/efa": "4"},
+        {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_PROTO": "simple"},
+        ("IPC_LOCK",),
+    ),
+    "tcpx": FabricProfile(
+        {},
+        {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_CROSS_NIC": "0", "NCCL_NET_GDR_LEVEL": "PIX"},
+        (),
+        {"networking.gke.io/default-interface": "eth0"},
+    ),
+}
+
+
+def _resources(spec: TrainingJobSpec) -> dict[str, Any]:
+    amounts: dict[str, str] = dict(FABRICS[spec.fabric].resources)
+    if spec.resources.gpus_per_worker:
+        amounts[GPU_RESOURCE] = str(spec.resources.gpus_per_worker)
+    if spec.resources.cpu:
+        amounts["cpu"] = spec.resources.cpu
+    if spec.resources.memory:
+        amounts["memory"] = spec.resources.memory
+    amounts.update(spec.resources.extra or {})  # the user's own win over the profile's
+    if not amounts:
+        return {}
+    limits = dict(amounts)
+    requests = dict(amounts)
+    return {"requests": requests, "limits": limits}
+
+
+def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, Any]]:
+    """The contract env of one worker pod, then the fabric's, then the user's (theirs win, none dropped)."""
+    spec, name, ns = job.spec, job.metadata.name, job.metadata.namespace or "default"
+    master = f"{worker_name(name, 0)}.{service_name(name)}.{ns}.svc"
+    values = {
+        contract.MASTER_ADDR: master,
+        contract.MASTER_PORT: str(contract.DEFAULT_MASTER_PORT),
+        contract.WORLD_SIZE: str(spec.world_size),
+        contract.NODE_RANK: str(index),
+        contract.LOCAL_WORLD_SIZE: str(spec.procs),
+        contract.PET_NNODES: str(spec.workers),
+        contract.PET_NPROC_PER_NODE: str(spec.procs),
+        contract.PET_NODE_RANK: str(index),
+        contract.PET_MASTER_ADDR: master,
+        contract.PET_MASTER_PORT: str(contract.DEFAULT_MASTER_PORT),
+        "PYTHONUNBUFFERED": "1",
+        **contract.kubetrain_env(
+            job=name,
+            namespace=ns,
+            config_path=f"{CONFIG_MOUNT}/config.json",
+            checkpoint_dir=CHECKPOINT_MOUNT,
+            output_dir=OUTPUT_MOUNT,
+            restart_generation=generation,
+            metrics_port=spec.metrics_port,
+        ),
+    }
+    if spec.procs == 1:  # one process per pod: it is the rank itself; otherwise the entrypoint launches procs
+        values[contract.RANK] = str(index)
+        values[contract.LOCAL_RANK] = "0"
+    values.update(FABRICS[spec.fabric].env)
+    env = [{"name": k, "value": v} for k, v in values.items()]
+    user = {e["name"]: e for e in spec.env or [] if "name" in e}
+    return [e for e in env if e["name"] not in user] + list(user.values())
+
+
+def worker_pod(
+    job: TrainingJob, index: int, generation: int, settings: Settings, owner: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    spec, name = job.spec, job.metadata.name
+    labels = {LABEL_INDEX: str(index), LABEL_GENERATION: str(generation), LABEL_ROLE: "worker"}
+    if spec.scheduling.queue:
+        labels[QUEUE_LABEL] = spec.scheduling.queue
+    meta = _meta(job, worker_name(name, index), owner, **labels)
+    fabric = FABRICS[spec.fabric]
+    meta["annotations"] = {
+        "kubetrain.io/restart-generation": str(generation),
+        **(fabric.annotations or {}),
+    }
+    if spec.scheduling.gang != "none":
+        meta["annotations"]["scheduling.k8s.io/group-name"] = name
+        meta["labels"]["scheduling.x-k8s.io/pod-group"] = name
+    claim = claim_name(job)
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": config_name(name)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+        {"name": "checkpoints", **({"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}})},
+        {"name": "output", "emptyDir": {}},
+    ]
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image or settings.trainer_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "env": worker_env(job, index, generation),
+        "ports": [
+            {"name": "rendezvous", "containerPort": contract.DEFAULT_MASTER_PORT},
+            {"name": "metrics", "containerPort": spec.metrics_port},
+        ],
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+            {"name": "output", "mountPath": OUTPUT_MOUNT},
+        ],
+        "resources": _resources(spec),
+    }
+    if spec.command:
+        container["command"] = list(spec.command)
+        if spec.args:
+            container["args"] = list(spec.args)
+    if fabric.capabilities:
+        container["securityContext"] = {"capabilities": {"add": list(fabric.capabilities)}}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # kubetrain restarts the whole gang, never one container
+        "hostname": worker_name(name, index),
+        "subdomain": service_name(name),
+        "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    sched = spec.scheduling
+    optional = {
+        "nodeSelector": sched.node_selector,
+        "tolerations": sched.tolerations,
+        "affinity": sched.affinity,
+        "priorityClassName": sched.priority_class_name,
+        "schedulerName": sched.scheduler_name or ("volcano" if sched.gang == "volcano" else None),
+    }
+    pod_spec.update({k: v for k, v in optional.items() if v})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def pod_group(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A PodGroup for the gang scheduler named in scheduling.gang, so all workers are placed at once or none."""
+    gang = job.spec.scheduling.gang
+    if gang == "none":
+        return None
+    api = "scheduling.volcano.sh/v1beta1" if gang == "volcano" else "scheduling.x-k8s.io/v1alpha1"
+    spec: dict[str, Any] = {"minMember": job.spec.workers}
+    if gang == "volcano" and job.spec.scheduling.queue:
+        spec["queue"] = job.spec.scheduling.queue
+    return {"apiVersion": api, "kind": "PodGroup", "metadata": _meta(job, job.metadata.name, owner), "spec": spec}

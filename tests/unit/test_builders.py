@@ -1,0 +1,99 @@
+"""Pure builders: TrainingJob -> desired Pods, Service, ConfigMap, PVC, PodGroup."""
+
+import json
+
+from kubetrain.core.api import TrainingJob
+from kubetrain.operator import builders as b
+
+OWNER = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "name": "llm", "uid": "u-1",
+         "controller": True, "blockOwnerDeletion": True}
+
+
+def job(**spec) -> TrainingJob:
+    return TrainingJob.model_validate(
+        {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
+         "metadata": {"name": "llm", "namespace": "team-a"}, "spec": spec}
+    )
+
+
+def env_of(pod) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_worker_pod_names_labels_contract_env():
+    j = job(workers=4, resources={"gpusPerWorker": 8}, strategy="fsdp")
+    pod = b.worker_pod(j, 2, 3, b.Settings(), OWNER)
+    assert pod["metadata"]["name"] == "llm-worker-2"
+    assert pod["metadata"]["labels"][b.LABEL_GENERATION] == "3"
+    assert pod["metadata"]["labels"][b.LABEL_INDEX] == "2"
+    assert pod["metadata"]["ownerReferences"] == [OWNER]
+    assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("llm-worker-2", "llm")
+    assert pod["spec"]["restartPolicy"] == "Never"
+    env = env_of(pod)
+    assert env["MASTER_ADDR"] == "llm-worker-0.llm.team-a.svc" == env["PET_MASTER_ADDR"]
+    assert (env["WORLD_SIZE"], env["NODE_RANK"], env["PET_NPROC_PER_NODE"], env["PET_NNODES"]) == ("32", "2", "8", "4")
+    assert "RANK" not in env  # 8 procs per pod: the entrypoint derives each process's rank
+    assert env["KUBETRAIN_RESTART_GENERATION"] == "3"
+    res = pod["spec"]["containers"][0]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == "8" == res["requests"]["nvidia.com/gpu"]
+    shm = next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+
+
+def test_single_process_worker_gets_its_rank():
+    env = env_of(b.worker_pod(job(workers=2), 1, 0, b.Settings()))
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "0", "2")
+
+
+def test_fabric_profile_adds_resources_caps_env_and_user_overrides_win():
+    j = job(workers=2, fabric="efa", resources={"gpusPerWorker": 8, "extra": {"vpc.amazonaws.com/efa": "32"}},
+            env=[{"name": "FI_PROVIDER", "value": "tcp"}, {"name": "MY_VAR", "value": "1"}])
+    pod = b.worker_pod(j, 0, 0, b.Settings())
+    c = pod["spec"]["containers"][0]
+    assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == "32"  # user's amount, not the profile's 4
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"  # never dropped by the override
+    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    env = env_of(pod)
+    assert env["FI_PROVIDER"] == "tcp" and env["MY_VAR"] == "1" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert [e["name"] for e in c["env"]].count("FI_PROVIDER") == 1
+
+
+def test_scheduling_and_queue_pass_through():
+    j = job(scheduling={"nodeSelector": {"pool": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                        "priorityClassName": "high", "queue": "team-a", "gang": "volcano"})
+    pod = b.worker_pod(j, 0, 0, b.Settings())
+    assert pod["spec"]["nodeSelector"] == {"pool": "h100"}
+    assert pod["spec"]["priorityClassName"] == "high"
+    assert pod["spec"]["schedulerName"] == "volcano"
+    assert pod["metadata"]["labels"][b.QUEUE_LABEL] == "team-a"
+    assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "llm"
+    pg = b.pod_group(j, OWNER)
+    assert pg["spec"] == {"minMember": 1, "queue": "team-a"} and pg["apiVersion"].startswith("scheduling.volcano.sh")
+    assert b.pod_group(job()) is None
+
+
+def test_checkpoint_volume_existing_claim_or_created_claim():
+    pod = b.worker_pod(job(checkpoint={"claimName": "shared"}), 0, 0, b.Settings())
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
+    assert vol["persistentVolumeClaim"]["claimName"] == "shared"
+    assert b.checkpoint_claim(job(checkpoint={"claimName": "shared"})) is None
+    j = job(checkpoint={"storageSize": "100Gi", "storageClassName": "fast"})
+    pvc = b.checkpoint_claim(j, OWNER)
+    assert pvc["metadata"]["name"] == "llm-checkpoints" and pvc["spec"]["storageClassName"] == "fast"
+    vol = next(v for v in b.worker_pod(j, 0, 0, b.Settings())["spec"]["volumes"] if v["name"] == "checkpoints")
+    assert vol["persistentVolumeClaim"]["claimName"] == "llm-checkpoints"
+
+
+def test_service_and_config_map():
+    j = job(workers=3, strategy="deepspeed", deepspeed={"zeroStage": 3})
+    svc = b.headless_service(j, OWNER)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {b.LABEL_JOB: "llm"}
+    cm = b.config_map(j, OWNER)
+    assert json.loads(cm["data"]["config.json"])["deepspeed"]["zeroStage"] == 3
+
+
+def test_custom_command_mode():
+    c = b.worker_pod(job(command=["python", "train.py"], args=["--lr", "1e-4"]), 0, 0, b.Settings())
+    c = c["spec"]["containers"][0]
+    assert c["command"] == ["python", "train.py"] and c["args"] == ["--lr", "1e-4"]
