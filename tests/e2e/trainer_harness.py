@@ -1,0 +1,177 @@
+"""Launch N processes of ``python -m kubetrain.trainer`` with the worker env contract (gloo on CPU).
+
+Used by tests/e2e/test_trainer_*.py and bench/. Every rank gets OMP_NUM_THREADS=1, a
+free MASTER_PORT, a short process-group timeout and its own log file; when one rank
+fails the others are terminated (as a backend would restart the gang).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "examples" / "data"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tiny_spec(**overrides: Any) -> dict[str, Any]:
+    """A wire-form TrainingJobSpec small enough for a 2-core CI machine."""
+    spec: dict[str, Any] = {
+        "strategy": "ddp",
+        "precision": "fp32",
+        "microBatchSize": 2,
+        "gradientAccumulationSteps": 2,
+        "maxSteps": 10,
+        "seed": 7,
+        "model": {"dModel": 32, "nLayers": 2, "nHeads": 2, "seqLen": 32},
+        "data": {"path": str(DATA)},
+        "optimizer": {"lr": 3e-3, "minLr": 3e-4, "warmupSteps": 2, "gradClip": 1.0},
+        "checkpoint": {"everySteps": 100, "keep": 3},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return spec
+
+
+@dataclass
+class Run:
+    out: Path
+    exit_codes: list[int]
+    seconds: float
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """losses.jsonl lines, all generations, in order."""
+
+    @property
+    def losses(self) -> dict[int, float]:
+        """step -> loss; a step recomputed after a resume keeps its latest value."""
+        return {r["step"]: r["loss"] for r in self.records}
+
+    def log(self, rank: int = 0) -> str:
+        return (self.out / f"rank-{rank}.log").read_text(errors="replace")
+
+    @property
+    def progress(self) -> dict[str, Any]:
+        return json.loads((self.out / "progress.json").read_text())
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+
+class Gang:
+    """A started gang of trainer processes (call :meth:`wait`)."""
+
+    def __init__(
+        self,
+        out: Path,
+        spec: dict[str, Any],
+        world_size: int = 2,
+        *,
+        generation: int = 0,
+        env: dict[str, str] | None = None,
+        timeout: float = 240.0,
+    ) -> None:
+        self.out = out
+        self.timeout = timeout
+        out.mkdir(parents=True, exist_ok=True)
+        config = out / f"config-{generation}.json"
+        config.write_text(json.dumps(spec))
+        port = free_port()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.start = time.monotonic()
+        src_paths = [str(REPO / "trainer-image" / "src"), str(REPO / "core" / "src")]
+        for rank in range(world_size):
+            penv = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([*src_paths, os.environ.get("PYTHONPATH", "")]),
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1",
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "KUBETRAIN_JOB": "test",
+                "KUBETRAIN_CONFIG": str(config),
+                "KUBETRAIN_CHECKPOINT_DIR": str(out / "checkpoints"),
+                "KUBETRAIN_OUTPUT_DIR": str(out),
+                "KUBETRAIN_RESTART_GENERATION": str(generation),
+                "KUBETRAIN_METRICS_PORT": "0",
+                "KUBETRAIN_DIST_TIMEOUT_SECONDS": "60",
+                "KUBETRAIN_DEVICE": "cpu",
+                **(env or {}),
+            }
+            penv.pop("PET_NPROC_PER_NODE", None)
+            log = (out / f"rank-{rank}.log").open("ab")
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "kubetrain.trainer"], env=penv, stdout=log, stderr=subprocess.STDOUT, cwd=out
+                )
+            )
+            log.close()
+
+    def signal(self, sig: int) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+
+    def wait(self) -> Run:
+        deadline = self.start + self.timeout
+        codes: list[int | None] = [None] * len(self.procs)
+        while any(c is None for c in codes):
+            for i, p in enumerate(self.procs):
+                if codes[i] is None and p.poll() is not None:
+                    codes[i] = p.returncode
+                    if p.returncode != 0 and p.returncode != 143:
+                        self._stop_others()  # gang semantics: one failure ends the generation
+            if time.monotonic() > deadline:
+                self._stop_others(kill=True)
+            time.sleep(0.05)
+        exit_codes = [128 - c if c < 0 else c for c in codes if c is not None]
+        return Run(self.out, exit_codes, time.monotonic() - self.start, read_records(self.out))
+
+    def _stop_others(self, kill: bool = False) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+                if not kill:
+                    try:
+                        p.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+
+
+def read_records(out: Path) -> list[dict[str, Any]]:
+    path = out / "losses.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_trainer(out: Path, spec: dict[str, Any], world_size: int = 2, **kw: Any) -> Run:
+    return Gang(out, spec, world_size, **kw).wait()
+
+
+def rel_diff(a: dict[int, float], b: dict[int, float]) -> float:
+    """Largest relative difference over the steps both trajectories have."""
+    common = sorted(set(a) & set(b))
+    assert common, "no common steps"
+    return max(abs(a[s] - b[s]) / max(abs(b[s]), 1e-12) for s in common)

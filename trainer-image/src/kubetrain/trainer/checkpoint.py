@@ -1,0 +1,106 @@
+"""Checkpoint directories: ``<dir>/step-NNNNNNNN/`` committed by an atomic ``COMMITTED`` marker.
+
+Every rank writes its part (the engine's model/optimizer state, its own RNG file);
+after a barrier rank 0 writes the trainer state and then the marker with
+temp-file + ``os.replace``. A directory without the marker (a save cut off by a
+crash) is ignored on resume and removed by the next commit.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kubetrain.core.progress import COMMIT_MARKER, atomic_write_text, checkpoint_dirname, complete_checkpoints
+from kubetrain.trainer.engines import Engine
+
+TRAINER_STATE = "trainer.json"
+
+
+@dataclass
+class TrainerState:
+    """What the loop needs besides the engine's tensors; kept across restarts."""
+
+    step: int = 0
+    samples_seen: int = 0
+    """Data position: samples consumed by all ranks (the sampler itself is a pure function of step)."""
+    world_size: int = 0
+    strategy: str = ""
+    initial_loss: float | None = None
+    checkpoints: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> TrainerState:
+        known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
+        return cls(**known)
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(root: Path, engine: Engine, state: TrainerState, keep: int) -> Path:
+    """Collective: every rank calls it. Returns the committed directory."""
+    rank = dist.get_rank()
+    path = root / checkpoint_dirname(state.step)
+    if rank == 0:
+        if path.exists():  # a torn save of the same step from an earlier generation
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+    dist.barrier()
+    engine.save(path)
+    (path / "rng").mkdir(exist_ok=True)
+    torch.save(rng_state(), path / "rng" / f"rank-{rank:05d}.pt")
+    if rank == 0:
+        atomic_write_text(path / TRAINER_STATE, json.dumps(asdict(state), indent=1))
+    dist.barrier()
+    if rank == 0:
+        marker = {"step": state.step, "worldSize": state.world_size, "strategy": state.strategy, "time": now_rfc3339()}
+        atomic_write_text(path / COMMIT_MARKER, json.dumps(marker) + "\n")
+        prune(root, keep)
+    return path
+
+
+def prune(root: Path, keep: int) -> None:
+    """Delete committed checkpoints beyond the newest ``keep``, and torn ones older than the newest."""
+    done = complete_checkpoints(root)
+    for _, old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    if done:
+        newest = done[-1][0]
+        committed = {p.name for _, p in done}
+        for entry in root.glob("step-*"):
+            if entry.is_dir() and entry.name not in committed and entry.name < checkpoint_dirname(newest):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def load_checkpoint(path: Path, engine: Engine) -> TrainerState:
+    """Collective: restore the engine, this rank's RNG and the trainer state from a committed directory."""
+    state = TrainerState.from_json(json.loads((path / TRAINER_STATE).read_text()))
+    engine.load(path, state.world_size)
+    rng_file = path / "rng" / f"rank-{dist.get_rank():05d}.pt"
+    if rng_file.is_file():  # absent when resuming at a larger world size
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return state

@@ -1,0 +1,72 @@
+"""Byte-level text data with deterministic, resumable sampling.
+
+The batch of optimizer step ``s`` is a pure function of ``(seed, s)`` and the global
+batch size ``G = microBatchSize × gradientAccumulationSteps × worldSize``: G random
+windows of ``seqLen + 1`` bytes are drawn from the concatenated corpus, then split
+into contiguous per-rank chunks and each chunk into contiguous micro-batches. So a
+resumed run sees exactly the batches it would have seen, and accumulating 2 micro
+batches of b equals one micro batch of 2b (same samples on the same rank).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kubetrain.core.api import DataSpec
+from kubetrain.trainer.config import ConfigError
+
+_MIX = 0x9E3779B97F4A7C15
+
+
+def data_files(spec: DataSpec) -> list[Path]:
+    root = Path(spec.path)
+    if root.is_file():
+        return [root]
+    if root.is_dir():
+        files = sorted(p for p in root.rglob(spec.glob) if p.is_file())
+        if not files:
+            raise ConfigError("data.glob", f"no files match {spec.glob!r} under {root}")
+        return files
+    raise ConfigError("data.path", f"{root} does not exist")
+
+
+def load_corpus(spec: DataSpec, seq_len: int) -> torch.Tensor:
+    """All files' bytes (UTF-8 text read as bytes) in sorted order, as a uint8 tensor."""
+    chunks = [p.read_bytes() for p in data_files(spec)]
+    blob = b"\n".join(chunks)
+    if len(blob) < seq_len + 2:
+        raise ConfigError("data.path", f"only {len(blob)} bytes of text; need more than seqLen+1 = {seq_len + 1}")
+    return torch.frombuffer(bytearray(blob), dtype=torch.uint8).clone()
+
+
+def step_seed(seed: int, step: int) -> int:
+    return (seed * _MIX + step * 0x632BE59BD9B4E019 + 1) % (2**63 - 1)
+
+
+class Sampler:
+    """Batches as a pure function of (seed, step)."""
+
+    def __init__(self, corpus: torch.Tensor, seq_len: int, seed: int) -> None:
+        self.corpus = corpus
+        self.seq_len = seq_len
+        self.seed = seed
+
+    def global_offsets(self, step: int, global_batch: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(step_seed(self.seed, step))
+        return torch.randint(0, self.corpus.numel() - self.seq_len - 1, (global_batch,), generator=gen)
+
+    def micro_batches(
+        self, step: int, micro_batch: int, grad_accum: int, world_size: int, rank: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(tokens, targets) int64 tensors of shape [micro_batch, seqLen], one pair per micro-batch."""
+        per_rank = micro_batch * grad_accum
+        offsets = self.global_offsets(step, per_rank * world_size)[rank * per_rank : (rank + 1) * per_rank]
+        idx = offsets[:, None] + torch.arange(self.seq_len + 1)[None, :]
+        windows = self.corpus[idx].long()
+        out = []
+        for m in range(grad_accum):
+            w = windows[m * micro_batch : (m + 1) * micro_batch]
+            out.append((w[:, :-1].contiguous(), w[:, 1:].contiguous()))
+        return out

@@ -1,0 +1,336 @@
+"""One interface over the three strategies: DDP, FSDP2 (``fully_shard``) and DeepSpeed ZeRO.
+
+An engine owns the wrapped model, optimizer, LR scheduler and (fp16) loss scaler.
+The training loop calls :meth:`Engine.forward_backward` with the step's micro
+batches, then :meth:`Engine.optimizer_step`; :meth:`Engine.save` / :meth:`Engine.load`
+write and read the model/optimizer/scheduler/scaler part of a checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from kubetrain.core.api import TrainingJobSpec
+from kubetrain.trainer.config import ConfigError
+from kubetrain.trainer.model import transformer_blocks
+from kubetrain.trainer.schedule import lr_factor
+
+DEFAULT_FP16_INIT_SCALE = 2.0**16
+FP16_INIT_SCALE_ENV = "KUBETRAIN_FP16_INIT_SCALE"
+"""Initial dynamic loss scale for fp16 (tests set a huge one to force overflow steps)."""
+
+
+@dataclass
+class StepInfo:
+    grad_norm: float | None
+    skipped: bool = False
+    """The optimizer step was skipped (fp16 overflow)."""
+    loss_scale: float | None = None
+    """Loss scale after this step (fp16 only)."""
+
+
+def _fp16_init_scale() -> float:
+    raw = os.environ.get(FP16_INIT_SCALE_ENV)
+    return float(raw) if raw else DEFAULT_FP16_INIT_SCALE
+
+
+def make_optimizer(params: Any, spec: TrainingJobSpec) -> torch.optim.Optimizer:
+    o = spec.optimizer
+    return torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8, weight_decay=o.weight_decay)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, spec: TrainingJobSpec) -> LambdaLR:
+    opt, max_steps = spec.optimizer, spec.max_steps
+    return LambdaLR(optimizer, lambda s: lr_factor(s, opt, max_steps))
+
+
+class Engine:
+    model: nn.Module
+    spec: TrainingJobSpec
+
+    def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Forward + backward over the micro-batches; the local mean loss (0-dim fp32 tensor)."""
+        raise NotImplementedError
+
+    def optimizer_step(self) -> StepInfo:
+        raise NotImplementedError
+
+    def lr(self) -> float:
+        raise NotImplementedError
+
+    def save(self, path: Path) -> None:
+        raise NotImplementedError
+
+    def load(self, path: Path, saved_world_size: int) -> None:
+        raise NotImplementedError
+
+    def local_param_sq_norm(self) -> float:
+        """Sum of squares of this rank's parameter shard (for debugging / tests)."""
+        total = 0.0
+        for p in self.model.parameters():
+            t = p.to_local() if hasattr(p, "to_local") else p
+            total += float(t.detach().float().pow(2).sum())
+        return total
+
+
+# --------------------------------------------------------------------------- DDP and FSDP2
+
+
+class TorchEngine(Engine):
+    """DDP (``DistributedDataParallel``) or FSDP2 (``fully_shard`` per block + root), torch AMP."""
+
+    def __init__(self, spec: TrainingJobSpec, model: nn.Module, device: torch.device, world_size: int) -> None:
+        self.spec = spec
+        self.device = device
+        self.strategy = spec.strategy
+        self.precision = spec.precision
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+        if spec.strategy == "fsdp":
+            self.model = self._shard(model, world_size)
+        else:
+            from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
+
+            model.to(device)
+            ids = [device.index] if device.type == "cuda" else None
+            self.model = DistributedDataParallel(model, device_ids=ids)
+        self.optimizer = make_optimizer(self.model.parameters(), spec)
+        self.scheduler = make_scheduler(self.optimizer, spec)
+        self.scaler: torch.amp.GradScaler | None = None
+        if spec.precision == "fp16":
+            if spec.strategy == "fsdp":
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler  # noqa: PLC0415
+
+                self.scaler = ShardedGradScaler(device=device.type, init_scale=_fp16_init_scale())
+            else:
+                self.scaler = torch.amp.GradScaler(device.type, init_scale=_fp16_init_scale())
+
+    def _shard(self, model: nn.Module, world_size: int) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard  # noqa: PLC0415
+
+        fs = self.spec.fsdp
+        reshard = fs.reshard_after_forward if fs else True
+        offload: OffloadPolicy = CPUOffloadPolicy() if fs and fs.cpu_offload else OffloadPolicy()
+        if self.amp_dtype is not None:
+            mp = MixedPrecisionPolicy(param_dtype=self.amp_dtype, reduce_dtype=torch.float32)
+        else:
+            mp = MixedPrecisionPolicy()
+        if not (fs and fs.cpu_offload):
+            model.to(self.device)
+        # An explicit mesh on our device: without it fully_shard may pick CUDA where one exists.
+        mesh = init_device_mesh(self.device.type, (world_size,))
+        for block in transformer_blocks(model):
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+        return model
+
+    def _sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        if self.strategy == "fsdp":
+            self.model.set_requires_gradient_sync(last)  # type: ignore[operator]
+            return contextlib.nullcontext()
+        return contextlib.nullcontext() if last else self.model.no_sync()  # type: ignore[operator]
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        # FSDP2 casts through its MixedPrecisionPolicy; DDP uses autocast.
+        if self.strategy == "ddp" and self.amp_dtype is not None:
+            return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+        return contextlib.nullcontext()
+
+    def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        n = len(micro_batches)
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        for i, (x, y) in enumerate(micro_batches):
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            with self._sync(i == n - 1):
+                with self._autocast():
+                    loss = self.model(x, y)
+                scaled = loss / n
+                if self.scaler is not None:
+                    scaled = self.scaler.scale(scaled)
+                scaled.backward()
+            total += loss.detach().float()
+        return total / n
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def optimizer_step(self) -> StepInfo:
+        clip = self.spec.optimizer.grad_clip
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm: float | None = None
+        if clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+            if hasattr(norm, "full_tensor"):
+                norm = norm.full_tensor()
+            grad_norm = float(norm)
+        skipped = False
+        scale: float | None = None
+        if self.scaler is not None:
+            before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            scale = self.scaler.get_scale()
+            skipped = scale < before
+        else:
+            self.optimizer.step()
+        if not skipped:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepInfo(grad_norm=grad_norm, skipped=skipped, loss_scale=scale)
+
+    # -- checkpoints: torch.distributed.checkpoint, resharded on load
+
+    def _state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: PLC0415
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+
+        dcp.save(self._state(), checkpoint_id=str(path / "dcp"))
+        if dist.get_rank() == 0:
+            extra = {"scheduler": self.scheduler.state_dict()}
+            if self.scaler is not None:
+                extra["scaler"] = self.scaler.state_dict()
+            torch.save(extra, path / "engine.pt")
+
+    def load(self, path: Path, saved_world_size: int) -> None:
+        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+        from torch.distributed.checkpoint.state_dict import set_state_dict  # noqa: PLC0415
+
+        if not (path / "dcp").is_dir():
+            raise ConfigError("strategy", f"checkpoint {path} was not written by strategy ddp/fsdp (no dcp/ directory)")
+        state = self._state()
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = torch.load(path / "engine.pt", weights_only=False, map_location="cpu")
+        self.scheduler.load_state_dict(extra["scheduler"])
+        if self.scaler is not None and "scaler" in extra:
+            self.scaler.load_state_dict(extra["scaler"])
+
+
+# --------------------------------------------------------------------------- DeepSpeed
+
+
+def deepspeed_config(spec: TrainingJobSpec, world_size: int) -> dict[str, Any]:
+    """The generated DeepSpeed config; spec.deepspeed.config is merged under it (ours win)."""
+    ds = spec.deepspeed
+    stage = ds.zero_stage if ds else 2
+    zero: dict[str, Any] = {"stage": stage}
+    if ds and ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    if ds and ds.offload_param:
+        zero["offload_param"] = {"device": "cpu"}
+    ours: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": spec.micro_batch_size,
+        "gradient_accumulation_steps": spec.gradient_accumulation_steps,
+        "train_batch_size": spec.micro_batch_size * spec.gradient_accumulation_steps * world_size,
+        "gradient_clipping": spec.optimizer.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": spec.precision == "bf16"},
+        "fp16": {
+            "enabled": spec.precision == "fp16",
+            "initial_scale_power": int(torch.log2(torch.tensor(_fp16_init_scale())).item()),
+        },
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    merged = copy.deepcopy(ds.config) if ds and ds.config else {}
+    for key, value in ours.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+class DeepSpeedEngine(Engine):
+    """DeepSpeed ZeRO 0-3 with a torch AdamW (no JIT-compiled DeepSpeed Adam)."""
+
+    TAG = "deepspeed"
+
+    def __init__(self, spec: TrainingJobSpec, model: nn.Module, device: torch.device, world_size: int) -> None:
+        import deepspeed  # noqa: PLC0415
+
+        self.spec = spec
+        self.device = device
+        self.world_size = world_size
+        self.zero_stage = spec.deepspeed.zero_stage if spec.deepspeed else 2
+        model.to(device)
+        optimizer = make_optimizer(model.parameters(), spec)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=lambda opt: make_scheduler(opt, spec),
+            config=deepspeed_config(spec, world_size),
+            dist_init_required=False,
+        )
+        self.engine = engine
+        self.model = engine.module
+
+    def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        n = len(micro_batches)
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        self._skipped_before = int(self.engine.skipped_steps)
+        for x, y in micro_batches:
+            loss = self.engine(x.to(self.device), y.to(self.device))
+            self.engine.backward(loss)
+            self.engine.step()  # an optimizer step only at the accumulation boundary
+            total += loss.detach().float()
+        return total / n
+
+    def optimizer_step(self) -> StepInfo:
+        norm = self.engine.get_global_grad_norm()
+        skipped = int(self.engine.skipped_steps) > self._skipped_before
+        scale = None
+        if self.spec.precision == "fp16":
+            scale = float(getattr(self.engine.optimizer, "cur_scale", 0.0)) or None
+        return StepInfo(grad_norm=float(norm) if norm is not None else None, skipped=skipped, loss_scale=scale)
+
+    def lr(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    def save(self, path: Path) -> None:
+        self.engine.save_checkpoint(str(path), tag=self.TAG, save_latest=False)
+        if dist.get_rank() == 0:
+            (path / "deepspeed.json").write_text(
+                json.dumps({"world_size": self.world_size, "zero_stage": self.zero_stage})
+            )
+
+    def load(self, path: Path, saved_world_size: int) -> None:
+        if not (path / self.TAG).is_dir():
+            raise ConfigError("strategy", f"checkpoint {path} was not written by strategy deepspeed")
+        if saved_world_size != self.world_size and self.zero_stage > 0:
+            raise ConfigError(
+                "workers",
+                f"DeepSpeed ZeRO-{self.zero_stage} checkpoint {path} was saved at world size {saved_world_size} "
+                f"and cannot be resumed at world size {self.world_size}; resume with {saved_world_size} processes "
+                "(or convert it to a universal checkpoint with DeepSpeed's ds_to_universal)",
+            )
+        load_path, _ = self.engine.load_checkpoint(
+            str(path), tag=self.TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if load_path is None:
+            raise RuntimeError(f"DeepSpeed could not load checkpoint {path}")
+
+
+def make_engine(spec: TrainingJobSpec, model: nn.Module, device: torch.device, world_size: int) -> Engine:
+    if spec.strategy == "deepspeed":
+        return DeepSpeedEngine(spec, model, device, world_size)
+    return TorchEngine(spec, model, device, world_size)

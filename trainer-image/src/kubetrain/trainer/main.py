@@ -1,0 +1,54 @@
+"""``python -m kubetrain.trainer``: the worker entrypoint.
+
+Exit codes: 0 when maxSteps is reached (final checkpoint committed), 143 after a
+SIGTERM/SIGINT checkpoint, 2 for configuration errors, 137 for an injected
+failure (KUBETRAIN_FAIL_AT), anything else for crashes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+
+from kubetrain.core import contract
+from kubetrain.trainer.config import CONFIG_ERROR_EXIT_CODE, ConfigError, load_spec, read_env
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(levelname)s rank%(rank)s %(message)s")
+    _install_rank_filter()
+    if contract.RANK not in os.environ and os.environ.get(contract.PET_NPROC_PER_NODE):
+        from kubetrain.trainer.launcher import launch  # noqa: PLC0415
+
+        return launch()
+    try:
+        env = read_env()
+        spec = load_spec(env.config_path)
+    except ConfigError as exc:
+        print(f"kubetrain.trainer: configuration error: {exc}", file=sys.stderr, flush=True)
+        return CONFIG_ERROR_EXIT_CODE
+    from kubetrain.trainer.loop import train  # noqa: PLC0415 - torch import after config checks
+
+    try:
+        return train(env, spec)
+    except ConfigError as exc:
+        print(f"kubetrain.trainer: configuration error: {exc}", file=sys.stderr, flush=True)
+        return CONFIG_ERROR_EXIT_CODE
+    except Exception:  # noqa: BLE001 - report and exit non-zero; the backend decides about restarts
+        traceback.print_exc()
+        sys.stderr.flush()
+        return 1
+
+
+def _install_rank_filter() -> None:
+    rank = os.environ.get(contract.RANK, "-")
+
+    class _Rank(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            record.rank = rank
+            return True
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Rank())

@@ -1,0 +1,111 @@
+"""Prometheus metrics of one worker (``kubetrain_trainer_*``), labelled with job and rank."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+log = logging.getLogger("kubetrain.trainer")
+
+PEAK_FLOPS_ENV = "KUBETRAIN_PEAK_FLOPS"
+"""Peak FLOP/s of one device for the MFU estimate; overrides the built-in table."""
+
+# Dense peak FLOP/s per device: (substring of torch.cuda.get_device_name(), bf16/fp16, fp32 via TF32).
+_PEAKS: list[tuple[str, float, float]] = [
+    ("H200", 989e12, 494e12),
+    ("H100", 989e12, 494e12),
+    ("B200", 2250e12, 1100e12),
+    ("A100", 312e12, 156e12),
+    ("L40S", 362e12, 183e12),
+    ("L4", 121e12, 60e12),
+    ("A10", 125e12, 62.5e12),
+]
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """Peak FLOP/s of this device for the precision, or None when unknown (CPU, unlisted GPU)."""
+    raw = os.environ.get(PEAK_FLOPS_ENV)
+    if raw:
+        try:
+            return float(raw)
+        except ValueError:
+            log.warning("ignoring %s=%r: not a number", PEAK_FLOPS_ENV, raw)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, low, fp32 in _PEAKS:
+        if key in name:
+            return fp32 if precision == "fp32" else low
+    return None
+
+
+class Metrics:
+    """Gauges, histogram and counters of one worker; served on ``port`` when it is free."""
+
+    def __init__(self, job: str, rank: int, port: int | None, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        labels = ["job", "rank"]
+        r = self.registry
+        self.step = Gauge("kubetrain_trainer_step", "Last completed optimizer step", labels, registry=r)
+        self.loss = Gauge(
+            "kubetrain_trainer_loss", "Training loss of the last step (mean over ranks)", labels, registry=r
+        )
+        self.tokens_per_second = Gauge(
+            "kubetrain_trainer_tokens_per_second", "Tokens per second of the whole gang, last step", labels, registry=r
+        )
+        self.step_seconds = Histogram(
+            "kubetrain_trainer_step_seconds",
+            "Wall time of one optimizer step",
+            labels,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=r,
+        )
+        self.mfu = Gauge("kubetrain_trainer_mfu", "Model FLOPs utilisation estimate (0-1)", labels, registry=r)
+        self.checkpoint_save_seconds = Gauge(
+            "kubetrain_trainer_checkpoint_save_seconds", "Duration of the last checkpoint save", labels, registry=r
+        )
+        self.checkpoint_load_seconds = Gauge(
+            "kubetrain_trainer_checkpoint_load_seconds", "Duration of the checkpoint load at start", labels, registry=r
+        )
+        self.checkpoints = Counter(
+            "kubetrain_trainer_checkpoints", "Checkpoints committed by this process's gang", labels, registry=r
+        )
+        self.skipped_steps = Counter(
+            "kubetrain_trainer_skipped_steps", "Optimizer steps skipped (fp16 overflow)", labels, registry=r
+        )
+        self.restart_generation = Gauge(
+            "kubetrain_trainer_restart_generation", "Gang restart generation of this process", labels, registry=r
+        )
+        self.cuda_memory_bytes = Gauge(
+            "kubetrain_trainer_cuda_memory_bytes",
+            "CUDA memory allocated by this process (max since last step)",
+            labels,
+            registry=r,
+        )
+        self.labels = {"job": job, "rank": str(rank)}
+        self.port: int | None = None
+        if port:
+            try:
+                start_http_server(port, registry=self.registry)
+                self.port = port
+            except OSError as exc:
+                log.warning("metrics port %d unavailable (%s); continuing without a metrics endpoint", port, exc)
+
+    def observe_step(
+        self, step: int, loss: float, tokens_per_second: float, seconds: float, mfu: float | None, skipped: bool
+    ) -> None:
+        lb = self.labels
+        self.step.labels(**lb).set(step)
+        self.loss.labels(**lb).set(loss)
+        self.tokens_per_second.labels(**lb).set(tokens_per_second)
+        self.step_seconds.labels(**lb).observe(seconds)
+        if mfu is not None:
+            self.mfu.labels(**lb).set(mfu)
+        if skipped:
+            self.skipped_steps.labels(**lb).inc()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            self.cuda_memory_bytes.labels(**lb).set(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()

@@ -1,0 +1,155 @@
+"""The built-in decoder-only transformer, and the optional Hugging Face causal LM.
+
+Pre-norm blocks, causal attention through ``F.scaled_dot_product_attention``, GELU
+MLP, learned positions, untied output head, no dropout (runs are deterministic).
+Every parameter lives in a submodule that is *called* (never indexed directly) so
+that FSDP2 and ZeRO-3 parameter hooks see every use.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from kubetrain.core.api import ModelSpec
+from kubetrain.trainer.config import ConfigError
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.out = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = Attention(d_model, n_heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = MLP(d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Transformer(nn.Module):
+    """``forward(tokens, targets)`` returns the mean next-token cross-entropy (fp32)."""
+
+    def __init__(self, spec: ModelSpec, activation_checkpointing: bool = False) -> None:
+        super().__init__()
+        self.seq_len = spec.seq_len
+        self.activation_checkpointing = activation_checkpointing
+        self.tok = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.pos = nn.Embedding(spec.seq_len, spec.d_model)
+        self.blocks = nn.ModuleList(Block(spec.d_model, spec.n_heads) for _ in range(spec.n_layers))
+        self.ln_f = nn.LayerNorm(spec.d_model)
+        self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        self.n_layers = spec.n_layers
+        self.d_model = spec.d_model
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02
+                if name.endswith("proj.weight") or name.endswith("out.weight"):
+                    std = 0.02 / (2 * self.n_layers) ** 0.5  # GPT-2 style scaled residual projections
+                nn.init.normal_(p, mean=0.0, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok(tokens) + self.pos(positions)
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def num_params(self, exclude_embeddings: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.tok.weight.numel() + self.pos.weight.numel()
+        return n
+
+
+def flops_per_token(model: nn.Module, spec: ModelSpec) -> float:
+    """Training FLOPs per token (PaLM appendix B): 6·N_non-embedding + 12·L·d·T (attention)."""
+    if isinstance(model, Transformer):
+        n = model.num_params(exclude_embeddings=True)
+    else:
+        n = sum(p.numel() for p in model.parameters())
+    return 6.0 * n + 12.0 * spec.n_layers * spec.d_model * spec.seq_len
+
+
+class HFCausalLM(nn.Module):
+    """A Hugging Face causal LM from a local directory, with the same ``forward(tokens, targets)``."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.inner(input_ids=tokens).logits
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to shard / checkpoint one by one."""
+    if isinstance(model, Transformer):
+        return list(model.blocks)
+    for name in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
+        mod: nn.Module | None = model.inner if isinstance(model, HFCausalLM) else model
+        for part in name.split("."):
+            mod = getattr(mod, part, None)
+            if mod is None:
+                break
+        if isinstance(mod, nn.ModuleList):
+            return list(mod)
+    return []
+
+
+def build_model(spec: ModelSpec, activation_checkpointing: bool, seed: int) -> nn.Module:
+    """The model, initialised identically on every rank (seeded)."""
+    torch.manual_seed(seed)
+    if not spec.hf_path:
+        return Transformer(spec, activation_checkpointing)
+    path = Path(spec.hf_path)
+    if importlib.util.find_spec("transformers") is None:
+        raise ConfigError("model.hfPath", "needs the `transformers` package, which is not installed in this image")
+    if not path.is_dir():
+        raise ConfigError("model.hfPath", f"{path} is not a directory (models are loaded from local paths only)")
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 - optional dependency
+
+    inner = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, torch_dtype=torch.float32)
+    if activation_checkpointing:
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return HFCausalLM(inner)
