@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# Start the local test control plane: etcd, kube-apiserver (RBAC), kube-controller-manager,
+# kube-scheduler and the kwok controller, as background processes on loopback,
+# then create fake GPU nodes. Builds missing binaries first (hack/build.sh).
+#
+#   hack/cluster-up.sh            # idempotent: a healthy running cluster is left alone
+#
+# Parameters (environment):
+#   KUBETRAIN_CACHE        cache root (default ~/.cache/kubetrain)
+#   KUBETRAIN_CLUSTER_DIR  state dir (default $KUBETRAIN_CACHE/cluster): pki/, logs/, pids/, kubeconfig
+#   KUBETRAIN_APISERVER_PORT (16443)  KUBETRAIN_ETCD_PORT (23790; peer port +10)
+#   KUBETRAIN_NODES (4) and the node shape, see hack/nodes.sh
+#
+# Prints the admin kubeconfig path on stdout (last line); logs go to stderr.
+set -euo pipefail
+# shellcheck source=hack/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+APISERVER_PORT="${KUBETRAIN_APISERVER_PORT:-16443}"
+ETCD_PORT="${KUBETRAIN_ETCD_PORT:-23790}"
+ETCD_PEER_PORT="$((ETCD_PORT + 10))"
+SERVICE_CIDR="10.96.0.0/16"
+SERVICE_IP="10.96.0.1"
+POD_CIDR="10.244.0.0/16"
+D="${KUBETRAIN_CLUSTER_DIR}"
+PKI="${D}/pki"
+KUBECONFIG_ADMIN="${D}/kubeconfig"
+SERVER="https://127.0.0.1:${APISERVER_PORT}"
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+start_time=$SECONDS
+
+running() {  # running <component>: its pid file names a live process
+  local pidfile="${D}/pids/$1.pid"
+  [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+}
+
+kubectl_admin() { "$(bin_path kubectl)" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+
+healthy() {
+  local c
+  for c in "${COMPONENTS[@]}"; do running "$c" || return 1; done
+  [[ -f "$KUBECONFIG_ADMIN" ]] && kubectl_admin get --raw=/readyz >/dev/null 2>&1
+}
+
+# ---------------------------------------------------------------- certificates
+gen_pki() {
+  [[ -f "${PKI}/.complete" ]] && return 0
+  log "generating certificates in ${PKI}"
+  rm -rf "$PKI"; mkdir -p "$PKI"
+  (
+    cd "$PKI"
+    openssl ecparam -name prime256v1 -genkey -noout -out ca.key 2>/dev/null
+    openssl req -x509 -new -key ca.key -out ca.crt -days 3650 -subj "/CN=kubetrain-test-ca" 2>/dev/null
+    # service-account token signing key pair
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+    # sign <name> <subject> <extensions>
+    sign() {
+      openssl ecparam -name prime256v1 -genkey -noout -out "$1.key" 2>/dev/null
+      openssl req -new -key "$1.key" -subj "$2" -out "$1.csr" 2>/dev/null
+      openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 \
+        -out "$1.crt" -extfile <(printf '%s\n' "$3") 2>/dev/null
+      rm -f "$1.csr"
+    }
+    local client="basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+    sign apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,IP:${SERVICE_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    sign admin "/O=system:masters/CN=kubetrain-admin" "$client"
+    sign kube-controller-manager "/CN=system:kube-controller-manager" "$client"
+    sign kube-scheduler "/CN=system:kube-scheduler" "$client"
+    sign kwok "/O=system:masters/CN=kwok-controller" "$client"
+  )
+  touch "${PKI}/.complete"
+}
+
+write_kubeconfig() {  # write_kubeconfig <file> <cert name> <user>
+  local b64="base64 -w0"
+  cat > "$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kubetrain-test
+  cluster:
+    server: ${SERVER}
+    certificate-authority-data: $($b64 < "${PKI}/ca.crt")
+users:
+- name: $3
+  user:
+    client-certificate-data: $($b64 < "${PKI}/$2.crt")
+    client-key-data: $($b64 < "${PKI}/$2.key")
+contexts:
+- name: kubetrain-test
+  context: {cluster: kubetrain-test, user: $3}
+current-context: kubetrain-test
+EOF
+  chmod 600 "$1"
+}
+
+# ------------------------------------------------------------------- processes
+launch() {  # launch <component> <binary> args...
+  local name="$1"; shift
+  log "starting ${name}"
+  # setsid: own process group, so cluster-down can stop it and nothing else.
+  setsid "$@" >"${D}/logs/${name}.log" 2>&1 < /dev/null &
+  echo $! > "${D}/pids/${name}.pid"
+}
+
+wait_until() {  # wait_until <seconds> <what> <command...>
+  local deadline=$((SECONDS + $1)) what="$2"; shift 2
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      log "timed out waiting for ${what}; last log lines:"
+      tail -n 20 "${D}"/logs/*.log >&2 || true
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+check_port_free() {
+  if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+    die "port $1 is in use; set KUBETRAIN_APISERVER_PORT / KUBETRAIN_ETCD_PORT"
+  fi
+}
+
+# ------------------------------------------------------------------------ main
+if healthy; then
+  log "cluster already running"
+  echo "$KUBECONFIG_ADMIN"
+  exit 0
+fi
+# Anything half-started is stopped first.
+"${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true
+
+"${HACK_DIR}/build.sh"
+mkdir -p "${D}/logs" "${D}/pids"
+rm -rf "${D}/etcd-data" "${D}/kwok"
+gen_pki
+write_kubeconfig "$KUBECONFIG_ADMIN" admin kubetrain-admin
+write_kubeconfig "${D}/kube-controller-manager.kubeconfig" kube-controller-manager system:kube-controller-manager
+write_kubeconfig "${D}/kube-scheduler.kubeconfig" kube-scheduler system:kube-scheduler
+write_kubeconfig "${D}/kwok.kubeconfig" kwok kwok-controller
+check_port_free "$APISERVER_PORT"
+check_port_free "$ETCD_PORT"
+
+launch etcd "$(bin_path etcd)" \
+  --name=kubetrain --data-dir="${D}/etcd-data" \
+  --listen-client-urls="http://127.0.0.1:${ETCD_PORT}" \
+  --advertise-client-urls="http://127.0.0.1:${ETCD_PORT}" \
+  --listen-peer-urls="http://127.0.0.1:${ETCD_PEER_PORT}" \
+  --initial-advertise-peer-urls="http://127.0.0.1:${ETCD_PEER_PORT}" \
+  --initial-cluster="kubetrain=http://127.0.0.1:${ETCD_PEER_PORT}" \
+  --unsafe-no-fsync --log-level=warn
+wait_until 30 etcd curl -fsS "http://127.0.0.1:${ETCD_PORT}/health"
+
+launch kube-apiserver "$(bin_path kube-apiserver)" \
+  --etcd-servers="http://127.0.0.1:${ETCD_PORT}" \
+  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="${APISERVER_PORT}" \
+  --tls-cert-file="${PKI}/apiserver.crt" --tls-private-key-file="${PKI}/apiserver.key" \
+  --client-ca-file="${PKI}/ca.crt" \
+  --authorization-mode=RBAC \
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+  --service-account-key-file="${PKI}/sa.pub" \
+  --service-account-signing-key-file="${PKI}/sa.key" \
+  --api-audiences=https://kubernetes.default.svc.cluster.local \
+  --service-cluster-ip-range="${SERVICE_CIDR}" \
+  --allow-privileged=true --profiling=false --v=1
+wait_until 90 kube-apiserver kubectl_admin get --raw=/readyz
+
+launch kube-controller-manager "$(bin_path kube-controller-manager)" \
+  --kubeconfig="${D}/kube-controller-manager.kubeconfig" \
+  --authentication-skip-lookup=true \
+  --secure-port=0 --leader-elect=false \
+  --controllers='*' \
+  --use-service-account-credentials=true \
+  --service-account-private-key-file="${PKI}/sa.key" \
+  --root-ca-file="${PKI}/ca.crt" \
+  --cluster-cidr="${POD_CIDR}" --service-cluster-ip-range="${SERVICE_CIDR}" \
+  --concurrent-gc-syncs=5 --v=1
+
+launch kube-scheduler "$(bin_path kube-scheduler)" \
+  --kubeconfig="${D}/kube-scheduler.kubeconfig" \
+  --authentication-skip-lookup=true \
+  --secure-port=0 --leader-elect=false --v=1
+
+mkdir -p "${D}/kwok"
+kwok_cfg=()
+for f in "${HACK_DIR}"/kwok/stages/vendor/*.yaml "${HACK_DIR}"/kwok/stages/*.yaml; do
+  kwok_cfg+=("--config=${f}")
+done
+# HOME: kwok keeps its work dir under ~/.kwok; give it ours.
+HOME="${D}/kwok" launch kwok "$(bin_path kwok)" \
+  "${kwok_cfg[@]}" \
+  --kubeconfig="${D}/kwok.kubeconfig" \
+  --manage-all-nodes=false \
+  --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+  --cidr="${POD_CIDR}" --node-ip=10.255.0.1 \
+  --node-lease-duration-seconds=40
+
+"${HACK_DIR}/nodes.sh" create "${KUBETRAIN_NODES:-4}"
+
+# kube-controller-manager is up once it has created the default ServiceAccount.
+wait_until 60 "kube-controller-manager (default ServiceAccount)" \
+  kubectl_admin -n default get serviceaccount default
+for c in "${COMPONENTS[@]}"; do running "$c" || die "$c exited; see ${D}/logs/$c.log"; done
+
+log "cluster up in $((SECONDS - start_time))s: $("$(bin_path kubectl)" version --kubeconfig "$KUBECONFIG_ADMIN" 2>/dev/null | tr '\n' ' ')"
+log "export KUBECONFIG=${KUBECONFIG_ADMIN}"
+echo "$KUBECONFIG_ADMIN"

@@ -1,0 +1,19 @@
+# Test-cluster targets; the root Makefile includes this file
+# (standalone: make -f hack/cluster.mk cluster-up).
+#   make cluster-up           build missing binaries, start the control plane + kwok GPU nodes
+#   make cluster-down         stop it (etcd data dropped; certificates and binaries kept)
+#   make cluster-build        only build the binaries into $KUBETRAIN_CACHE/bin
+#   make cluster-kubeconfig   print the admin kubeconfig path
+# Parameters are environment variables (KUBETRAIN_NODES, KUBETRAIN_NODE_GPUS, ...),
+# see docs/testing.md.
+CLUSTER_HACK := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
+
+.PHONY: cluster-up cluster-down cluster-build cluster-kubeconfig
+cluster-up:
+	@bash $(CLUSTER_HACK)/cluster-up.sh
+cluster-down:
+	@bash $(CLUSTER_HACK)/cluster-down.sh
+cluster-build:
+	@bash $(CLUSTER_HACK)/build.sh
+cluster-kubeconfig:
+	@bash $(CLUSTER_HACK)/kubeconfig-path.sh
