@@ -384,6 +384,18 @@ class TrainingJobStatus(_Model):
     """Gang restarts so far."""
     restart_generation: int = 0
     """Generation of the current gang (0 for the first)."""
+    gang_created: bool = False
+    """Every worker of the current generation has been created (a worker missing after that was deleted)."""
+    last_restart_time: str | None = None
+    """When the last gang restart was decided (RFC 3339); the next generation starts after the backoff."""
+    running_since: str | None = None
+    """When every worker of the current generation was first seen Running."""
+    last_failure_time: str | None = None
+    """When the last worker failure was seen (recovery time runs from here to all workers Running)."""
+    reason: str = ""
+    """Reason of the latest phase."""
+    message: str = ""
+    """Message of the latest phase."""
     failures: dict[str, int] = Field(default_factory=dict)
     """Worker failures counted by kind (e.g. ExitCode, Evicted, NodeLost, NoProgress)."""
     current_step: int = 0

@@ -1,0 +1,303 @@
+"""The controller: watch caches, a work queue, and the only code that talks to the API server.
+
+kopf delivers watch events (handlers.py); they update the caches here and
+enqueue the job's key. A few workers take keys off the queue (never the same key
+twice at once) and reconcile: plan() computes everything from the caches, then
+this module creates children concurrently (bounded, 409 = already there),
+deletes pods, writes the status ONCE, and records Events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kubetrain.core import api
+from kubetrain.core.progress import Progress
+from kubetrain.operator import builders as b
+from kubetrain.operator import metrics
+from kubetrain.operator.reconcile import Plan, parse_ts, plan
+
+log = logging.getLogger("kubetrain.operator")
+Key = tuple[str, str]
+PROGRESS_ANNOTATION = "kubetrain.io/progress"
+
+
+def _rv(obj: dict[str, Any]) -> int:
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def node_not_ready_since(node: dict[str, Any]) -> datetime | None:
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return None if c.get("status") == "True" else parse_ts(c.get("lastTransitionTime")) or datetime.now(UTC)
+    return None
+
+
+class Controller:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        settings: b.Settings | None = None,
+        *,
+        create_parallelism: int = 32,
+        workers: int = 4,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.settings = settings or b.Settings()
+        self.clock = clock
+        self.jobs: dict[Key, dict[str, Any]] = {}
+        self.pods: dict[Key, dict[str, dict[str, Any]]] = {}
+        self.nodes: dict[str, datetime | None] = {}
+        self.pool = ThreadPoolExecutor(max_workers=create_parallelism, thread_name_prefix="kubetrain-io")
+        self.n_workers = workers
+        self.queue: asyncio.Queue[Key] | None = None
+        self.queued: set[Key] = set()
+        self.active: set[Key] = set()
+        self.dirty: set[Key] = set()
+        self.timers: dict[Key, asyncio.TimerHandle] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.first_running: set[Key] = set()
+
+    # ------------------------------------------------------------------ caches (called from kopf handlers)
+
+    def job_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if kind == "DELETED":
+            self.jobs.pop(key, None)
+            return
+        if _rv(body) >= _rv(self.jobs.get(key, {})):
+            self.jobs[key] = body
+        self.enqueue(key)
+
+    def pod_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        job = (meta.get("labels") or {}).get(b.LABEL_JOB)
+        if not job:
+            return
+        key = (meta["namespace"], job)
+        pods = self.pods.setdefault(key, {})
+        if kind == "DELETED":
+            pods.pop(meta["name"], None)
+        elif _rv(body) >= _rv(pods.get(meta["name"], {})):
+            pods[meta["name"]] = body
+        self.enqueue(key)
+
+    def node_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        before = self.nodes.get(name)
+        self.nodes[name] = None if kind == "DELETED" else node_not_ready_since(body)
+        if before != self.nodes[name]:
+            for key, pods in self.pods.items():
+                if any((p.get("spec") or {}).get("nodeName") == name for p in pods.values()):
+                    self.enqueue(key)
+
+    # ------------------------------------------------------------------ queue
+
+    def enqueue(self, key: Key, delay: float = 0.0) -> None:
+        if self.queue is None:
+            return
+        if delay > 0:
+            old = self.timers.pop(key, None)
+            if old is not None:
+                old.cancel()
+            self.timers[key] = asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+            return
+        if key in self.active:
+            self.dirty.add(key)
+        elif key not in self.queued:
+            self.queued.add(key)
+            self.queue.put_nowait(key)
+
+    async def start(self) -> None:
+        self.queue = asyncio.Queue()
+        self.tasks = [asyncio.create_task(self._worker()) for _ in range(self.n_workers)]
+        self.tasks.append(asyncio.create_task(self._gauges()))
+        for key in list(self.jobs):
+            self.enqueue(key)
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        for t in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _gauges(self) -> None:
+        while True:
+            self.count_phases()
+            await asyncio.sleep(5.0)
+
+    async def _worker(self) -> None:
+        assert self.queue is not None
+        while True:
+            key = await self.queue.get()
+            self.queued.discard(key)
+            self.active.add(key)
+            try:
+                requeue = await self.reconcile(key)
+            except Exception as exc:  # noqa: BLE001 - one job's error must not stop the others
+                reason = type(exc).__name__
+                metrics.RECONCILE_ERRORS.labels(reason).inc()
+                log.exception("reconcile of %s/%s failed; retrying", *key)
+                requeue = 2.0
+            finally:
+                self.active.discard(key)
+            if key in self.dirty:
+                self.dirty.discard(key)
+                self.enqueue(key)
+            elif requeue is not None and key in self.jobs:
+                self.enqueue(key, requeue)
+
+    # ------------------------------------------------------------------ reconcile
+
+    def progress_of(self, key: Key, body: dict[str, Any]) -> Progress | None:
+        """Rank 0's progress, from the annotation on worker 0 of the current generation."""
+        gen = str(((body.get("status") or {}).get("restartGeneration")) or 0)
+        pod = self.pods.get(key, {}).get(b.worker_name(key[1], 0))
+        if pod is None or (pod["metadata"].get("labels") or {}).get(b.LABEL_GENERATION) != gen:
+            return None
+        raw = (pod["metadata"].get("annotations") or {}).get(PROGRESS_ANNOTATION)
+        if not raw:
+            return None
+        try:
+            return Progress.model_validate_json(raw)
+        except ValueError:
+            return None
+
+    async def reconcile(self, key: Key) -> float | None:
+        body = self.jobs.get(key)
+        if body is None:
+            return None
+        t0 = time.perf_counter()
+        pods = list(self.pods.get(key, {}).values())
+        p = plan(body, pods, self.nodes, self.clock(), self.settings, self.progress_of(key, body))
+        await self.execute(key, body, p)
+        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - t0)
+        return p.requeue_after
+
+    async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
+
+    async def execute(self, key: Key, body: dict[str, Any], p: Plan) -> None:
+        ns, name = key
+        if p.create:
+            await asyncio.gather(*(self._create(ns, obj) for obj in p.create))
+        if p.delete_pods:
+            await asyncio.gather(*(self._delete_pod(key, pod) for pod in p.delete_pods))
+        if p.status is not None:
+            await self._write_status(key, body, p.status)
+            self._observe_transitions(key, body, p)
+        for type_, reason, message in p.events:
+            await self._io(self._event, body, type_, reason, message)
+        if p.delete_job:
+            with contextlib.suppress(ApiException):
+                await self._io(self.custom.delete_namespaced_custom_object, api.GROUP, api.VERSION, ns, api.PLURAL, name)
+
+    async def _create(self, ns: str, obj: dict[str, Any]) -> None:
+        kind = obj["kind"]
+        try:
+            if kind == "Pod":
+                created = await self._io(self.core.create_namespaced_pod, ns, obj)
+                metrics.PODS_CREATED.inc()
+                self.pod_event("ADDED", self.api_client.sanitize_for_serialization(created))
+            elif kind == "Service":
+                await self._io(self.core.create_namespaced_service, ns, obj)
+            elif kind == "ConfigMap":
+                await self._io(self.core.create_namespaced_config_map, ns, obj)
+            elif kind == "PersistentVolumeClaim":
+                await self._io(self.core.create_namespaced_persistent_volume_claim, ns, obj)
+            elif kind == "PodGroup":
+                group, version = obj["apiVersion"].split("/")
+                await self._io(self.custom.create_namespaced_custom_object, group, version, ns, "podgroups", obj)
+        except ApiException as exc:
+            if exc.status != 409:  # AlreadyExists: an earlier reconcile (or operator) made it
+                raise
+
+    async def _delete_pod(self, key: Key, pod: str) -> None:
+        try:
+            await self._io(self.core.delete_namespaced_pod, pod, key[0])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        cached = self.pods.get(key, {}).get(pod)
+        if cached is not None:  # keep it (as terminating) until the watch says it is gone
+            cached["metadata"].setdefault("deletionTimestamp", self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    async def _write_status(self, key: Key, body: dict[str, Any], status: dict[str, Any]) -> None:
+        old = body.get("status") or {}
+        patch = {"status": {**{k: None for k in old if k not in status}, **status}}
+        try:
+            new = await self._io(
+                self.custom.patch_namespaced_custom_object_status, api.GROUP, api.VERSION, key[0], api.PLURAL, key[1], patch
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                self.jobs.pop(key, None)
+                return
+            raise
+        if _rv(new) >= _rv(self.jobs.get(key, {})):
+            self.jobs[key] = new
+
+    def _event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = body["metadata"]
+        now = self.clock()
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
+            involved_object=client.V1ObjectReference(
+                api_version=api.API_VERSION, kind=api.KIND, name=meta["name"], namespace=meta["namespace"],
+                uid=meta.get("uid"), resource_version=meta.get("resourceVersion"),
+            ),
+            type=type_, reason=reason, message=message[:1024],
+            first_timestamp=now, last_timestamp=now, count=1,
+            source=client.V1EventSource(component="kubetrain-operator"),
+            reporting_component="kubetrain.io/operator", reporting_instance="kubetrain-operator",
+        )
+        try:
+            self.core.create_namespaced_event(meta["namespace"], event)
+        except ApiException as exc:  # an Event is best effort; never fail a reconcile over it
+            log.warning("could not record event %s on %s: %s", reason, meta["name"], exc.reason)
+
+    def _observe_transitions(self, key: Key, body: dict[str, Any], p: Plan) -> None:
+        d = p.decision
+        if d is None or p.status is None:
+            return
+        old = body.get("status") or {}
+        now = self.clock()
+        if d.action.value == "RestartGang":
+            metrics.GANG_RESTARTS.labels(d.reason).inc()
+        if p.status.get("phase") == "Running" and old.get("phase") != "Running":
+            created = parse_ts(body["metadata"].get("creationTimestamp"))
+            failed = parse_ts(old.get("lastFailureTime"))
+            if failed is not None:
+                metrics.RECOVERY_SECONDS.observe((now - failed).total_seconds())
+            elif created is not None and key not in self.first_running:
+                self.first_running.add(key)
+                metrics.TIME_TO_RUNNING.observe((now - created).total_seconds())
+        if p.status.get("phase") in ("Succeeded", "Failed") and old.get("phase") != p.status.get("phase"):
+            metrics.JOBS_FINISHED.labels(p.status["phase"], p.status.get("reason", "")).inc()
+
+    def count_phases(self) -> None:
+        """Refresh the jobs-by-phase gauge (called periodically, not per reconcile)."""
+        counts: dict[str, int] = {}
+        for body in self.jobs.values():
+            phase = (body.get("status") or {}).get("phase", "Pending")
+            counts[phase] = counts.get(phase, 0) + 1
+        for phase in ("Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"):
+            metrics.JOBS.labels(phase).set(counts.get(phase, 0))

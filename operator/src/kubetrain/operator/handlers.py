@@ -1,0 +1,74 @@
+"""kopf wiring: thin handlers that feed the controller's caches. All logic lives elsewhere.
+
+Run with `python -m kubetrain.operator` (or `kopf run -m kubetrain.operator.handlers`).
+Environment: KUBETRAIN_TRAINER_IMAGE, KUBETRAIN_NAMESPACE (watch one namespace;
+default all), KUBETRAIN_METRICS_PORT (default 8080), KUBETRAIN_CREATE_PARALLELISM.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+from prometheus_client import start_http_server
+
+from kubetrain.core import api
+from kubetrain.operator import builders as b
+from kubetrain.operator.controller import Controller
+
+STATE: dict[str, Controller] = {}
+
+
+def controller() -> Controller:
+    return STATE["controller"]
+
+
+def _api_client() -> client.ApiClient:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.posting.enabled = False  # we record our own Events with reasons
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.persistence.finalizer = "kubetrain.io/operator"
+    image = os.environ.get("KUBETRAIN_TRAINER_IMAGE", b.Settings.trainer_image)
+    ctl = Controller(
+        _api_client(),
+        b.Settings(trainer_image=image),
+        create_parallelism=int(os.environ.get("KUBETRAIN_CREATE_PARALLELISM", "32")),
+    )
+    STATE["controller"] = ctl
+    port = int(os.environ.get("KUBETRAIN_METRICS_PORT", "8080"))
+    if port:
+        start_http_server(port)
+    await ctl.start()
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    if "controller" in STATE:
+        await STATE.pop("controller").stop()
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+def job_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    controller().job_event(event.get("type"), copy.deepcopy(dict(body)))
+
+
+@kopf.on.event("", "v1", "pods", labels={b.LABEL_JOB: kopf.PRESENT})
+def pod_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    controller().pod_event(event.get("type"), copy.deepcopy(dict(body)))
+
+
+@kopf.on.event("", "v1", "nodes")
+def node_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
+    controller().node_event(event.get("type"), dict(body))

@@ -1,0 +1,26 @@
+"""Operator metrics (prometheus-client), all named kubetrain_operator_*."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+JOBS = Gauge("kubetrain_operator_jobs", "TrainingJobs known to the operator, by phase", ["phase"])
+RECONCILE_SECONDS = Histogram(
+    "kubetrain_operator_reconcile_duration_seconds",
+    "Time of one reconcile, API calls included",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+RECONCILE_ERRORS = Counter("kubetrain_operator_reconcile_errors_total", "Reconciles that raised", ["reason"])
+PODS_CREATED = Counter("kubetrain_operator_pods_created_total", "Worker pods created")
+GANG_RESTARTS = Counter("kubetrain_operator_gang_restarts_total", "Whole-gang restarts, by failure kind", ["reason"])
+JOBS_FINISHED = Counter("kubetrain_operator_jobs_finished_total", "Jobs that finished, by phase and reason", ["phase", "reason"])
+TIME_TO_RUNNING = Histogram(
+    "kubetrain_operator_time_to_running_seconds",
+    "From job creation to every worker of the first generation Running",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+)
+RECOVERY_SECONDS = Histogram(
+    "kubetrain_operator_recovery_seconds",
+    "From a worker failure to every worker of the new generation Running",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+)

@@ -1,0 +1,150 @@
+"""The operator's pure reconcile: (job, pods, nodes, now) -> Plan. No API server here."""
+
+from datetime import UTC, datetime, timedelta
+
+from kubetrain.core.api import TrainingJob
+from kubetrain.core.progress import CheckpointRecord, Progress
+from kubetrain.operator import builders as b
+from kubetrain.operator.reconcile import plan, set_condition
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+S = b.Settings(trainer_image="trainer:test")
+
+
+def body(status=None, **spec):
+    base = {"workers": 2, "restartPolicy": {"backoffLimit": 1, "backoffSeconds": 0}}
+    base.update(spec)
+    return {
+        "apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "j", "namespace": "ns", "uid": "uid-1", "generation": 1,
+                     "creationTimestamp": "2026-03-01T11:59:00Z"},
+        "spec": base, "status": status or {},
+    }
+
+
+def pod(i, gen=0, phase="Running", ready=True, exit_code=None, node="n1", deleting=False):
+    job = TrainingJob.model_validate({"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
+                                      "metadata": {"name": "j", "namespace": "ns"}, "spec": {"workers": 2}})
+    p = b.worker_pod(job, i, gen, S)
+    p["spec"]["nodeName"] = node
+    st = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if exit_code is not None:
+        st["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": exit_code}}}]
+    p["status"] = st
+    if deleting:
+        p["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:00Z"
+    return p
+
+
+def test_new_job_creates_service_config_and_all_pods_and_writes_status():
+    p = plan(body(), [], {}, T0, S)
+    kinds = [o["kind"] for o in p.create]
+    assert kinds == ["Service", "ConfigMap", "Pod", "Pod"]
+    assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == ["j-worker-0", "j-worker-1"]
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for o in p.create)
+    assert p.status["phase"] == "Created" and p.status["gangCreated"] is True
+    assert p.status["workersSummary"] == "0/2" and p.status["startTime"] == "2026-03-01T12:00:00Z"
+    assert p.events[0][:2] == ("Normal", "CreatingWorkers")
+
+
+def test_operator_restart_mid_creation_creates_only_the_missing_pods():
+    p = plan(body(status={"phase": "Created"}), [pod(0, phase="Pending")], {}, T0, S)
+    assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == ["j-worker-1"]
+
+
+def test_all_running_sets_running_with_ready_count_and_condition():
+    st = {"phase": "Created", "gangCreated": True, "startTime": "2026-03-01T12:00:00Z"}
+    p = plan(body(status=st), [pod(0), pod(1)], {}, T0, S)
+    assert not p.create and p.status["phase"] == "Running" and p.status["workersSummary"] == "2/2"
+    assert p.status["runningSince"] == "2026-03-01T12:00:00Z"
+    cond = {c["type"]: c for c in p.status["conditions"]}
+    assert cond["Running"]["status"] == "True" and cond["Created"]["status"] == "True"
+    # Nothing changed on the next pass: no status write at all
+    again = plan(body(status=p.status), [pod(0), pod(1)], {}, T0 + timedelta(seconds=5), S)
+    assert again.status is None and again.events == []
+
+
+def test_retryable_failure_deletes_whole_gang_and_bumps_generation_once():
+    st = {"phase": "Running", "gangCreated": True, "startTime": "2026-03-01T12:00:00Z"}
+    p = plan(body(status=st), [pod(0), pod(1, phase="Failed", exit_code=137)], {}, T0, S)
+    assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"]
+    assert (p.status["phase"], p.status["restartCount"], p.status["restartGeneration"]) == ("Restarting", 1, 1)
+    assert p.status["failures"] == {"ExitCode": 1}
+    assert p.events[0][:2] == ("Warning", "ExitCode")
+    # next pass: the old pods are terminating -> wait, never a second restart, never new pods yet
+    terminating = [pod(0, deleting=True), pod(1, phase="Failed", exit_code=137, deleting=True)]
+    p2 = plan(body(status=p.status), terminating, {}, T0, S)
+    assert p2.status is None or p2.status["restartCount"] == 1
+    assert not p2.create and not p2.delete_pods
+    # gone -> generation 1 is created
+    p3 = plan(body(status=p.status), [], {}, T0, S)
+    assert [o["metadata"]["labels"][b.LABEL_GENERATION] for o in p3.create if o["kind"] == "Pod"] == ["1", "1"]
+
+
+def test_permanent_failure_and_backoff_limit_fail_the_job():
+    st = {"phase": "Running", "gangCreated": True}
+    p = plan(body(status=st), [pod(0), pod(1, phase="Failed", exit_code=127)], {}, T0, S)
+    assert (p.status["phase"], p.status["reason"]) == ("Failed", "PermanentError")
+    assert p.delete_pods == ["j-worker-0"]  # cleanPodPolicy Running: the still-running one
+    st = {"phase": "Running", "gangCreated": True, "restartCount": 1, "restartGeneration": 1}
+    p = plan(body(status=st), [pod(0, gen=1), pod(1, gen=1, phase="Failed", exit_code=1)], {}, T0, S)
+    assert (p.status["phase"], p.status["reason"]) == ("Failed", "BackoffLimitExceeded")
+    assert p.status["completionTime"] == "2026-03-01T12:00:00Z"
+
+
+def test_node_not_ready_past_grace_restarts():
+    st = {"phase": "Running", "gangCreated": True}
+    nodes = {"n2": T0 - timedelta(seconds=61)}
+    p = plan(body(status=st), [pod(0), pod(1, node="n2")], nodes, T0, S)
+    assert p.status["phase"] == "Restarting" and p.status["failures"] == {"NodeLost": 1}
+
+
+def test_deleted_worker_restarts_gang():
+    st = {"phase": "Running", "gangCreated": True}
+    p = plan(body(status=st), [pod(0)], {}, T0, S)
+    assert p.status["phase"] == "Restarting" and p.status["failures"] == {"Deleted": 1}
+
+
+def test_progress_flows_into_status():
+    st = {"phase": "Running", "gangCreated": True, "runningSince": "2026-03-01T11:00:00Z"}
+    prog = Progress(step=42, loss=2.5, generation=0,
+                    last_checkpoint=CheckpointRecord(step=40, path="/checkpoints/step-00000040", time="t"))
+    p = plan(body(status=st), [pod(0), pod(1)], {}, T0, S, prog)
+    assert p.status["currentStep"] == 42 and p.status["loss"] == "2.5000"
+    assert p.status["lastCheckpoint"] == {"step": 40, "path": "/checkpoints/step-00000040", "time": "t"}
+    assert p.status["lastProgressTime"] == "2026-03-01T12:00:00Z"
+
+
+def test_suspend_then_resume():
+    running = {"type": "Running", "status": "True", "reason": "AllWorkersRunning", "lastTransitionTime": "x"}
+    st = {"phase": "Running", "gangCreated": True, "conditions": [running]}
+    p = plan(body(status=st, suspend=True), [pod(0), pod(1)], {}, T0, S)
+    assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"] and p.status["phase"] == "Suspended"
+    assert p.status["restartGeneration"] == 1
+    cond = {c["type"]: c for c in p.status["conditions"]}
+    assert cond["Suspended"]["status"] == "True" and cond["Running"]["status"] == "False"
+    p2 = plan(body(status=p.status), [], {}, T0, S)
+    assert [o["metadata"]["labels"][b.LABEL_GENERATION] for o in p2.create if o["kind"] == "Pod"] == ["1", "1"]
+
+
+def test_finished_job_ttl_and_never_resurrected():
+    st = {"phase": "Succeeded", "completionTime": "2026-03-01T11:59:00Z"}
+    p = plan(body(status=st, ttlSecondsAfterFinished=120), [], {}, T0, S)
+    assert not p.delete_job and p.requeue_after == 60 and not p.create
+    p = plan(body(status=st, ttlSecondsAfterFinished=60), [], {}, T0, S)
+    assert p.delete_job and not p.create
+
+
+def test_invalid_spec_fails_with_field_path():
+    p = plan(body(model={"dModel": 100, "nHeads": 3}), [], {}, T0, S)
+    assert p.status["phase"] == "Failed" and p.status["reason"] == "InvalidSpec"
+    assert "spec.model.nHeads: model.dModel must be divisible by model.nHeads" in p.status["message"]
+    assert not p.create
+
+
+def test_condition_time_moves_only_on_change():
+    c = set_condition([], "Running", True, "A", "m", T0)
+    c2 = set_condition(c, "Running", True, "B", "other message", T0 + timedelta(seconds=9))
+    assert c2[0]["lastTransitionTime"] == c[0]["lastTransitionTime"] and c2[0]["reason"] == "B"
+    c3 = set_condition(c2, "Running", False, "C", "m", T0 + timedelta(seconds=20))
+    assert c3[0]["lastTransitionTime"] == "2026-03-01T12:00:20Z"
