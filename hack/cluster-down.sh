@@ -9,22 +9,38 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 D="${KUBETRAIN_CLUSTER_DIR}"
 
-stop() {  # stop <component>: TERM its process group, KILL after 10 s
-  local pidfile="${D}/pids/$1.pid" pid i
-  [[ -f "$pidfile" ]] || return 0
+signal() {  # signal <SIG> <component>: signal its process group; true if it was alive
+  local pidfile="${D}/pids/$2.pid" pid
+  [[ -f "$pidfile" ]] || return 1
   pid="$(cat "$pidfile")"
-  if kill -0 "$pid" 2>/dev/null; then
-    log "stopping $1 (pid ${pid})"
-    kill -TERM -- "-${pid}" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    if kill -0 "$pid" 2>/dev/null; then
-      kill -KILL -- "-${pid}" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-    fi
-  fi
-  rm -f "$pidfile"
+  pid_alive "$pid" || return 1
+  kill "-$1" -- "-${pid}" 2>/dev/null || kill "-$1" "$pid" 2>/dev/null || true
 }
 
-for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c"; done
+alive() {
+  local pidfile="${D}/pids/$1.pid"
+  [[ -f "$pidfile" ]] && pid_alive "$(cat "$pidfile")"
+}
+
+stop() {  # stop <component>...: TERM them together, KILL what is left after 10 s
+  local c i left
+  for c in "$@"; do signal TERM "$c" && log "stopping $c (pid $(cat "${D}/pids/$c.pid"))"; done
+  for i in $(seq 1 100); do
+    left=0
+    for c in "$@"; do alive "$c" && left=1; done
+    ((left)) || break
+    sleep 0.1
+  done
+  for c in "$@"; do
+    signal KILL "$c" && log "killed $c"
+    rm -f "${D}/pids/$c.pid"
+  done
+}
+
+# Clients first (all at once), then the API server, then its storage.
+stop kwok kube-scheduler kube-controller-manager
+stop kube-apiserver
+stop etcd
 rm -rf "${D}/etcd-data"
 if [[ "${1:-}" == "--purge" ]]; then
   rm -rf "$D"

@@ -32,7 +32,7 @@ start_time=$SECONDS
 
 running() {  # running <component>: its pid file names a live process
   local pidfile="${D}/pids/$1.pid"
-  [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+  [[ -f "$pidfile" ]] && pid_alive "$(cat "$pidfile")"
 }
 
 kubectl_admin() { "$(bin_path kubectl)" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }

@@ -47,3 +47,12 @@ bin_path() {
   esac
   printf '%s/%s-%s/%s\n' "${KUBETRAIN_BIN_CACHE}" "$c" "$v" "$c"
 }
+
+# pid_alive <pid>: the process exists and is not a zombie (some init processes
+# reap exited children only every second or two).
+pid_alive() {
+  local state
+  kill -0 "$1" 2>/dev/null || return 1
+  state="$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || true)"
+  [[ "$state" != Z ]]
+}
