@@ -48,6 +48,10 @@ if [[ ${#todo[@]} -eq 0 ]]; then
   exit 0
 fi
 total_start=$SECONDS
+command -v go >/dev/null || die "building ${todo[*]} needs Go >= 1.26 on PATH (https://go.dev/dl/)"
+go_minor="$(go env GOVERSION | sed -n 's/^go1\.\([0-9]*\).*/\1/p')"
+[[ -z "$go_minor" || "$go_minor" -ge 26 ]] || die "Go >= 1.26 needed, found $(go env GOVERSION)"
+log "building ${todo[*]} with $(go env GOVERSION) (cold: about 10 min on 2 cores)"
 
 k8s_todo=()
 for c in "${todo[@]}"; do

@@ -138,6 +138,8 @@ fi
 "${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true
 
 "${HACK_DIR}/build.sh"
+# From here on a failure stops whatever was started (logs stay in ${D}/logs).
+trap 'log "cluster-up failed; stopping what was started (logs: ${D}/logs)"; "${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true' ERR
 mkdir -p "${D}/logs" "${D}/pids"
 rm -rf "${D}/etcd-data" "${D}/kwok"
 gen_pki
@@ -207,7 +209,10 @@ HOME="${D}/kwok" launch kwok "$(bin_path kwok)" \
 # kube-controller-manager is up once it has created the default ServiceAccount.
 wait_until 60 "kube-controller-manager (default ServiceAccount)" \
   kubectl_admin -n default get serviceaccount default
-for c in "${COMPONENTS[@]}"; do running "$c" || die "$c exited; see ${D}/logs/$c.log"; done
+for c in "${COMPONENTS[@]}"; do
+  running "$c" || { "${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true; die "$c exited; see ${D}/logs/$c.log"; }
+done
+trap - ERR
 
 log "cluster up in $((SECONDS - start_time))s: $("$(bin_path kubectl)" version --kubeconfig "$KUBECONFIG_ADMIN" 2>/dev/null | tr '\n' ' ')"
 log "export KUBECONFIG=${KUBECONFIG_ADMIN}"

@@ -11,6 +11,7 @@ from k8s_cluster import (
     container_exit_codes,
     fail_pod,
     fake_node_manifest,
+    impersonating_client,
     node_ready,
     pinned_kubernetes_version,
     set_node_ready,
@@ -155,3 +156,11 @@ def test_restricted_identity_is_refused(core_v1: client.CoreV1Api, namespace: st
     assert refused_elsewhere.value.status == 403
     # The admin identity can do what the restricted one cannot.
     core_v1.create_namespaced_pod(namespace, pod_manifest("allowed"))
+
+
+def test_impersonated_user_without_bindings_is_refused(admin_api: client.ApiClient, namespace: str) -> None:
+    nobody = impersonating_client(admin_api, "jane@example.com")
+    with pytest.raises(ApiException) as refused:
+        client.CoreV1Api(nobody).list_namespaced_pod(namespace)
+    assert refused.value.status == 403
+    assert "jane@example.com" in refused.value.body
