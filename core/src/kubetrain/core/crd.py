@@ -95,9 +95,10 @@ def openapi_schema() -> dict[str, Any]:
     schema["properties"]["apiVersion"] = {"type": "string", "description": "APIVersion of this object: kubetrain.io/v1alpha1."}
     schema["properties"]["kind"] = {"type": "string", "description": "Kind of this object: TrainingJob."}
     schema["properties"]["metadata"] = {"type": "object"}
-    schema.pop("required", None)
+    # spec itself has no default: the API server checks a default against the CEL rules without
+    # applying the nested defaults first, and every manifest has a spec anyway.
+    schema["required"] = ["spec"]
     spec = schema["properties"]["spec"]
-    spec["default"] = {}
     _object_defaults(spec, api.TrainingJobSpec)
     spec["x-kubernetes-validations"] = [
         {"rule": r.cel, "message": r.message, "fieldPath": "." + r.path} for r in api.SPEC_RULES
