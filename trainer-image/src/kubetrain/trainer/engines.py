@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,8 @@ from kubetrain.trainer.schedule import lr_factor
 DEFAULT_FP16_INIT_SCALE = 2.0**16
 FP16_INIT_SCALE_ENV = "KUBETRAIN_FP16_INIT_SCALE"
 """Initial dynamic loss scale for fp16 (tests set a huge one to force overflow steps)."""
+DEEPSPEED_SHM_ENV = "KUBETRAIN_DEEPSPEED_SHM"
+"""Set to "1" to let DeepSpeed build its CPU shared-memory comm op (inference only; slow JIT build)."""
 
 
 @dataclass
@@ -268,6 +272,13 @@ class DeepSpeedEngine(Engine):
     def __init__(self, spec: TrainingJobSpec, model: nn.Module, device: torch.device, world_size: int) -> None:
         import deepspeed  # noqa: PLC0415
 
+        if device.type == "cpu" and os.environ.get(DEEPSPEED_SHM_ENV) != "1":
+            # DeepSpeed's CPU accelerator JIT-compiles a shared-memory all-reduce op when its comm
+            # backend starts (minutes on a small machine); it only serves inference all-reduce.
+            # (`deepspeed.comm.torch` as an attribute is the torch package itself: go through sys.modules.)
+            importlib.import_module("deepspeed.comm.torch")
+            sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+        os.environ.setdefault("LOCAL_RANK", str(max(device.index or 0, 0)))  # DeepSpeed asserts it is set
         self.spec = spec
         self.device = device
         self.world_size = world_size
