@@ -1,0 +1,52 @@
+"""The newcomer's path: examples/quickstart.yaml through `kubetrain run` with the real trainer.
+
+Two real runs (2 gloo processes, FSDP2, bf16, GA 2, activation checkpointing):
+an uninterrupted one, and one where rank 1 is killed at step 30. The second must
+restart the gang once, resume from the step-20 checkpoint and end on exactly the
+same loss (issue #2, acceptance 1 and 2).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "examples" / "quickstart.yaml"
+
+
+def run(tmp: Path, name: str, *extra: str) -> tuple[dict, str]:
+    out = tmp / name
+    r = subprocess.run(
+        [sys.executable, "-m", "kubetrain.core", "run", str(QUICKSTART), "--output-dir", str(out),
+         "--summary-json", str(tmp / f"{name}.json"), *extra],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads((tmp / f"{name}.json").read_text()), r.stderr
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("quickstart")
+    return run(tmp, "clean"), run(tmp, "failed", "--fail-at", "1:30")
+
+
+def test_quickstart_trains_and_loss_falls(runs):
+    (s, err), _ = runs
+    assert (s["phase"], s["steps"], s["restarts"], s["checkpoints"]) == ("Succeeded", 60, 0, [20, 40, 60])
+    assert s["final_loss"] < 0.8 * s["initial_loss"]
+    assert s["tokens_per_second"] > 0
+    assert "metrics: http://127.0.0.1:9400-9401/metrics" in err
+
+
+def test_fail_at_restarts_once_resumes_from_step_20_and_resume_is_exact(runs):
+    (clean, _), (failed, err) = runs
+    assert (failed["phase"], failed["restarts"], failed["resumed_from"]) == ("Succeeded", 1, [20])
+    assert failed["failures"] == {"ExitCode": 1}
+    assert "worker 1 exited with code 137" in err
+    assert failed["initial_loss"] == clean["initial_loss"]
+    assert failed["final_loss"] == pytest.approx(clean["final_loss"], rel=1e-5)

@@ -1,0 +1,259 @@
+"""The operator, as a real process, against the real control plane with kwok GPU nodes.
+
+Worker pods land on kwok nodes and become Running through kwok stages; the
+tests fail them (exit codes), finish them, mark nodes NotReady and kill the
+operator itself, and check what the operator does about it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from k8s_cluster import REPO_ROOT, fail_pod, set_node_ready, succeed_pod, wait_for
+from kubernetes import client, dynamic
+from kubernetes.client.rest import ApiException
+
+from kubetrain.core import api
+from kubetrain.operator import builders as b
+
+pytestmark = pytest.mark.integration
+CRD_FILE = REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml"
+
+
+@pytest.fixture(scope="module")
+def crd(admin_api: client.ApiClient) -> None:
+    body = yaml.safe_load(CRD_FILE.read_text())
+    dyn = dynamic.DynamicClient(admin_api)
+    crds = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
+    crds.server_side_apply(body=body, name=body["metadata"]["name"], field_manager="kubetrain-tests",
+                           force_conflicts=True)
+
+    def established() -> bool:
+        conds = crds.get(name=body["metadata"]["name"]).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    wait_for(established, 30, what="CRD Established")
+
+
+class OperatorProcess:
+    """`python -m kubetrain.operator` as a child process; its log is kept for failures."""
+
+    def __init__(self, log: Path):
+        self.log_path = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBETRAIN_METRICS_PORT": "0", "KUBETRAIN_TRAINER_IMAGE": "kubetrain/trainer:test"}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kubetrain.operator", "--liveness", "http://127.0.0.1:0/healthz"],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tail(self) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
+
+
+@pytest.fixture(scope="module")
+def operator(crd: None, kube_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(tmp_path_factory.mktemp("operator") / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+
+
+class Jobs:
+    """Small helpers around one test namespace."""
+
+    def __init__(self, admin_api: client.ApiClient, namespace: str, op: OperatorProcess):
+        self.custom = client.CustomObjectsApi(admin_api)
+        self.core = client.CoreV1Api(admin_api)
+        self.ns = namespace
+        self.op = op
+
+    def create(self, name: str, **spec: Any) -> dict[str, Any]:
+        body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name},
+                "spec": {"workers": 2, "restartPolicy": {"backoffSeconds": 0}, **spec}}
+        return self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, body)
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, name)
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, name, {"spec": spec})
+
+    def pods(self, name: str) -> list[client.V1Pod]:
+        return self.core.list_namespaced_pod(self.ns, label_selector=f"{b.LABEL_JOB}={name}").items
+
+    def wait_status(self, name: str, pred, timeout: float = 60, what: str = "") -> dict[str, Any]:
+        try:
+            return wait_for(lambda: (s := self.status(name)) and pred(s) and s, timeout, what=what or name)
+        except Exception as exc:
+            raise AssertionError(f"{exc}\nstatus: {self.status(name)}\noperator log:\n{self.op.tail()}") from exc
+
+    def wait_running(self, name: str, workers: int, generation: int = 0, timeout: float = 90) -> dict[str, Any]:
+        def ok(s: dict[str, Any]) -> bool:
+            running = [p for p in self.pods(name) if p.status.phase == "Running"
+                       and p.metadata.labels.get(b.LABEL_GENERATION) == str(generation)
+                       and not p.metadata.deletion_timestamp]
+            return s.get("phase") == "Running" and s.get("restartGeneration", 0) == generation and \
+                len(running) == workers and s.get("workersReady") == workers
+        return self.wait_status(name, ok, timeout, what=f"{name} Running gen {generation}")
+
+    def events(self, name: str) -> list[client.CoreV1Event]:
+        evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        return [e for e in evs if e.involved_object.kind == api.KIND]
+
+
+@pytest.fixture
+def jobs(admin_api: client.ApiClient, namespace: str, operator: OperatorProcess) -> Jobs:
+    return Jobs(admin_api, namespace, operator)
+
+
+def test_apply_run_succeed_delete(jobs: Jobs, kube_cluster: Any) -> None:
+    jobs.create("hello", workers=3, resources={"gpusPerWorker": 1})
+    st = jobs.wait_running("hello", 3)
+    assert st["workersSummary"] == "3/3" and st["restartCount"] == 0 and st["startTime"]
+    conds = {c["type"]: c["status"] for c in st["conditions"]}
+    assert conds["Created"] == "True" and conds["Running"] == "True"
+    pods = jobs.pods("hello")
+    assert sorted(p.metadata.name for p in pods) == ["hello-worker-0", "hello-worker-1", "hello-worker-2"]
+    assert all(p.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1" for p in pods)
+    assert jobs.core.read_namespaced_service("hello", jobs.ns).spec.cluster_ip == "None"
+    # printer columns through kubectl, as a user sees them
+    kubectl = sorted((Path.home() / ".cache/kubetrain/bin").glob("kubectl-*"))
+    if kubectl:
+        out = subprocess.run([str(kubectl[-1] / "kubectl") if kubectl[-1].is_dir() else str(kubectl[-1]),
+                              "get", "tj", "-n", jobs.ns], capture_output=True, text=True, env=os.environ)
+        if out.returncode == 0:
+            header, row = out.stdout.splitlines()[:2]
+            assert header.split()[:5] == ["NAME", "PHASE", "WORKERS", "STEP", "RESTARTS"]
+            assert row.split()[:5] == ["hello", "Running", "3/3", "0", "0"]
+    for p in pods:
+        succeed_pod(jobs.core, jobs.ns, p.metadata.name)
+    st = jobs.wait_status("hello", lambda s: s.get("phase") == "Succeeded", what="Succeeded")
+    assert st["completionTime"] and {c["type"]: c["status"] for c in st["conditions"]}["Succeeded"] == "True"
+    assert any(e.reason == "Succeeded" for e in jobs.events("hello"))
+    jobs.custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, jobs.ns, api.PLURAL, "hello")
+    wait_for(lambda: not jobs.pods("hello"), 60, what="pods garbage-collected")
+    wait_for(lambda: not [s for s in jobs.core.list_namespaced_service(jobs.ns).items if s.metadata.name == "hello"],
+             60, what="service garbage-collected")
+
+
+def test_retryable_failure_restarts_whole_gang_exactly_once(jobs: Jobs) -> None:
+    jobs.create("retry", workers=3)
+    jobs.wait_running("retry", 3)
+    old_uids = {p.metadata.uid for p in jobs.pods("retry")}
+    fail_pod(jobs.core, jobs.ns, "retry-worker-1", exit_code=137)
+    st = jobs.wait_running("retry", 3, generation=1)
+    assert st["restartCount"] == 1 and st["failures"] == {"ExitCode": 1}
+    pods = jobs.pods("retry")
+    assert len(pods) == 3 and not ({p.metadata.uid for p in pods} & old_uids), "every worker is new"
+    time.sleep(3)  # a second restart for the same failure would show up by now
+    st = jobs.status("retry")
+    assert st["restartCount"] == 1 and st["restartGeneration"] == 1
+    restarts = [e for e in jobs.events("retry") if e.reason == "ExitCode"]
+    assert len(restarts) == 1 and "worker 1 exited with code 137" in restarts[0].message
+
+
+def test_permanent_exit_code_fails_without_restart(jobs: Jobs) -> None:
+    jobs.create("perm", workers=2)
+    jobs.wait_running("perm", 2)
+    fail_pod(jobs.core, jobs.ns, "perm-worker-0", exit_code=127)
+    st = jobs.wait_status("perm", lambda s: s.get("phase") == "Failed", what="Failed")
+    assert st["reason"] == "PermanentError" and st["restartCount"] == 0
+    assert "exited with code 127" in st["message"]
+
+
+def test_backoff_limit_exhausted_fails(jobs: Jobs) -> None:
+    jobs.create("limit", workers=2, restartPolicy={"backoffLimit": 1, "backoffSeconds": 0})
+    jobs.wait_running("limit", 2)
+    fail_pod(jobs.core, jobs.ns, "limit-worker-1", exit_code=1)
+    jobs.wait_running("limit", 2, generation=1)
+    fail_pod(jobs.core, jobs.ns, "limit-worker-0", exit_code=1)
+    st = jobs.wait_status("limit", lambda s: s.get("phase") == "Failed", what="Failed")
+    assert st["reason"] == "BackoffLimitExceeded" and st["restartCount"] == 1
+    assert st["failures"] == {"ExitCode": 2}
+
+
+def test_node_not_ready_restarts_after_grace(jobs: Jobs) -> None:
+    jobs.create("nodelost", workers=2, restartPolicy={"nodeNotReadyGraceSeconds": 2, "backoffSeconds": 0})
+    jobs.wait_running("nodelost", 2)
+    node = next(p.spec.node_name for p in jobs.pods("nodelost") if p.metadata.name == "nodelost-worker-1")
+    set_node_ready(jobs.core, node, False)
+    try:
+        st = jobs.wait_status("nodelost", lambda s: s.get("restartCount", 0) >= 1, 60, what="restart")
+        assert st["failures"].get("NodeLost") == 1
+    finally:
+        set_node_ready(jobs.core, node, True)
+    assert any(e.reason == "NodeLost" for e in jobs.events("nodelost"))
+
+
+def test_no_progress_restarts_with_reason(jobs: Jobs) -> None:
+    jobs.create("hang", workers=2, restartPolicy={"progressDeadlineSeconds": 3, "backoffSeconds": 0})
+    jobs.wait_running("hang", 2)
+    st = jobs.wait_status("hang", lambda s: s.get("restartCount", 0) >= 1, 60, what="no-progress restart")
+    assert st["failures"] == {"NoProgress": 1}
+    ev = [e for e in jobs.events("hang") if e.reason == "NoProgress"]
+    assert ev and "no progress for 3s" in ev[0].message
+
+
+def test_suspend_and_resume(jobs: Jobs) -> None:
+    jobs.create("pause", workers=2)
+    jobs.wait_running("pause", 2)
+    jobs.patch_spec("pause", {"suspend": True})
+    st = jobs.wait_status("pause", lambda s: s.get("phase") == "Suspended", what="Suspended")
+    wait_for(lambda: not jobs.pods("pause"), 60, what="pods gone")
+    assert {c["type"]: c["status"] for c in jobs.status("pause")["conditions"]}["Suspended"] == "True"
+    jobs.patch_spec("pause", {"suspend": False})
+    st = jobs.wait_running("pause", 2, generation=st["restartGeneration"])
+    assert st["restartCount"] == 0, "a suspension is not a failure"
+
+
+def test_operator_killed_mid_creation_makes_exactly_the_gang(jobs: Jobs) -> None:
+    jobs.create("big", workers=64)
+    wait_for(lambda: len(jobs.pods("big")) >= 8, 60, what="creation under way")
+    jobs.op.kill()
+    partial = len(jobs.pods("big"))
+    jobs.op.start()
+    try:
+        st = jobs.wait_running("big", 64, timeout=180)
+    finally:
+        pass
+    pods = jobs.pods("big")
+    assert len(pods) == 64 and len({p.metadata.name for p in pods}) == 64
+    assert st["workersSummary"] == "64/64" and st["restartCount"] == 0
+    print(f"pods when the operator was killed: {partial}")
+
+
+def test_invalid_spec_that_passes_schema_is_reported(jobs: Jobs) -> None:
+    # The CRD checks every cross-field rule with CEL, so craft one the schema cannot see: none today.
+    # Instead, prove the API server itself refuses a CEL violation with the rule's message.
+    with pytest.raises(ApiException) as exc:
+        jobs.create("bad", strategy="ddp", deepspeed={"zeroStage": 2})
+    assert exc.value.status == 422 and "deepspeed options need strategy 'deepspeed'" in exc.value.body
