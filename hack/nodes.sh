@@ -24,12 +24,12 @@ MEMORY="${KUBETRAIN_NODE_MEMORY:-1Ti}"
 PODS="${KUBETRAIN_NODE_PODS:-110}"
 kubectl() { "$(bin_path kubectl)" --kubeconfig "${KUBETRAIN_CLUSTER_DIR}/kubeconfig" "$@"; }
 
-manifest() {  # manifest <count>: a v1 List of Nodes (status is kept by kwok)
+manifest() {  # manifest <first> <count>: a v1 List of Nodes <first>..<first+count-1> (status is kept by kwok)
   local i res
   res="cpu: \"${CPU}\", memory: \"${MEMORY}\", pods: \"${PODS}\", nvidia.com/gpu: \"${GPUS}\""
   [[ "$RDMA" == 0 ]] || res+=", rdma/ib: \"${RDMA}\""
   printf 'apiVersion: v1\nkind: List\nitems:\n'
-  for ((i = 0; i < $1; i++)); do
+  for ((i = $1; i < $1 + $2; i++)); do
     printf -- '- apiVersion: v1\n  kind: Node\n  metadata:\n'
     printf '    name: %s%d\n' "$PREFIX" "$i"
     printf '    annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}\n'
@@ -38,21 +38,39 @@ manifest() {  # manifest <count>: a v1 List of Nodes (status is kept by kwok)
   done
 }
 
+ready_count() {  # fake nodes whose Ready condition is True (one LIST, no per-node GETs)
+  kubectl get nodes -l type=kwok --no-headers \
+    -o 'custom-columns=R:.status.conditions[?(@.type=="Ready")].status' | grep -c '^True$' || true
+}
+
 case "${1:-}" in
   create)
-    count="${2:-4}"
+    count="${2:-4}" chunk=100 start=$SECONDS
     log "creating ${count} fake nodes ${PREFIX}N: ${GPUS} nvidia.com/gpu, ${RDMA} rdma/ib, ${CPU} cpu, ${MEMORY} memory"
-    manifest "$count" | kubectl apply --server-side --field-manager=kubetrain-hack -f - >/dev/null
+    # kubectl sends one request per object: apply chunks of 100 in parallel.
+    pids=()
+    for ((first = 0; first < count; first += chunk)); do
+      n=$((count - first < chunk ? count - first : chunk))
+      manifest "$first" "$n" | kubectl apply --server-side --field-manager=kubetrain-hack -f - >/dev/null &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
     if [[ "${KUBETRAIN_NODE_WAIT:-1}" == 1 && "$count" -gt 0 ]]; then
-      kubectl wait --for=condition=Ready --timeout=300s -l type=kwok node >/dev/null
-      log "${count} fake nodes Ready"
+      deadline=$((SECONDS + 600))
+      until [[ "$(ready_count)" -ge "$count" ]]; do
+        ((SECONDS < deadline)) || die "fake nodes not Ready after 600 s ($(ready_count)/${count})"
+        sleep 0.5
+      done
+      log "${count} fake nodes Ready in $((SECONDS - start))s"
     fi
     ;;
   delete)
-    kubectl delete node -l type=kwok --wait=false
+    # One delete-collection request instead of one DELETE per node.
+    kubectl delete --raw '/api/v1/nodes?labelSelector=type%3Dkwok' >/dev/null
+    log "deleted all fake nodes"
     ;;
   manifest)  # for inspection
-    manifest "${2:-4}"
+    manifest 0 "${2:-4}"
     ;;
   *) die "usage: $0 create [COUNT] | delete | manifest [COUNT]" ;;
 esac
