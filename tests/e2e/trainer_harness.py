@@ -57,6 +57,8 @@ class Run:
     seconds: float
     records: list[dict[str, Any]] = field(default_factory=list)
     """losses.jsonl lines, all generations, in order."""
+    progress: dict[str, Any] = field(default_factory=dict)
+    """progress.json as it was when the gang ended."""
 
     @property
     def losses(self) -> dict[int, float]:
@@ -65,10 +67,6 @@ class Run:
 
     def log(self, rank: int = 0) -> str:
         return (self.out / f"rank-{rank}.log").read_text(errors="replace")
-
-    @property
-    def progress(self) -> dict[str, Any]:
-        return json.loads((self.out / "progress.json").read_text())
 
     @property
     def ckpt_dir(self) -> Path:
@@ -146,7 +144,9 @@ class Gang:
                 self._stop_others(kill=True)
             time.sleep(0.05)
         exit_codes = [128 - c if c < 0 else c for c in codes if c is not None]
-        return Run(self.out, exit_codes, time.monotonic() - self.start, read_records(self.out))
+        progress_file = self.out / "progress.json"
+        progress = json.loads(progress_file.read_text()) if progress_file.exists() else {}
+        return Run(self.out, exit_codes, time.monotonic() - self.start, read_records(self.out), progress)
 
     def _stop_others(self, kill: bool = False) -> None:
         for p in self.procs:
