@@ -1,0 +1,204 @@
+"""Pure pieces of the trainer (no process group): data, schedule, config, model, launcher, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from kubetrain.core.api import DataSpec, ModelSpec, OptimizerSpec, TrainingJobSpec
+from kubetrain.core.progress import COMMIT_MARKER, complete_checkpoints
+from kubetrain.trainer.checkpoint import TrainerState, prune
+from kubetrain.trainer.config import ConfigError, load_spec, parse_fail_at, read_env
+from kubetrain.trainer.data import Sampler, load_corpus
+from kubetrain.trainer.engines import deepspeed_config
+from kubetrain.trainer.launcher import child_envs
+from kubetrain.trainer.metrics import PEAK_FLOPS_ENV, peak_flops
+from kubetrain.trainer.model import Transformer, flops_per_token
+from kubetrain.trainer.schedule import lr_factor
+
+
+@pytest.fixture
+def corpus() -> torch.Tensor:
+    return torch.arange(1000, dtype=torch.int64).remainder(256).to(torch.uint8)
+
+
+def test_batches_are_a_pure_function_of_seed_and_step(corpus: torch.Tensor) -> None:
+    a, b = Sampler(corpus, 16, seed=1), Sampler(corpus, 16, seed=1)
+    x1, y1 = a.micro_batches(5, 2, 2, 2, 1)[1]
+    x2, y2 = b.micro_batches(5, 2, 2, 2, 1)[1]
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert x1.shape == (2, 16) and x1.dtype == torch.int64
+    assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are the next tokens
+    other_step = a.micro_batches(6, 2, 2, 2, 1)[1][0]
+    other_seed = Sampler(corpus, 16, seed=2).micro_batches(5, 2, 2, 2, 1)[1][0]
+    assert not torch.equal(x1, other_step) and not torch.equal(x1, other_seed)
+
+
+def test_accumulation_splits_the_same_samples_per_rank(corpus: torch.Tensor) -> None:
+    s = Sampler(corpus, 16, seed=3)
+    for rank in range(2):
+        ga2 = torch.cat([x for x, _ in s.micro_batches(4, 2, 2, 2, rank)])
+        ga1 = s.micro_batches(4, 4, 1, 2, rank)[0][0]
+        assert torch.equal(ga2, ga1)
+    # the ranks together cover the global batch, disjointly by position
+    r0 = s.micro_batches(4, 4, 1, 2, 0)[0][0]
+    ws1 = s.micro_batches(4, 8, 1, 1, 0)[0][0]
+    assert torch.equal(ws1[:4], r0)
+
+
+def test_corpus_reads_sorted_files_and_rejects_tiny_data(tmp_path: Path) -> None:
+    (tmp_path / "b.txt").write_text("world" * 10)
+    (tmp_path / "a.txt").write_text("hello" * 10)
+    (tmp_path / "skip.md").write_text("x" * 100)
+    data = load_corpus(DataSpec(path=str(tmp_path)), seq_len=8)
+    assert bytes(data.tolist()).startswith(b"hellohello") and b"x" not in bytes(data.tolist())
+    with pytest.raises(ConfigError) as err:
+        load_corpus(DataSpec(path=str(tmp_path), glob="*.rst"), seq_len=8)
+    assert err.value.field == "data.glob"
+    with pytest.raises(ConfigError) as err:
+        load_corpus(DataSpec(path=str(tmp_path / "a.txt")), seq_len=100)
+    assert err.value.field == "data.path"
+
+
+def test_warmup_then_cosine_to_min_lr() -> None:
+    opt = OptimizerSpec(lr=1.0, min_lr=0.1, warmup_steps=4)
+    factors = [lr_factor(s, opt, 20) for s in range(20)]
+    assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert factors[4] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(factors[4:], factors[5:], strict=False))
+    assert lr_factor(20, opt, 20) == pytest.approx(0.1)
+    assert lr_factor(12, opt, 20) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_factor(0, OptimizerSpec(lr=1.0, min_lr=0.1, warmup_steps=0), 10) == pytest.approx(1.0)
+
+
+def test_config_errors_name_the_field(tmp_path: Path) -> None:
+    def err(spec: object) -> str:
+        f = tmp_path / "c.json"
+        f.write_text(json.dumps(spec))
+        with pytest.raises(ConfigError) as e:
+            load_spec(f)
+        return e.value.field
+
+    assert err({"precision": "fp8"}) == "precision"
+    assert err({"optimizer": {"lr": -1}}) == "optimizer.lr"
+    assert err({"strategy": "ddp", "fsdp": {}}) == "fsdp"
+    assert err({"microBatchSize": 0}) == "microBatchSize"
+    with pytest.raises(ConfigError) as e:
+        load_spec(tmp_path / "missing.json")
+    assert e.value.field == "KUBETRAIN_CONFIG"
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps({"kind": "TrainingJob", "spec": {"strategy": "fsdp", "maxSteps": 3}}))
+    assert load_spec(ok).max_steps == 3
+
+
+def test_env_contract() -> None:
+    env = read_env(
+        {
+            "RANK": "1",
+            "WORLD_SIZE": "2",
+            "KUBETRAIN_CONFIG": "/c.json",
+            "KUBETRAIN_FAIL_AT": "1:7",
+            "KUBETRAIN_DIST_TIMEOUT_SECONDS": "5",
+        }
+    )
+    assert (env.rank, env.world_size, env.local_rank, env.master_port) == (1, 2, 0, 29500)
+    assert env.fail_at == (1, 7) and env.dist_timeout.total_seconds() == 5
+    with pytest.raises(ConfigError, match="RANK"):
+        read_env({"RANK": "2", "WORLD_SIZE": "2", "KUBETRAIN_CONFIG": "/c"})
+    with pytest.raises(ConfigError, match="KUBETRAIN_FAIL_AT"):
+        parse_fail_at("7")
+    assert parse_fail_at("") is None
+
+
+def test_deepspeed_config_merges_user_keys_under_ours() -> None:
+    spec = TrainingJobSpec.model_validate(
+        {
+            "strategy": "deepspeed",
+            "precision": "bf16",
+            "microBatchSize": 3,
+            "gradientAccumulationSteps": 2,
+            "deepspeed": {
+                "zeroStage": 3,
+                "offloadOptimizer": True,
+                "config": {"zero_optimization": {"stage": 1, "overlap_comm": True}, "train_batch_size": 1},
+            },
+        }
+    )
+    cfg = deepspeed_config(spec, world_size=4)
+    assert cfg["train_batch_size"] == 24 and cfg["train_micro_batch_size_per_gpu"] == 3
+    assert cfg["zero_optimization"] == {"stage": 3, "overlap_comm": True, "offload_optimizer": {"device": "cpu"}}
+    assert cfg["bf16"] == {"enabled": True} and cfg["fp16"]["enabled"] is False
+    assert cfg["zero_force_ds_cpu_optimizer"] is False  # a torch optimizer, no JIT-compiled DeepSpeed Adam
+
+
+def test_activation_checkpointing_gives_the_same_gradients() -> None:
+    spec = ModelSpec(d_model=16, n_layers=2, n_heads=2, seq_len=8, vocab_size=32)
+    x = torch.randint(0, 32, (2, 8))
+    grads = []
+    for ac in (False, True):
+        torch.manual_seed(0)
+        m = Transformer(spec, activation_checkpointing=ac)
+        m(x, x).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    assert flops_per_token(m, spec) > 6 * m.num_params()
+
+
+def test_model_is_causal() -> None:
+    spec = ModelSpec(d_model=16, n_layers=1, n_heads=2, seq_len=8, vocab_size=32)
+    torch.manual_seed(0)
+    m = Transformer(spec)
+    x = torch.randint(0, 32, (1, 8))
+    y = x.clone()
+    y[0, -1] = (y[0, -1] + 1) % 32
+    emb = []
+    for inp in (x, y):
+        pos = torch.arange(8)
+        h = m.tok(inp) + m.pos(pos)
+        for b in m.blocks:
+            h = b(h)
+        emb.append(h)
+    assert torch.allclose(emb[0][0, :-1], emb[1][0, :-1]) and not torch.allclose(emb[0][0, -1], emb[1][0, -1])
+
+
+def test_prune_keeps_newest_and_drops_older_torn(tmp_path: Path) -> None:
+    for step, committed in [(2, True), (4, True), (5, False), (6, True), (8, True), (9, False)]:
+        d = tmp_path / f"step-{step:08d}"
+        d.mkdir()
+        if committed:
+            (d / COMMIT_MARKER).write_text("{}")
+    prune(tmp_path, keep=2)
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [6, 8]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000006", "step-00000008", "step-00000009"]
+
+
+def test_trainer_state_ignores_unknown_keys() -> None:
+    state = TrainerState.from_json({"step": 3, "checkpoints": [3], "future": 1})
+    assert state.step == 3 and state.checkpoints == [3]
+
+
+def test_peak_flops(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert peak_flops(torch.device("cpu"), "bf16") is None
+    monkeypatch.setenv(PEAK_FLOPS_ENV, "1e12")
+    assert peak_flops(torch.device("cpu"), "bf16") == 1e12
+
+
+def test_launcher_child_envs() -> None:
+    envs = child_envs(
+        {
+            "PET_NPROC_PER_NODE": "4",
+            "PET_NNODES": "2",
+            "NODE_RANK": "1",
+            "PET_MASTER_ADDR": "job-worker-0",
+            "PET_MASTER_PORT": "29500",
+            "KUBETRAIN_METRICS_PORT": "9400",
+        }
+    )
+    assert [e["RANK"] for e in envs] == ["4", "5", "6", "7"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"8"} and {e["MASTER_ADDR"] for e in envs} == {"job-worker-0"}
+    assert [e["KUBETRAIN_METRICS_PORT"] for e in envs] == ["9400", "9401", "9402", "9403"]
