@@ -65,8 +65,17 @@ case "${1:-}" in
     fi
     ;;
   delete)
-    # One delete-collection request instead of one DELETE per node.
+    # One delete-collection request instead of one DELETE per node. Then wait until
+    # the garbage collector has removed their Leases: kwok loses track of a node
+    # re-created under the same name while its old Lease is still being collected.
+    names="$(kubectl get nodes -l type=kwok -o name | sed 's#^node/##')"
     kubectl delete --raw '/api/v1/nodes?labelSelector=type%3Dkwok' >/dev/null
+    deadline=$((SECONDS + 120))
+    while [[ -n "$names" ]] && kubectl -n kube-node-lease get lease -o name | sed 's#^lease.coordination.k8s.io/##' \
+        | grep -qxF -f <(printf '%s\n' "$names"); do
+      ((SECONDS < deadline)) || die "Leases of deleted fake nodes still present after 120 s"
+      sleep 0.5
+    done
     log "deleted all fake nodes"
     ;;
   manifest)  # for inspection
