@@ -137,11 +137,12 @@ def service_account(admin_api: client.ApiClient, namespace: str) -> Iterator[Ser
     in the test namespace (or ``namespace=``), so RBAC decisions are the API server's.
     """
     created: list[Identity] = []
+    test_namespace = namespace
 
     def make(
-        name: str = "restricted", rules: list[client.V1PolicyRule] | None = None, namespace_: str | None = None
+        name: str = "restricted", rules: list[client.V1PolicyRule] | None = None, namespace: str | None = None
     ) -> Identity:
-        identity = service_account_identity(admin_api, namespace_ or namespace, name, rules)
+        identity = service_account_identity(admin_api, namespace or test_namespace, name, rules)
         created.append(identity)
         return identity
 
