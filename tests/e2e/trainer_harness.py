@@ -85,6 +85,7 @@ class Gang:
         generation: int = 0,
         env: dict[str, str] | None = None,
         timeout: float = 240.0,
+        command: list[str] | None = None,
     ) -> None:
         self.out = out
         self.timeout = timeout
@@ -121,7 +122,11 @@ class Gang:
             log = (out / f"rank-{rank}.log").open("ab")
             self.procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "kubetrain.trainer"], env=penv, stdout=log, stderr=subprocess.STDOUT, cwd=out
+                    command or [sys.executable, "-m", "kubetrain.trainer"],
+                    env=penv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=out,
                 )
             )
             log.close()

@@ -249,6 +249,7 @@ def _train(
             "step_seconds": seconds,
             "generation": env.generation,
             "world_size": ws,
+            "time": time.time(),
         }
         if spec.precision == "fp16":
             record["loss_scale"] = info.loss_scale
