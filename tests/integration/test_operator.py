@@ -123,7 +123,12 @@ class Jobs:
                        and not p.metadata.deletion_timestamp]
             return s.get("phase") == "Running" and s.get("restartGeneration", 0) == generation and \
                 len(running) == workers and s.get("workersReady") == workers
-        return self.wait_status(name, ok, timeout, what=f"{name} Running gen {generation}")
+        try:
+            return self.wait_status(name, ok, timeout, what=f"{name} Running gen {generation}")
+        except AssertionError as exc:
+            evs = "\n".join(f"{e.reason}: {e.message}" for e in self.events(name))
+            phases = sorted((p.metadata.name, p.status.phase, p.status.reason) for p in self.pods(name))
+            raise AssertionError(f"{exc}\nevents:\n{evs}\npods: {phases[:20]}") from None
 
     def events(self, name: str) -> list[client.CoreV1Event]:
         evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
@@ -158,7 +163,7 @@ def test_apply_run_succeed_delete(jobs: Jobs, kube_cluster: Any) -> None:
         succeed_pod(jobs.core, jobs.ns, p.metadata.name)
     st = jobs.wait_status("hello", lambda s: s.get("phase") == "Succeeded", what="Succeeded")
     assert st["completionTime"] and {c["type"]: c["status"] for c in st["conditions"]}["Succeeded"] == "True"
-    assert any(e.reason == "Succeeded" for e in jobs.events("hello"))
+    wait_for(lambda: any(e.reason == "Succeeded" for e in jobs.events("hello")), 10, what="Succeeded event")
     jobs.custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, jobs.ns, api.PLURAL, "hello")
     wait_for(lambda: not jobs.pods("hello"), 60, what="pods garbage-collected")
     wait_for(lambda: not [s for s in jobs.core.list_namespaced_service(jobs.ns).items if s.metadata.name == "hello"],
@@ -177,7 +182,7 @@ def test_retryable_failure_restarts_whole_gang_exactly_once(jobs: Jobs) -> None:
     time.sleep(3)  # a second restart for the same failure would show up by now
     st = jobs.status("retry")
     assert st["restartCount"] == 1 and st["restartGeneration"] == 1
-    restarts = [e for e in jobs.events("retry") if e.reason == "ExitCode"]
+    restarts = wait_for(lambda: [e for e in jobs.events("retry") if e.reason == "ExitCode"], 10, what="event")
     assert len(restarts) == 1 and "worker 1 exited with code 137" in restarts[0].message
 
 
@@ -211,7 +216,7 @@ def test_node_not_ready_restarts_after_grace(jobs: Jobs) -> None:
         assert st["failures"].get("NodeLost") == 1
     finally:
         set_node_ready(jobs.core, node, True)
-    assert any(e.reason == "NodeLost" for e in jobs.events("nodelost"))
+    wait_for(lambda: any(e.reason == "NodeLost" for e in jobs.events("nodelost")), 10, what="NodeLost event")
 
 
 def test_no_progress_restarts_with_reason(jobs: Jobs) -> None:
@@ -219,8 +224,8 @@ def test_no_progress_restarts_with_reason(jobs: Jobs) -> None:
     jobs.wait_running("hang", 2)
     st = jobs.wait_status("hang", lambda s: s.get("restartCount", 0) >= 1, 60, what="no-progress restart")
     assert st["failures"] == {"NoProgress": 1}
-    ev = [e for e in jobs.events("hang") if e.reason == "NoProgress"]
-    assert ev and "no progress for 3s" in ev[0].message
+    ev = wait_for(lambda: [e for e in jobs.events("hang") if e.reason == "NoProgress"], 10, what="event")
+    assert "no progress for 3s" in ev[0].message
 
 
 def test_suspend_and_resume(jobs: Jobs) -> None:
@@ -241,10 +246,7 @@ def test_operator_killed_mid_creation_makes_exactly_the_gang(jobs: Jobs) -> None
     jobs.op.kill()
     partial = len(jobs.pods("big"))
     jobs.op.start()
-    try:
-        st = jobs.wait_running("big", 64, timeout=180)
-    finally:
-        pass
+    st = jobs.wait_running("big", 64, timeout=180)
     pods = jobs.pods("big")
     assert len(pods) == 64 and len({p.metadata.name for p in pods}) == 64
     assert st["workersSummary"] == "64/64" and st["restartCount"] == 0

@@ -138,6 +138,8 @@ def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime) -> FailureKin
 
 def _describe(w: WorkerState, kind: FailureKind) -> str:
     if kind in (FailureKind.EXIT_CODE, FailureKind.PERMANENT_EXIT_CODE):
+        if w.exit_code is None:
+            return f"worker {w.index} failed ({w.reason or 'no exit code reported'})"
         return f"worker {w.index} exited with code {w.exit_code}"
     if kind == FailureKind.NODE_LOST:
         return f"worker {w.index}'s node is NotReady"

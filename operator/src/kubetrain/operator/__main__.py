@@ -16,6 +16,8 @@ def main() -> None:
                    help="kopf peering name: replicas elect one active instance (needs kopf's peering CRDs)")
     p.add_argument("--liveness", default=os.environ.get("KUBETRAIN_LIVENESS", "http://0.0.0.0:8081/healthz"))
     args = p.parse_args()
+    if args.namespace:
+        os.environ["KUBETRAIN_NAMESPACE"] = args.namespace
     asyncio.run(kopf.operator(
         clusterwide=args.namespace is None,
         namespaces=[args.namespace] if args.namespace else (),

@@ -63,6 +63,9 @@ class Controller:
         self.clock = clock
         self.jobs: dict[Key, dict[str, Any]] = {}
         self.pods: dict[Key, dict[str, dict[str, Any]]] = {}
+        self.tombstones: dict[tuple[str, str], int] = {}
+        """(namespace, pod) -> resourceVersion of its DELETED event: an older copy (a late create
+        response, a stale watch event) must not bring a deleted pod back into the cache."""
         self.nodes: dict[str, datetime | None] = {}
         self.pool = ThreadPoolExecutor(max_workers=create_parallelism, thread_name_prefix="kubetrain-io")
         self.n_workers = workers
@@ -80,6 +83,9 @@ class Controller:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         if kind == "DELETED":
             self.jobs.pop(key, None)
+            self.pods.pop(key, None)
+            self.tombstones = {t: rv for t, rv in self.tombstones.items() if t[0] != key[0] or not
+                               t[1].startswith(f"{key[1]}-worker-")}
             return
         if _rv(body) >= _rv(self.jobs.get(key, {})):
             self.jobs[key] = body
@@ -92,10 +98,13 @@ class Controller:
             return
         key = (meta["namespace"], job)
         pods = self.pods.setdefault(key, {})
+        tomb = (meta["namespace"], meta["name"])
         if kind == "DELETED":
             pods.pop(meta["name"], None)
-        elif _rv(body) >= _rv(pods.get(meta["name"], {})):
+            self.tombstones[tomb] = max(_rv(body), self.tombstones.get(tomb, 0))
+        elif _rv(body) > self.tombstones.get(tomb, -1) and _rv(body) >= _rv(pods.get(meta["name"], {})):
             pods[meta["name"]] = body
+            self.tombstones.pop(tomb, None)
         self.enqueue(key)
 
     def node_event(self, kind: str | None, body: dict[str, Any]) -> None:
@@ -124,7 +133,28 @@ class Controller:
             self.queued.add(key)
             self.queue.put_nowait(key)
 
-    async def start(self) -> None:
+    def sync_caches(self, namespace: str | None = None) -> None:
+        """LIST jobs, pods and nodes once before reconciling, so that no decision is taken on a
+        half-filled cache (a pod not yet seen would look deleted). Watch events then keep them fresh."""
+        sanitize = self.api_client.sanitize_for_serialization
+        selector = b.LABEL_JOB
+        if namespace:
+            pods = self.core.list_namespaced_pod(namespace, label_selector=selector).items
+            jobs = self.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL)
+        else:
+            pods = self.core.list_pod_for_all_namespaces(label_selector=selector).items
+            jobs = self.custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL)
+        for pod in pods:
+            self.pod_event(None, sanitize(pod))
+        for node in self.core.list_node().items:
+            self.node_event(None, sanitize(node))
+        for job in jobs.get("items", []):
+            job.setdefault("apiVersion", api.API_VERSION)
+            job.setdefault("kind", api.KIND)
+            self.job_event(None, job)
+
+    async def start(self, namespace: str | None = None) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.pool, self.sync_caches, namespace)
         self.queue = asyncio.Queue()
         self.tasks = [asyncio.create_task(self._worker()) for _ in range(self.n_workers)]
         self.tasks.append(asyncio.create_task(self._gauges()))

@@ -50,7 +50,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     port = int(os.environ.get("KUBETRAIN_METRICS_PORT", "8080"))
     if port:
         start_http_server(port)
-    await ctl.start()
+    await ctl.start(os.environ.get("KUBETRAIN_NAMESPACE") or None)
 
 
 @kopf.on.cleanup()

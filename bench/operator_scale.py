@@ -1,0 +1,84 @@
+"""Operator scale: time from `create TrainingJob` to all worker pods created, and to all Running.
+
+Runs against the hack/ control plane (make cluster-up) with kwok nodes, starts the
+operator as a real process, applies one job of N workers (CPU-only pods, so they fit
+on the 4 default kwok nodes up to ~440 pods), and prints the timings.
+
+    .venv/bin/python bench/operator_scale.py --workers 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from kubernetes import client, config
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+
+from k8s_cluster import cluster_running, cluster_up, kubeconfig_path  # noqa: E402
+
+from kubetrain.core import api  # noqa: E402
+from kubetrain.operator import builders as b  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workers", type=int, default=256)
+    p.add_argument("--timeout", type=float, default=600)
+    args = p.parse_args()
+    if not cluster_running():
+        cluster_up()
+    os.environ["KUBECONFIG"] = str(kubeconfig_path())
+    config.load_kube_config(str(kubeconfig_path()))
+    core, custom = client.CoreV1Api(), client.CustomObjectsApi()
+    subprocess.run([sys.executable, "-m", "kubetrain.core", "crd", "-o", "/tmp/kubetrain-crd.yaml"], check=True)
+    kubectl = next((Path.home() / ".cache/kubetrain/bin").glob("kubectl-*/kubectl"))
+    subprocess.run([str(kubectl), "apply", "--server-side", "--force-conflicts", "-f", "/tmp/kubetrain-crd.yaml"],
+                   check=True, capture_output=True)
+    ns = f"bench-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    while True:
+        try:
+            core.read_namespaced_service_account("default", ns)
+            break
+        except client.ApiException:
+            time.sleep(0.2)
+    log = open("/tmp/kubetrain-bench-operator.log", "wb")  # noqa: SIM115
+    op = subprocess.Popen([sys.executable, "-m", "kubetrain.operator", "--liveness", "http://127.0.0.1:0/healthz"],
+                          env={**os.environ, "KUBETRAIN_METRICS_PORT": "0"}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(3)  # let the operator list and watch
+        body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "scale"},
+                "spec": {"workers": args.workers}}
+        t0 = time.monotonic()
+        custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, body)
+        created = running = None
+        while time.monotonic() - t0 < args.timeout:
+            pods = core.list_namespaced_pod(ns, label_selector=f"{b.LABEL_JOB}=scale").items
+            now = time.monotonic() - t0
+            if created is None and len(pods) >= args.workers:
+                created = now
+            if sum(p.status.phase == "Running" for p in pods) >= args.workers:
+                running = now
+                break
+            print(f"\r{now:6.1f}s pods {len(pods)}/{args.workers}", end="", file=sys.stderr, flush=True)
+            time.sleep(0.2)
+        print(file=sys.stderr)
+        print(f"workers={args.workers} all_pods_created_s={created:.2f} all_running_s={running:.2f}"
+              if created and running else f"timed out: created={created} running={running}")
+        return 0 if running else 1
+    finally:
+        op.terminate()
+        op.wait(15)
+        core.delete_namespace(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
