@@ -97,3 +97,27 @@ def test_custom_command_mode():
     c = b.worker_pod(job(command=["python", "train.py"], args=["--lr", "1e-4"]), 0, 0, b.Settings())
     c = c["spec"]["containers"][0]
     assert c["command"] == ["python", "train.py"] and c["args"] == ["--lr", "1e-4"]
+
+
+def test_pod_template_override_merges_and_never_drops_kubetrain_pieces():
+    j = job(resources={"gpusPerWorker": 8}, podTemplate={
+        "metadata": {"labels": {"team": "nlp", b.LABEL_JOB: "hijack"}, "annotations": {"a": "b"}},
+        "spec": {
+            "runtimeClassName": "nvidia",
+            "containers": [
+                {"name": "trainer", "resources": {"limits": {"memory": "500Gi"}},
+                 "env": [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "WORLD_SIZE", "value": "1"}]},
+                {"name": "sidecar", "image": "logger:1"},
+            ],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
+        },
+    })
+    pod = b.worker_pod(j, 0, 0, b.Settings())
+    assert pod["metadata"]["labels"]["team"] == "nlp" and pod["metadata"]["labels"][b.LABEL_JOB] == "llm"
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    trainer, sidecar = pod["spec"]["containers"]
+    assert sidecar["name"] == "sidecar"
+    assert trainer["resources"]["limits"] == {"nvidia.com/gpu": "8", "memory": "500Gi"}
+    env = env_of(pod)
+    assert env["NCCL_DEBUG"] == "INFO" and env["WORLD_SIZE"] == "1"  # user's value wins, documented
+    assert {v["name"] for v in pod["spec"]["volumes"]} >= {"config", "dshm", "checkpoints", "data"}

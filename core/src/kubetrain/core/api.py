@@ -312,6 +312,8 @@ class TrainingJobSpec(_Model):
     """Gang restart policy."""
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     """Placement of worker pods."""
+    pod_template: dict[str, Any] | None = None
+    """Anything else for worker pods: a partial core/v1 PodTemplateSpec (`metadata`, `spec`) merged over the generated pod. Maps merge key by key; `containers`, `initContainers`, `volumes`, `env`, `volumeMounts` and `ports` merge by `name` (kubetrain's container is named `trainer`). Your values win, except kubetrain's own `kubetrain.io/*` labels."""
     fabric: Literal["none", "infiniband", "roce", "efa", "tcpx"] = "none"
     """Network fabric profile: adds the device resources, IPC_LOCK, NCCL/libfabric environment and annotations for it. Your own env and resources win."""
     metrics_port: int = Field(9400, ge=1024, le=65535)

@@ -272,7 +272,35 @@ def worker_pod(
         "schedulerName": sched.scheduler_name or ("volcano" if sched.gang == "volcano" else None),
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    if spec.pod_template:
+        pod = merge(pod, {k: v for k, v in spec.pod_template.items() if k in ("metadata", "spec")})
+        pod["metadata"]["labels"].update({k: v for k, v in labels.items()} | {LABEL_JOB: name})
+        pod["metadata"]["name"] = worker_name(name, index)
+    return pod
+
+
+_MERGE_BY_NAME = {"containers", "initContainers", "volumes", "env", "volumeMounts", "ports"}
+
+
+def merge(base: Any, override: Any, key: str = "") -> Any:
+    """Deep-merge `override` into `base` (new object): maps key by key, named lists by `name`, the rest replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for k, v in override.items():
+            out[k] = merge(base[k], v, k) if k in base else v
+        return out
+    if key in _MERGE_BY_NAME and isinstance(base, list) and isinstance(override, list):
+        out_list = list(base)
+        index = {item.get("name"): i for i, item in enumerate(out_list) if isinstance(item, dict)}
+        for item in override:
+            name = item.get("name") if isinstance(item, dict) else None
+            if name in index:
+                out_list[index[name]] = merge(out_list[index[name]], item, key)
+            else:
+                out_list.append(item)
+        return out_list
+    return override
 
 
 def pod_group(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any] | None:
