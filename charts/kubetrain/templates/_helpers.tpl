@@ -1,0 +1,84 @@
+{{- define "kubetrain.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kubetrain.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kubetrain.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "kubetrain.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: kubetrain
+{{- end -}}
+
+{{- define "kubetrain.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kubetrain.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "kubetrain.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "kubetrain.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kubetrain.watchNamespace" -}}
+{{- default .Release.Namespace .Values.rbac.watchNamespace -}}
+{{- end -}}
+
+{{/* "true" when kopf peering is on (explicitly, or auto with more than one replica). */}}
+{{- define "kubetrain.peering" -}}
+{{- $p := .Values.peering.enabled | toString -}}
+{{- if or (eq $p "true") (and (eq $p "auto") (gt (int .Values.operator.replicas) 1)) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "kubetrain.monitorApiVersion" -}}
+{{- if eq .Values.metrics.flavor "azure-managed" -}}azmonitoring.coreos.com/v1
+{{- else if eq .Values.metrics.flavor "gke-managed" -}}monitoring.googleapis.com/v1
+{{- else -}}monitoring.coreos.com/v1
+{{- end -}}
+{{- end -}}
+
+{{/* Rules on namespaced objects: a ClusterRole in `cluster` scope, a Role in `namespaced` scope. No Secrets. */}}
+{{- define "kubetrain.namespacedRules" -}}
+- apiGroups: ["kubetrain.io"]
+  resources: ["trainingjobs"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+- apiGroups: ["kubetrain.io"]
+  resources: ["trainingjobs/status"]
+  verbs: ["get", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["services", "configmaps", "persistentvolumeclaims"]
+  verbs: ["get", "create"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- if .Values.rbac.gangScheduling }}
+- apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh"]
+  resources: ["podgroups"]
+  verbs: ["get", "create"]
+{{- end }}
+{{- if and (include "kubetrain.peering" .) (eq .Values.rbac.scope "namespaced") }}
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}

@@ -1,0 +1,193 @@
+"""The Helm chart: CRD in sync with crds/, lint/template for defaults, presets and ci values,
+the security settings and the RBAC the rendered objects carry, dashboards and values docs."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+import helm_tool as ht  # noqa: E402 - after the sys.path line above
+
+REPO = ht.REPO_ROOT
+CHART = ht.CHART
+VALUES_SETS = [pytest.param([], id="defaults")] + [pytest.param([f], id=f"{f.parent.name}/{f.name}")
+                                                    for f in ht.PRESETS + ht.CI_VALUES]
+
+
+@pytest.fixture(scope="module")
+def helm_ok() -> None:
+    try:
+        ht.helm_binary()
+    except ht.HelmUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def test_chart_crd_is_identical_to_crds_dir() -> None:
+    ours = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+    assert ours == sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
+    for name in ours:
+        assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes(), (
+            f"charts/kubetrain/crds/{name} differs from crds/{name}: run `make chart-crds`"
+        )
+
+
+def test_presets_exist_for_each_cloud() -> None:
+    assert {p.name for p in ht.PRESETS} == {"eks-efa.yaml", "gke.yaml", "aks-infiniband.yaml"}
+    for p in ht.PRESETS:
+        assert p.read_text().startswith("# "), f"{p.name} must start with its documentation"
+
+
+@pytest.mark.parametrize("values", VALUES_SETS)
+def test_lint_and_template(helm_ok: None, values: list[Path]) -> None:
+    args = ht.value_args(values)
+    lint = ht.helm("lint", "--strict", str(CHART), *args)
+    assert "0 chart(s) failed" in lint.stdout
+    docs = ht.render(values)
+    kinds = {d["kind"] for d in docs}
+    assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"} <= kinds
+    _check_deployment(ht.find(docs, "Deployment"))
+    for d in docs:
+        if d["kind"] in ("ClusterRole", "Role"):
+            _check_no_secrets(d)
+
+
+def _check_deployment(dep: dict[str, Any]) -> None:
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    health = next(p for p in c["ports"] if p["name"] == "health")["containerPort"]
+    assert f"--liveness=http://0.0.0.0:{health}/healthz" in c["args"]
+
+
+def _check_no_secrets(role: dict[str, Any]) -> None:
+    for rule in role["rules"]:
+        assert "secrets" not in rule.get("resources", []), rule
+        assert "*" not in rule.get("resources", []) and "*" not in rule["verbs"], rule
+        assert "*" not in rule.get("apiGroups", []), rule
+
+
+def test_peering_with_replicas(helm_ok: None) -> None:
+    one = ht.render()
+    assert not any(a.startswith("--peering") for a in ht.find(one, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert ht.find(one, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
+    two = ht.render(set_values={"operator.replicas": 2})
+    args = ht.find(two, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--peering=kubetrain" in args
+    crds = {d["metadata"]["name"] for d in two if d["kind"] == "CustomResourceDefinition"}
+    assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev", "trainingjobs.kubetrain.io"} <= crds
+    peering = ht.find(two, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "kubetrain"
+    verbs = [r for r in ht.find(two, "ClusterRole")["rules"] if "clusterkopfpeerings" in r["resources"]]
+    assert verbs and "patch" in verbs[0]["verbs"]
+    no_crds = ht.render(set_values={"operator.replicas": 2, "peering.installCRDs": False})
+    assert "kopfpeerings.kopf.dev" not in {d["metadata"]["name"] for d in no_crds}
+
+
+def test_namespaced_mode(helm_ok: None) -> None:
+    docs = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespace": "ml"})
+    role = ht.find(docs, "Role")
+    assert role["metadata"]["namespace"] == "ml"
+    assert any("pods" in r["resources"] for r in role["rules"])
+    cluster_resources = {res for r in ht.find(docs, "ClusterRole")["rules"] for res in r["resources"]}
+    assert cluster_resources == {"nodes", "customresourcedefinitions"}
+    assert ht.find(docs, "RoleBinding")["subjects"][0]["namespace"] == "kubetrain"
+    assert "--namespace=ml" in ht.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_schema_rejects_bad_values(helm_ok: None) -> None:
+    bad = ht.helm("template", "x", str(CHART), "--set", "rbac.scope=everything", check=False)
+    assert bad.returncode != 0 and "rbac" in bad.stderr
+    typo = ht.helm("template", "x", str(CHART), "--set", "operator.replica=2", check=False)
+    assert typo.returncode != 0 and "replica" in typo.stderr
+
+
+def test_monitoring_objects(helm_ok: None) -> None:
+    docs = ht.render([CHART / "ci" / "all-on-values.yaml"])
+    pm = ht.find(docs, "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"] == {"kubetrain.io/role": "worker"}
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    sm = ht.find(docs, "ServiceMonitor")
+    svc = ht.find(docs, "Service")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert svc["spec"]["ports"][0]["name"] == sm["spec"]["endpoints"][0]["port"] == "metrics"
+    cm = ht.find(docs, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    (payload,) = cm["data"].values()
+    assert json.loads(payload) == json.loads((CHART / "dashboards" / "kubetrain-overview.json").read_text())
+    np = ht.find(docs, "NetworkPolicy")
+    assert np["spec"]["podSelector"]["matchLabels"] == ht.find(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    gke = ht.render([CHART / "presets" / "gke.yaml"])
+    assert {"PodMonitoring", "ClusterPodMonitoring"} <= {d["kind"] for d in gke}
+    aks = ht.render([CHART / "presets" / "aks-infiniband.yaml"])
+    assert ht.find(aks, "PodMonitor")["apiVersion"] == "azmonitoring.coreos.com/v1"
+
+
+def _metric_names(module: Path) -> set[str]:
+    return set(re.findall(r'"(kubetrain_(?:operator|trainer)_[a-z_]+)"', module.read_text()))
+
+
+def test_dashboard_queries_use_exported_metrics() -> None:
+    known = _metric_names(REPO / "operator/src/kubetrain/operator/metrics.py") | _metric_names(
+        REPO / "trainer-image/src/kubetrain/trainer/metrics.py")
+    dashboards = sorted((CHART / "dashboards").glob("*.json"))
+    assert dashboards
+    for path in dashboards:
+        dash = json.loads(path.read_text())
+        panels = [p for p in dash["panels"] if p["type"] != "row"]
+        assert panels
+        for p in panels:
+            assert p["targets"], p["title"]
+            for t in p["targets"]:
+                for name in re.findall(r"kubetrain_[a-z_]+", t["expr"]):
+                    base = re.sub(r"_(bucket|count|sum|total)$", "", name)
+                    assert name in known or base in known, f"{path.name}: {p['title']}: unknown metric {name}"
+
+
+# Values documented as one row (their sub-keys are Kubernetes fields or free-form labels).
+OPAQUE = ("operator.resources", "operator.livenessProbe", "operator.readinessProbe", "dashboards.labels")
+
+
+def _leaf_keys(d: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and key not in OPAQUE:
+            out += _leaf_keys(v, key + ".")
+        else:
+            out.append(key)
+    return out
+
+
+def test_readme_documents_every_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    missing = [k for k in _leaf_keys(values) if f"`{k}`" not in readme]
+    assert not missing, f"charts/kubetrain/README.md does not document: {missing}"
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def in_schema(key: str) -> bool:
+        node = schema
+        for part in key.split("."):
+            props = node.get("properties", {})
+            if part not in props:
+                return node.get("additionalProperties") not in (False, None)
+            node = props[part]
+        return True
+
+    assert [k for k in _leaf_keys(values) if not in_schema(k)] == []
