@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
@@ -76,3 +77,54 @@ def alert_rules(set_values: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The chart's alert rules as a Prometheus rules file (`groups:`), rendered from the PrometheusRule."""
     docs = render(set_values={"metrics.prometheusRule.enabled": True, **(set_values or {})})
     return {"groups": find(docs, "PrometheusRule")["spec"]["groups"]}
+
+
+# ------------------------------------------------------------------ identities and the operator process
+
+
+def token_kubeconfig(admin_kubeconfig: Path, token: str, path: Path) -> Path:
+    """A kubeconfig for the same API server that authenticates with ``token`` only."""
+    admin = yaml.safe_load(admin_kubeconfig.read_text())
+    ctx = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+    cluster = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "test", "cluster": cluster["cluster"]}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "test", "user": "sa"}}],
+    }))
+    path.chmod(0o600)
+    return path
+
+
+class OperatorProcess:
+    """`python -m kubetrain.operator` as a child process with its own kubeconfig; log kept for failures."""
+
+    def __init__(self, kubeconfig: Path, log: Path, *args: str, metrics_port: int = 0):
+        self.kubeconfig, self.log_path, self.args, self.metrics_port = kubeconfig, log, args, metrics_port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> OperatorProcess:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KUBETRAIN_METRICS_PORT": str(self.metrics_port),
+               "KUBETRAIN_TRAINER_IMAGE": "kubetrain/trainer:test"}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kubetrain.operator", "--liveness", "http://127.0.0.1:0/healthz", *self.args],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])

@@ -105,7 +105,7 @@ def test_namespaced_mode(helm_ok: None) -> None:
     assert role["metadata"]["namespace"] == "ml"
     assert any("pods" in r["resources"] for r in role["rules"])
     cluster_resources = {res for r in ht.find(docs, "ClusterRole")["rules"] for res in r["resources"]}
-    assert cluster_resources == {"nodes", "customresourcedefinitions"}
+    assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces"}
     assert ht.find(docs, "RoleBinding")["subjects"][0]["namespace"] == "kubetrain"
     assert "--namespace=ml" in ht.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
 
