@@ -1,0 +1,89 @@
+"""Acceptance 1 (cluster part): `helm install` of charts/kubetrain into the real control plane creates
+the CRD, RBAC, Service and Deployment (the operator image is not pullable here, so the Deployment is
+asserted as an object, not as ready), and `helm uninstall` removes them again."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import helm_tool as ht
+import pytest
+from k8s_cluster import kubeconfig_path, wait_for
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def helm_ok() -> None:
+    try:
+        ht.helm_binary()
+    except ht.HelmUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def _helm(*args: str) -> str:
+    return ht.helm(*args, "--kubeconfig", str(kubeconfig_path())).stdout
+
+
+def _gone(read: Any) -> bool:
+    try:
+        read()
+    except ApiException as exc:
+        return exc.status == 404
+    return False
+
+
+@pytest.mark.parametrize("values", [{}, {"operator.replicas": 2, "rbac.scope": "namespaced"}],
+                         ids=["defaults", "replicas2-namespaced"])
+def test_helm_install_creates_crd_rbac_deployment(
+    helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, values: dict[str, Any]
+) -> None:
+    release = f"kt{uuid.uuid4().hex[:6]}"
+    peering = f"kubetrain-{release}"
+    sets = [a for k, v in {**values, "peering.name": peering}.items() for a in ("--set-json", f'{k}={v!r}'.replace("'", '"'))]
+    out = _helm("install", release, str(ht.CHART), "--namespace", namespace, *sets)
+    assert "STATUS: deployed" in out
+    try:
+        full = f"{release}-kubetrain"
+        ext = client.ApiextensionsV1Api(admin_api)
+        rbac = client.RbacAuthorizationV1Api(admin_api)
+        core = client.CoreV1Api(admin_api)
+        crd = ext.read_custom_resource_definition("trainingjobs.kubetrain.io")
+        assert crd.spec.names.short_names == ["tj", "tjob"]
+        role = rbac.read_cluster_role(full)
+        assert all("secrets" not in (r.resources or []) for r in role.rules)
+        binding = rbac.read_cluster_role_binding(full)
+        assert binding.subjects[0].name == full and binding.subjects[0].namespace == namespace
+        assert core.read_namespaced_service_account(full, namespace)
+        svc = core.read_namespaced_service(f"{full}-metrics", namespace)
+        assert svc.spec.ports[0].name == "metrics"
+        dep = client.AppsV1Api(admin_api).read_namespaced_deployment(full, namespace)
+        assert dep.spec.replicas == values.get("operator.replicas", 1)
+        c = dep.spec.template.spec.containers[0]
+        assert c.security_context.read_only_root_filesystem and c.security_context.capabilities.drop == ["ALL"]
+        assert dep.spec.template.spec.security_context.run_as_non_root
+        # The ReplicaSet controller made the operator pod(s) from the Deployment.
+        wait_for(lambda: len(core.list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={release}").items)
+                 == dep.spec.replicas, 60, what="operator pods created")
+        if values.get("rbac.scope") == "namespaced":
+            assert rbac.read_namespaced_role(full, namespace).rules
+            assert f"--namespace={namespace}" in c.args
+        if values.get("operator.replicas", 1) > 1:
+            assert f"--peering={peering}" in c.args
+            ext.read_custom_resource_definition("kopfpeerings.kopf.dev")
+            ext.read_custom_resource_definition("clusterkopfpeerings.kopf.dev")
+            # namespaced scope: a KopfPeering in the watched namespace, made by the post-install hook
+            obj = client.CustomObjectsApi(admin_api).get_namespaced_custom_object(
+                "kopf.dev", "v1", namespace, "kopfpeerings", peering)
+            assert obj["metadata"]["name"] == peering
+        status = _helm("status", release, "--namespace", namespace)
+        assert "STATUS: deployed" in status
+    finally:
+        _helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "60s")
+    wait_for(lambda: _gone(lambda: client.RbacAuthorizationV1Api(admin_api).read_cluster_role(f"{release}-kubetrain")),
+             30, what="ClusterRole removed by helm uninstall")
+    # CRDs from crds/ are never deleted by helm (and jobs of other releases keep working).
+    client.ApiextensionsV1Api(admin_api).read_custom_resource_definition("trainingjobs.kubetrain.io")
