@@ -1,0 +1,117 @@
+"""kubectl ergonomics of the chart's CRD and the `kubetrain submit/list/status/logs` commands,
+against the real control plane with the operator (watching the test namespace) running.
+
+- `kubectl explain trainingjob.spec.restartPolicy` shows the field docs from the API models;
+- `kubectl get tj` shows the printer columns; `-o wide` adds the strategy;
+- `kubectl wait --for=condition=Succeeded tj/NAME` returns 0 once kwok finishes the worker pods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_tool as ht
+import pytest
+import yaml
+from k8s_cluster import REPO_ROOT, kubeconfig_path, pinned_kubernetes_version, succeed_pod, wait_for
+from kubernetes import client
+
+from kubetrain.core import kube_cli
+
+pytestmark = pytest.mark.integration
+CRD = REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml"
+
+
+def kubectl_path() -> Path:
+    return Path("~/.cache/kubetrain/bin").expanduser() / f"kubectl-{pinned_kubernetes_version()}" / "kubectl"
+
+
+def kubectl(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(kubectl_path()), "--kubeconfig", str(kubeconfig_path()), *args],
+                          capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
+    return proc
+
+
+def kubetrain(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """One `kubetrain` CLI call (the kube_cli commands), in-process."""
+    p = argparse.ArgumentParser(prog="kubetrain")
+    kube_cli.register(p.add_subparsers(dest="command", required=True))
+    ns = p.parse_args([*args, "--kubeconfig", str(kubeconfig_path())])
+    capsys.readouterr()
+    rc = ns.func(ns)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture()
+def operator(kube_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[ht.OperatorProcess]:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    kubectl("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=30s")
+    with ht.OperatorProcess(kubeconfig_path(), tmp_path / "operator.log", f"--namespace={namespace}") as op:
+        yield op
+
+
+def test_kubectl_explain_shows_field_docs(kube_cluster: Any) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    out = wait_for(lambda: (p := kubectl("explain", "trainingjob.spec.restartPolicy", check=False)).returncode == 0
+                   and p.stdout, 30, what="kubectl explain")
+    assert "KIND:       TrainingJob" in out and "GROUP:      kubetrain.io" in out
+    assert "Gang restart policy." in out
+    assert "backoffLimit" in out
+    field = kubectl("explain", "tj.spec.restartPolicy.backoffLimit").stdout
+    assert "<integer>" in field
+
+
+def test_cli_and_kubectl_follow_a_job_to_succeeded(
+    operator: ht.OperatorProcess, admin_api: client.ApiClient, namespace: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "ergo"},
+        "spec": {"workers": 2, "strategy": "ddp", "maxSteps": 10, "restartPolicy": {"backoffSeconds": 0}}}))
+    rc, out, err = kubetrain(capsys, "submit", str(manifest), "-n", namespace)
+    assert rc == 0, err
+    assert f"trainingjob.kubetrain.io/ergo created in namespace {namespace}" in out
+    rc, _, err = kubetrain(capsys, "submit", str(manifest), "-n", namespace)
+    assert rc == 1 and "already exists" in err
+
+    kubectl("wait", "--for=condition=Running", "tj/ergo", "-n", namespace, "--timeout=90s", timeout=100)
+    get = kubectl("get", "tj", "-n", namespace).stdout.splitlines()
+    assert get[0].split() == ["NAME", "PHASE", "WORKERS", "STEP", "RESTARTS", "AGE"]
+    assert get[1].split()[:5] == ["ergo", "Running", "2/2", "0", "0"]
+    wide = kubectl("get", "tjob", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert "STRATEGY" in wide[0].split() and "ddp" in wide[1].split()
+
+    rc, out, _ = kubetrain(capsys, "list", "-n", namespace)
+    assert rc == 0 and out.splitlines()[1].split()[:4] == ["ergo", "Running", "2/2", "0/10"]
+    rc, out, _ = kubetrain(capsys, "status", "ergo", "-n", namespace)
+    assert rc == 0 and "Phase:       Running" in out and "Running" in out.split("Conditions:")[1]
+    rc, _, err = kubetrain(capsys, "logs", "ergo", "-n", namespace, "--rank", "5")
+    assert rc == 1 and "no pod for rank 5" in err
+    rc, _, err = kubetrain(capsys, "status", "missing", "-n", namespace)
+    assert rc == 1 and "not found" in err
+
+    # kubectl wait blocks until the operator sets Succeeded; kwok finishes the workers meanwhile.
+    waiter = subprocess.Popen([str(kubectl_path()), "--kubeconfig", str(kubeconfig_path()), "wait",
+                               "--for=condition=Succeeded", "tj/ergo", "-n", namespace, "--timeout=90s"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert waiter.poll() is None
+        core = client.CoreV1Api(admin_api)
+        for pod in core.list_namespaced_pod(namespace, label_selector="kubetrain.io/job-name=ergo").items:
+            succeed_pod(core, namespace, pod.metadata.name)
+        out, err = waiter.communicate(timeout=100)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+    assert waiter.returncode == 0, f"{err}\noperator log:\n{operator.tail()}"
+    assert "trainingjob.kubetrain.io/ergo condition met" in out
+    rc, out, _ = kubetrain(capsys, "status", "ergo", "-n", namespace, "-o", "json")
+    assert rc == 0 and '"phase": "Succeeded"' in out
