@@ -1,0 +1,161 @@
+"""Acceptance 3: a real Prometheus scrapes the operator and the trainer workers of a local run,
+and every panel query of the shipped Grafana dashboard returns data.
+
+One scenario feeds every metric: the operator (a process, watching the test namespace) takes a
+TrainingJob to Running on kwok GPU nodes, restarts the gang after a worker fails and then sees it
+succeed; meanwhile `kubetrain run` trains a tiny model as 2 local workers, with one injected
+failure (a restart from checkpoint). Prometheus (Debian's package, hack/prometheus.sh) scrapes both
+every second and also loads the chart's alert rules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_tool as ht
+import prom_server as ps
+import pytest
+import yaml
+from k8s_cluster import REPO_ROOT, fail_pod, kubeconfig_path, succeed_pod, wait_for
+from kubernetes import client, dynamic
+
+from kubetrain.core import api
+
+pytestmark = pytest.mark.integration
+DASHBOARDS = sorted((ht.CHART / "dashboards").glob("*.json"))
+RATE_INTERVAL = "1m"
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every dashboard target, with Grafana's variables filled in."""
+    out = []
+    for path in DASHBOARDS:
+        for p in json.loads(path.read_text())["panels"]:
+            for t in p.get("targets", []):
+                expr = t["expr"].replace("$__rate_interval", RATE_INTERVAL).replace("$job", ".+")
+                assert "$" not in expr, f"unhandled variable in {p['title']}: {expr}"
+                out.append((f"{path.stem}: {p['title']} [{t['refId']}]", expr))
+    return out
+
+
+@pytest.fixture()
+def local_run(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    """`kubetrain run` of a tiny model (2 workers, ddp, fp32, rank 1 fails once at step 20), in the background."""
+    port = ps.free_port(consecutive=2)
+    manifest = tmp_path / "tiny.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "promdemo"},
+        "spec": {"workers": 2, "strategy": "ddp", "precision": "fp32", "microBatchSize": 2, "maxSteps": 5000,
+                 "metricsPort": port, "seed": 1,
+                 "model": {"dModel": 32, "nLayers": 1, "nHeads": 2, "seqLen": 32},
+                 "data": {"path": str(REPO_ROOT / "examples" / "data")},
+                 "checkpoint": {"everySteps": 10, "keep": 2},
+                 "restartPolicy": {"backoffLimit": 2, "backoffSeconds": 0}}}))
+    log = tmp_path / "run.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kubetrain.core", "run", str(manifest), "--output-dir", str(tmp_path / "out"),
+             "--fresh", "-q", "--fail-at", "1:20"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc, port, log
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+
+
+def operator_scenario(admin: client.ApiClient, ns: str, op: ht.OperatorProcess) -> None:
+    """Running -> a worker fails (gang restart) -> Running again -> all workers succeed."""
+    custom, core = client.CustomObjectsApi(admin), client.CoreV1Api(admin)
+    custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, {
+        "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "prom"},
+        "spec": {"workers": 2, "restartPolicy": {"backoffSeconds": 0, "backoffLimit": 3}}})
+
+    def status() -> dict[str, Any]:
+        return custom.get_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, "prom").get("status") or {}
+
+    def running_pods(generation: int) -> list[client.V1Pod]:
+        pods = core.list_namespaced_pod(ns, label_selector=f"kubetrain.io/job-name=prom,"
+                                                          f"kubetrain.io/restart-generation={generation}").items
+        return pods if len(pods) == 2 and all(p.status.phase == "Running" for p in pods) else []
+
+    try:
+        wait_for(lambda: status().get("phase") == "Running", 90, what="prom Running")
+        fail_pod(core, ns, running_pods(0)[0].metadata.name, 137, "OOMKilled")
+        wait_for(lambda: status().get("restartCount") == 1 and status().get("phase") == "Running"
+                 and running_pods(1), 90, what="prom Running again after the gang restart")
+        for pod in running_pods(1):
+            succeed_pod(core, ns, pod.metadata.name)
+        wait_for(lambda: status().get("phase") == "Succeeded", 60, what="prom Succeeded")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nstatus: {status()}\noperator log:\n{op.tail()}") from exc
+
+
+def test_prometheus_scrapes_operator_and_workers_and_every_panel_has_data(
+    kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp_path: Path,
+    local_run: tuple[subprocess.Popen[bytes], int, Path],
+) -> None:
+    run, trainer_port, run_log = local_run
+    crd = yaml.safe_load((ht.CHART / "crds" / "kubetrain.io_trainingjobs.yaml").read_text())
+    dynamic.DynamicClient(admin_api).resources.get(
+        api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition").server_side_apply(
+        body=crd, name=crd["metadata"]["name"], field_manager="kubetrain-tests", force_conflicts=True)
+
+    op_port = ps.free_port()
+    scrape = [
+        {"job_name": "kubetrain-operator", "static_configs": [{"targets": [f"127.0.0.1:{op_port}"]}]},
+        # Workers label their series job=<TrainingJob>; honor_labels keeps it (the chart's PodMonitor does too).
+        {"job_name": "kubetrain-workers", "honor_labels": True,
+         "static_configs": [{"targets": [f"127.0.0.1:{trainer_port}", f"127.0.0.1:{trainer_port + 1}"]}]},
+    ]
+    try:
+        prom = ps.Prometheus(tmp_path, scrape, rules=ht.alert_rules()).__enter__()
+    except ps.PrometheusUnavailable as exc:
+        pytest.skip(f"no Prometheus: {exc}")
+    try:
+        with ht.OperatorProcess(kubeconfig_path(), tmp_path / "operator.log", f"--namespace={namespace}",
+                                metrics_port=op_port) as op:
+            # Scraped before the scenario starts, so every counter is seen rising (rates need 2 samples).
+            wait_for(lambda: prom.finite('kubetrain_operator_jobs{phase="Pending"}'), 60, what="operator scraped")
+            operator_scenario(admin_api, namespace, op)
+
+            def trainer_ready() -> bool:
+                assert run.poll() is None, f"local run ended early:\n{run_log.read_text()[-3000:]}"
+                return bool(prom.finite("max(kubetrain_trainer_restart_generation) >= 1")
+                            and prom.finite("max(kubetrain_trainer_checkpoint_save_seconds)")
+                            and prom.finite("sum(rate(kubetrain_trainer_step_seconds_count[1m])) > 0"))
+
+            wait_for(trainer_ready, 90, what="workers scraped after their restart from checkpoint")
+            wait_for(lambda: prom.finite("sum(kubetrain_operator_jobs_finished_total)"), 15,
+                     what="operator finished-job counter scraped")
+
+            targets = prom.api("targets")["activeTargets"]
+            assert {t["scrapePool"] for t in targets if t["health"] == "up"} == {"kubetrain-operator", "kubetrain-workers"}
+            empty = [(title, expr) for title, expr in panel_queries() if not prom.finite(expr)]
+            assert not empty, "dashboard panels without data:\n" + "\n".join(f"{t}: {e}" for t, e in empty)
+
+            # Spot-check that the data is the scenario's, not just present.
+            assert prom.finite('kubetrain_operator_gang_restarts_total{reason="OOMKilled"} >= 1') or prom.finite(
+                "sum(kubetrain_operator_gang_restarts_total) >= 1")
+            assert prom.finite('kubetrain_operator_jobs_finished_total{phase="Succeeded"} >= 1')
+            assert prom.finite('kubetrain_trainer_step{job="promdemo", rank="0"} > 20')
+            rules = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
+            assert {r["name"] for r in rules} == {"KubetrainOperatorDown", "KubetrainJobFailed",
+                                                  "KubetrainRestartStorm", "KubetrainJobNoProgress"}
+            assert all(r["health"] == "ok" for r in rules), rules
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nprometheus log:\n{prom.log_tail()}") from exc
+    finally:
+        prom.__exit__()
