@@ -59,6 +59,7 @@ def main() -> None:
     mbs, ga, t = spec.micro_batch_size, spec.gradient_accumulation_steps, spec.model.seq_len
     gen = torch.Generator().manual_seed(spec.seed + rank)
     ends: list[float] = []
+    cpu: list[float] = []
     for _step in range(spec.max_steps):
         for m in range(ga):
             idx = torch.randint(0, corpus.numel() - t - 1, (mbs,), generator=gen)[:, None] + torch.arange(t + 1)
@@ -79,11 +80,14 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         ends.append(time.perf_counter())
+        cpu.append(time.process_time())
     dist.barrier()
     if rank == 0:
         steps = [b - a for a, b in zip(ends[WARMUP_STEPS - 1 :], ends[WARMUP_STEPS:], strict=False)]
         median = statistics.median(steps)
-        print(json.dumps({"tokens_per_second": mbs * ga * ws * t / median, "step_seconds": median}), flush=True)
+        cpu_median = statistics.median(b - a for a, b in zip(cpu[WARMUP_STEPS - 1 :], cpu[WARMUP_STEPS:], strict=False))
+        result = {"tokens_per_second": mbs * ga * ws * t / median, "step_seconds": median, "cpu_seconds": cpu_median}
+        print(json.dumps(result), flush=True)
     dist.destroy_process_group()
 
 

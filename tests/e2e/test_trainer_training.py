@@ -120,3 +120,33 @@ def test_deepspeed_refuses_another_world_size(runs: dict[str, Run], tmp_path: Pa
     run = Gang(tmp_path, {**SPECS["ds2"], "maxSteps": 12, "microBatchSize": 4}, world_size=1).wait()
     assert run.exit_codes == [2]
     assert "saved at world size 2 and cannot be resumed at world size 1" in run.log(0)
+
+
+OPTIONS = {
+    "ddp_bf16": tiny_spec(strategy="ddp", precision="bf16", activationCheckpointing=True),
+    "fsdp_offload": tiny_spec(strategy="fsdp", fsdp={"reshardAfterForward": False, "cpuOffload": True}),
+    "ds2_bf16_offload": tiny_spec(
+        strategy="deepspeed", precision="bf16", deepspeed={"zeroStage": 2, "offloadOptimizer": True}
+    ),
+    "ds3_bf16_ac": tiny_spec(
+        strategy="deepspeed", precision="bf16", activationCheckpointing=True, deepspeed={"zeroStage": 3}
+    ),
+    "ds0": tiny_spec(strategy="deepspeed", deepspeed={"zeroStage": 0}),
+}
+
+
+@pytest.fixture(scope="module")
+def option_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    root = tmp_path_factory.mktemp("options")
+    gangs = {name: Gang(root / name, {**spec, "maxSteps": 6}) for name, spec in OPTIONS.items()}
+    return _wait_all(gangs)
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_precision_and_offload_options_train(option_runs: dict[str, Run], name: str) -> None:
+    run = option_runs[name]
+    assert run.exit_codes == [0, 0], run.log(0)[-3000:]
+    losses = run.losses
+    assert sorted(losses) == list(range(1, 7))
+    assert losses[6] < losses[1] - 0.2, losses
+    assert run.progress["finished"] is True

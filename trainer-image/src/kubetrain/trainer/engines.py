@@ -125,7 +125,9 @@ class TorchEngine(Engine):
 
         fs = self.spec.fsdp
         reshard = fs.reshard_after_forward if fs else True
-        offload: OffloadPolicy = CPUOffloadPolicy() if fs and fs.cpu_offload else OffloadPolicy()
+        offload: OffloadPolicy = (
+            CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if fs and fs.cpu_offload else OffloadPolicy()
+        )
         if self.amp_dtype is not None:
             mp = MixedPrecisionPolicy(param_dtype=self.amp_dtype, reduce_dtype=torch.float32)
         else:

@@ -151,7 +151,6 @@ def _global_param_norm(engine: Engine) -> float:
 def train(env: Env, spec: TrainingJobSpec) -> int:
     stop = StopFlag()
     stop.install()
-    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or torch.get_num_threads()))
     ckpt_root = checkpoint_dir(spec, env)
     corpus = load_corpus(spec.data, spec.model.seq_len)  # config errors before joining the gang
     device = pick_device(env)
@@ -250,6 +249,7 @@ def _train(
             "generation": env.generation,
             "world_size": ws,
             "time": time.time(),
+            "cpu_time": time.process_time(),
         }
         if spec.precision == "fp16":
             record["loss_scale"] = info.loss_scale
