@@ -1,0 +1,107 @@
+"""Lint for the two Dockerfiles (no image builder here: see docs/install.md, "Images").
+
+Checks what hadolint's most important rules would: every base image is pinned to a full version
+tag (never `latest` or a bare name), the final stage runs as a non-root USER, no ADD of URLs,
+JSON-form ENTRYPOINT; the operator image is multi-stage and never installs torch; the build context
+is trimmed by .dockerignore.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILES = {"operator": REPO / "Dockerfile", "trainer": REPO / "trainer-image" / "Dockerfile"}
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", "\n".join(line for line in path.read_text().splitlines()
+                                          if not line.lstrip().startswith("#")))
+    out = []
+    for line in text.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def base_images(path: Path) -> list[str]:
+    """The FROM images with ARG defaults substituted (stage names excluded)."""
+    args: dict[str, str] = {}
+    stages: set[str] = set()
+    images = []
+    for word, rest in instructions(path):
+        if word == "ARG" and "=" in rest:
+            k, v = rest.split("=", 1)
+            args.setdefault(k.strip(), v.strip().strip('"'))
+        elif word == "FROM":
+            parts = rest.split()
+            image = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), parts[0])
+            if image not in stages:
+                images.append(image)
+            if len(parts) >= 3 and parts[1].upper() == "AS":
+                stages.add(parts[2])
+    return images
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_bases_are_pinned(name: str) -> None:
+    images = base_images(DOCKERFILES[name])
+    assert images
+    for image in images:
+        assert "$" not in image, f"{name}: base image {image} has no default"
+        repo, _, tag = image.rpartition(":")
+        assert repo and tag and "/" not in tag, f"{name}: {image} has no tag"
+        assert tag != "latest", f"{name}: {image} uses latest"
+        assert re.match(r"^v?\d+\.\d+\.\d+", tag), f"{name}: {image} is not pinned to a full version"
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_final_stage_is_non_root(name: str) -> None:
+    ins = instructions(DOCKERFILES[name])
+    last_from = max(i for i, (w, _) in enumerate(ins) if w == "FROM")
+    users = [rest for w, rest in ins[last_from:] if w == "USER"]
+    assert users, f"{name}: the final stage has no USER"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0"), f"{name}: runs as {users[-1]}"
+    assert user.isdigit(), f"{name}: USER {user} should be numeric (runAsNonRoot can only verify numeric users)"
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_no_remote_add_and_exec_form_entrypoint(name: str) -> None:
+    ins = instructions(DOCKERFILES[name])
+    assert not [r for w, r in ins if w == "ADD" and re.search(r"https?://", r)]
+    (entry,) = [r for w, r in ins if w == "ENTRYPOINT"]
+    assert entry.startswith("["), f"{name}: ENTRYPOINT must be JSON (exec) form for signals to reach python"
+    assert not [r for w, r in ins if w == "RUN" and re.search(r"\b(apt-get|pip) install\b.*:latest", r)]
+
+
+def test_operator_image_is_multi_stage_without_torch() -> None:
+    ins = instructions(DOCKERFILES["operator"])
+    assert sum(1 for w, _ in ins if w == "FROM") >= 2
+    assert any(w == "COPY" and r.startswith("--from=") for w, r in ins)
+    text = DOCKERFILES["operator"].read_text()
+    assert "trainer-image" not in text
+    for w, r in ins:
+        if w == "RUN":
+            assert "torch" not in r.replace("'torch' not in sys.modules", ""), r
+    deps = (REPO / "operator" / "pyproject.toml").read_text() + (REPO / "core" / "pyproject.toml").read_text()
+    assert "torch" not in deps
+    user = [r for w, r in ins if w == "USER"][-1]
+    assert user == "65532:65532", "keep in step with the chart's runAsUser/runAsGroup"
+
+
+def test_dockerignore_trims_the_context() -> None:
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".git", ".venv", "runs/", "tests/"} <= ignored
+    # What the images COPY must not be ignored.
+    for path in DOCKERFILES.values():
+        for w, r in instructions(path):
+            if w == "COPY" and not r.startswith("--from="):
+                src = r.split()[0].split("/")[0]
+                assert f"{src}/" not in ignored and src not in ignored, f"{path}: COPY {src} is in .dockerignore"
