@@ -93,6 +93,10 @@ def test_cli_and_kubectl_follow_a_job_to_succeeded(
     assert rc == 0 and out.splitlines()[1].split()[:4] == ["ergo", "Running", "2/2", "0/10"]
     rc, out, _ = kubetrain(capsys, "status", "ergo", "-n", namespace)
     assert rc == 0 and "Phase:       Running" in out and "Running" in out.split("Conditions:")[1]
+    # kwok nodes have no kubelet to serve logs; either way the command must pick the right pod.
+    for rank in (0, 1):
+        rc, out, err = kubetrain(capsys, "logs", "ergo", "-n", namespace, *(["--rank", "1"] if rank else []))
+        assert rc == 0 or f"logs of pod {namespace}/ergo-worker-{rank}:" in err, err
     rc, _, err = kubetrain(capsys, "logs", "ergo", "-n", namespace, "--rank", "5")
     assert rc == 1 and "no pod for rank 5" in err
     rc, _, err = kubetrain(capsys, "status", "missing", "-n", namespace)
