@@ -88,6 +88,26 @@ class Engine:
         return total
 
 
+def clip_gradients(model: nn.Module, max_norm: float) -> float:
+    """Clip the global gradient norm to ``max_norm``; returns the norm before clipping.
+
+    One reduction for the norm (FSDP2's DTensor shards are reduced once, by ``full_tensor``),
+    then an in-place scale of the local gradients only when the norm is above ``max_norm``.
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return 0.0
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    norm = float(total)
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+    return norm
+
+
 # --------------------------------------------------------------------------- DDP and FSDP2
 
 
@@ -136,9 +156,15 @@ class TorchEngine(Engine):
             model.to(self.device)
         # An explicit mesh on our device: without it fully_shard may pick CUDA where one exists.
         mesh = init_device_mesh(self.device.type, (world_size,))
-        for block in transformer_blocks(model):
-            fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
-        fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload)
+        blocks = transformer_blocks(model)
+        for i, block in enumerate(blocks):
+            # The last block's parameters would be all-gathered again right away by backward: keep them.
+            keep = i == len(blocks) - 1
+            fully_shard(
+                block, mesh=mesh, reshard_after_forward=reshard and not keep, mp_policy=mp, offload_policy=offload
+            )
+        # The root (embeddings, final norm, head) is never resharded after forward (torch's default for roots).
+        fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
         return model
 
     def _sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
@@ -175,12 +201,7 @@ class TorchEngine(Engine):
         clip = self.spec.optimizer.grad_clip
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grad_norm: float | None = None
-        if clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-            if hasattr(norm, "full_tensor"):
-                norm = norm.full_tensor()
-            grad_norm = float(norm)
+        grad_norm = clip_gradients(self.model, clip) if clip > 0 else None
         skipped = False
         scale: float | None = None
         if self.scaler is not None:
