@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -97,6 +98,13 @@ def token_kubeconfig(admin_kubeconfig: Path, token: str, path: Path) -> Path:
     return path
 
 
+def free_port() -> int:
+    """A free loopback port. (kopf reads port 0 in --liveness as "no port", i.e. 80: never pass 0.)"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class OperatorProcess:
     """`python -m kubetrain.operator` as a child process with its own kubeconfig; log kept for failures."""
 
@@ -109,7 +117,8 @@ class OperatorProcess:
                "KUBETRAIN_TRAINER_IMAGE": "kubetrain/trainer:test"}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kubetrain.operator", "--liveness", "http://127.0.0.1:0/healthz", *self.args],
+                [sys.executable, "-m", "kubetrain.operator", "--liveness", f"http://127.0.0.1:{free_port()}/healthz",
+                 *self.args],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )
         return self

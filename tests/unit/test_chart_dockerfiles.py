@@ -1,4 +1,4 @@
-"""Lint for the two Dockerfiles (no image builder here: see docs/install.md, "Images").
+"""Lint for the two Dockerfiles (hadolint is not available here; see docs/install.md, "Images").
 
 Checks what hadolint's most important rules would: every base image is pinned to a full version
 tag (never `latest` or a bare name), the final stage runs as a non-root USER, no ADD of URLs,
