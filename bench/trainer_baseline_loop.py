@@ -33,6 +33,8 @@ WARMUP_STEPS = int(os.environ.get("BENCH_WARMUP_STEPS", "3"))
 
 def main() -> None:
     spec = TrainingJobSpec.model_validate(json.loads(Path(os.environ["KUBETRAIN_CONFIG"]).read_text()))
+    if spec.strategy not in ("ddp", "fsdp"):
+        raise SystemExit(f"the baseline loop has no {spec.strategy} path (ddp and fsdp only)")
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group(
         "gloo",
