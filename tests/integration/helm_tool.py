@@ -108,8 +108,11 @@ def free_port() -> int:
 class OperatorProcess:
     """`python -m kubetrain.operator` as a child process with its own kubeconfig; log kept for failures."""
 
-    def __init__(self, kubeconfig: Path, log: Path, *args: str, metrics_port: int = 0):
+    def __init__(self, kubeconfig: Path, log: Path, *args: str, metrics_port: int = 0,
+                 command: list[str] | None = None):
         self.kubeconfig, self.log_path, self.args, self.metrics_port = kubeconfig, log, args, metrics_port
+        self.command = command or [sys.executable, "-m", "kubetrain.operator",
+                                   "--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> OperatorProcess:
@@ -117,8 +120,7 @@ class OperatorProcess:
                "KUBETRAIN_TRAINER_IMAGE": "kubetrain/trainer:test"}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kubetrain.operator", "--liveness", f"http://127.0.0.1:{free_port()}/healthz",
-                 *self.args],
+                [*self.command, *self.args],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )
         return self
