@@ -120,5 +120,5 @@ def test_two_chart_replicas_run_a_job(
                 "spec": {"workers": 2, "restartPolicy": {"backoffSeconds": 0}}})
             wait_for(lambda: (custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,
                                                                  "peered").get("status") or {}).get("phase")
-                     == "Running", 20, what="peered Running")
+                     == "Running", 10, what="peered Running")
         del a

@@ -34,7 +34,8 @@ def test_chart_crd_is_identical_to_crds_dir() -> None:
     assert ours == sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
     for name in ours:
         assert (CHART / "crds" / name).read_bytes() == (REPO / "crds" / name).read_bytes(), (
-            f"charts/kubetrain/crds/{name} differs from crds/{name}: run `make chart-crds`"
+            f"charts/kubetrain/crds/{name} differs from crds/{name}: cp crds/{name} charts/kubetrain/crds/ "
+            "(`make crds` does both)"
         )
 
 
