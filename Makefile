@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 
-.PHONY: all venv run test test-unit test-e2e lint crds check-crds clean help
+.PHONY: all venv run test test-unit test-e2e lint crds clean help
 
 all: venv
 
@@ -14,7 +14,7 @@ help:
 	@echo "make run         set everything up and train examples/quickstart.yaml locally"
 	@echo "make test        set everything up and run the whole test suite"
 	@echo "make lint        ruff"
-	@echo "make crds        regenerate crds/ from the API models"
+	@echo "make crds        regenerate crds/ (and the chart copy) from the API models"
 	@echo "make cluster-up  start the local test control plane (see docs/testing.md)"
 
 venv: $(STAMP)
@@ -41,6 +41,7 @@ lint: $(STAMP)
 
 crds: $(STAMP)
 	$(BIN)/kubetrain crd -o crds/kubetrain.io_trainingjobs.yaml
+	cp crds/kubetrain.io_trainingjobs.yaml charts/kubetrain/crds/kubetrain.io_trainingjobs.yaml
 
 clean:
 	rm -rf $(VENV) runs

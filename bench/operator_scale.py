@@ -22,7 +22,7 @@ from kubernetes import client, config
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from k8s_cluster import cluster_running, cluster_up, kubeconfig_path  # noqa: E402
+from k8s_cluster import cluster_running, cluster_up, free_port, kubeconfig_path  # noqa: E402
 
 from kubetrain.core import api  # noqa: E402
 from kubetrain.operator import builders as b  # noqa: E402
@@ -51,7 +51,7 @@ def main() -> int:
         except client.ApiException:
             time.sleep(0.2)
     log = open("/tmp/kubetrain-bench-operator.log", "wb")  # noqa: SIM115
-    op = subprocess.Popen([sys.executable, "-m", "kubetrain.operator", "--liveness", "http://127.0.0.1:0/healthz"],
+    op = subprocess.Popen([sys.executable, "-m", "kubetrain.operator", "--liveness", f"http://127.0.0.1:{free_port()}/healthz"],
                           env={**os.environ, "KUBETRAIN_METRICS_PORT": "0"}, stdout=log, stderr=subprocess.STDOUT)
     try:
         time.sleep(3)  # let the operator list and watch

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from k8s_cluster import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART = REPO_ROOT / "charts" / "kubetrain"
@@ -96,13 +96,6 @@ def token_kubeconfig(admin_kubeconfig: Path, token: str, path: Path) -> Path:
     }))
     path.chmod(0o600)
     return path
-
-
-def free_port() -> int:
-    """A free loopback port. (kopf reads port 0 in --liveness as "no port", i.e. 80: never pass 0.)"""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class OperatorProcess:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -329,3 +330,10 @@ def fake_node_manifest(
         },
         "status": {"capacity": resources, "allocatable": resources},
     }
+
+
+def free_port() -> int:
+    """A free loopback port. (kopf reads port 0 in --liveness as "no port", i.e. 80: never pass 0.)"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

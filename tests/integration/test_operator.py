@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_cluster import REPO_ROOT, fail_pod, set_node_ready, succeed_pod, wait_for
+from k8s_cluster import REPO_ROOT, fail_pod, free_port, set_node_ready, succeed_pod, wait_for
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
@@ -55,7 +55,7 @@ class OperatorProcess:
         env = {**os.environ, "KUBETRAIN_METRICS_PORT": "0", "KUBETRAIN_TRAINER_IMAGE": "kubetrain/trainer:test"}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kubetrain.operator", "--liveness", "http://127.0.0.1:0/healthz"],
+                [sys.executable, "-m", "kubetrain.operator", "--liveness", f"http://127.0.0.1:{free_port()}/healthz"],
                 env=env, stdout=log, stderr=subprocess.STDOUT,
             )
 

@@ -20,8 +20,6 @@ from k8s_cluster import wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kubetrain.core import api
-
 pytestmark = pytest.mark.integration
 
 
@@ -69,8 +67,8 @@ def test_namespaced_scope_rbac_runs_a_job(
 
 
 # kopf's peering is not leader election: instances of EQUAL priority all pause ("Pausing all
-# operators, including self"); only the highest priority runs. `python -m kubetrain.operator` has no
-# --priority yet, so two chart replicas (same args) would both pause.
+# operators, including self"); only the highest priority runs. This wrapper pins the priorities;
+# `python -m kubetrain.operator` picks a random one per process (or --priority).
 PRIORITY_WRAPPER = (
     "import asyncio, sys, kopf; from kubetrain.operator import handlers; "
     "asyncio.run(kopf.operator(clusterwide=True, standalone=False, peering_name=sys.argv[1], "
@@ -103,22 +101,24 @@ def test_kopf_peering_under_chart_rbac_one_active_replica(
         assert_no_forbidden(standby)
 
 
-@pytest.mark.xfail(strict=True, reason="kubetrain.operator has no --priority: equal-priority kopf peers all pause "
-                                       "(fix: pass a per-pod priority to kopf.operator in operator/__main__.py)")
-def test_two_chart_replicas_run_a_job(
+def test_two_chart_replicas_one_active_and_failover(
     helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp: Path
 ) -> None:
-    """What the chart's Deployment does with replicas=2: the same command twice with --peering."""
+    """What the chart's Deployment does with replicas=2: the same command twice with --peering. Each
+    picks its own random priority, so exactly one pauses; when the active one exits, the standby
+    resumes and runs the next job."""
     peering = f"kt-{namespace}"[:50]
-    with ChartIdentity(admin_api, namespace, tmp, **{"operator.replicas": 2, "peering.name": peering}) as ident:
-        with ht.OperatorProcess(ident.kubeconfig, tmp / "a.log", f"--peering={peering}") as a, \
-                ht.OperatorProcess(ident.kubeconfig, tmp / "b.log", f"--peering={peering}"):
-            wait_for(lambda: _peers(admin_api, peering) == 2, 60, what="both operators in the peering object")
-            custom = client.CustomObjectsApi(admin_api)
-            custom.create_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, {
-                "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "peered"},
-                "spec": {"workers": 2, "restartPolicy": {"backoffSeconds": 0}}})
-            wait_for(lambda: (custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL,
-                                                                 "peered").get("status") or {}).get("phase")
-                     == "Running", 10, what="peered Running")
-        del a
+    with ChartIdentity(admin_api, namespace, tmp, **{"operator.replicas": 2, "peering.name": peering}) as ident, \
+            ht.OperatorProcess(ident.kubeconfig, tmp / "a.log", f"--peering={peering}") as a, \
+            ht.OperatorProcess(ident.kubeconfig, tmp / "b.log", f"--peering={peering}") as b:
+        wait_for(lambda: _peers(admin_api, peering) == 2, 60, what="both operators in the peering object")
+        paused = "Pausing operations in favour of"
+        wait_for(lambda: (paused in a.log()) != (paused in b.log()), 60, what="exactly one operator paused")
+        active, standby = (b, a) if paused in a.log() else (a, b)
+        run_job_to_running(admin_api, namespace, active, "first")
+        assert "same priority" not in active.log() + standby.log()
+
+        active.__exit__(None, None, None)  # SIGTERM: kopf removes its peering record on the way out
+        wait_for(lambda: "Resuming operations" in standby.log(), 60, what="the standby resumed")
+        run_job_to_running(admin_api, namespace, standby, "second")
+        assert_no_forbidden(standby)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kubetrain.core import __version__
+from kubetrain.core import __version__, kube_cli
 from kubetrain.core.validate import ManifestError, load_documents, load_job, problems_of
 
 
@@ -110,7 +110,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kubetrain",
-        description="Distributed PyTorch training jobs: run a TrainingJob locally, validate it, print the CRD.",
+        description="Distributed PyTorch training jobs: run a TrainingJob locally, validate it, print the CRD, "
+        "and submit / list / status / logs against the cluster of the current kubeconfig.",
     )
     p.add_argument("--version", action="version", version=f"kubetrain {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -132,6 +133,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--fresh", action="store_true", help="discard an unfinished run in the output dir")
     r.add_argument("-q", "--quiet", action="store_true", help="no live progress line")
     r.set_defaults(func=cmd_run)
+
+    kube_cli.register(sub)
     return p
 
 
