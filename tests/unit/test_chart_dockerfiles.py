@@ -2,7 +2,8 @@
 
 Checks what hadolint's most important rules would: every base image is pinned to a full version
 tag (never `latest` or a bare name), the final stage runs as a non-root USER, no ADD of URLs,
-JSON-form ENTRYPOINT; the operator image is multi-stage and never installs torch; the build context
+JSON-form ENTRYPOINT; both images are multi-stage, the operator's never installs torch and the
+trainer's reuses its base's torch; the build context
 is trimmed by .dockerignore.
 """
 
@@ -95,6 +96,18 @@ def test_operator_image_is_multi_stage_without_torch() -> None:
     assert "torch" not in deps
     user = [r for w, r in ins if w == "USER"][-1]
     assert user == "65532:65532", "keep in step with the chart's runAsUser/runAsGroup"
+
+
+def test_trainer_image_is_multi_stage_and_reuses_the_base_torch() -> None:
+    ins = instructions(DOCKERFILES["trainer"])
+    froms = [r.split()[0] for w, r in ins if w == "FROM"]
+    assert len(froms) >= 2 and len(set(froms)) == 1, "both stages on the same base (the venv links its python)"
+    assert any(w == "COPY" and r.startswith("--from=build /opt/kubetrain") for w, r in ins)
+    runs = " ".join(r for w, r in ins if w == "RUN")
+    assert "--system-site-packages" in runs, "the base's torch must be reused, not reinstalled"
+    assert not re.search(r"pip install[^&]*\btorch\b", runs)
+    user = [r for w, r in ins if w == "USER"][-1]
+    assert user == "1000:1000"
 
 
 def test_dockerignore_trims_the_context() -> None:
