@@ -119,6 +119,8 @@ class Gang:
                 **(env or {}),
             }
             penv.pop("PET_NPROC_PER_NODE", None)
+            if penv["KUBETRAIN_METRICS_PORT"] != "0":  # one port per rank, as the launcher and the backends give
+                penv["KUBETRAIN_METRICS_PORT"] = str(int(penv["KUBETRAIN_METRICS_PORT"]) + rank)
             log = (out / f"rank-{rank}.log").open("ab")
             self.procs.append(
                 subprocess.Popen(

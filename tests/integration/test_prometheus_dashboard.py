@@ -133,9 +133,11 @@ def test_prometheus_scrapes_operator_and_workers_and_every_panel_has_data(
 
             def trainer_ready() -> bool:
                 assert run.poll() is None, f"local run ended early:\n{run_log.read_text()[-3000:]}"
+                # Past the injected failure at step 20: the new generation resumed (from step 10) and went on.
                 return bool(prom.finite("max(kubetrain_trainer_restart_generation) >= 1")
                             and prom.finite("max(kubetrain_trainer_checkpoint_save_seconds)")
-                            and prom.finite("sum(rate(kubetrain_trainer_step_seconds_count[1m])) > 0"))
+                            and prom.finite("sum(rate(kubetrain_trainer_step_seconds_count[1m])) > 0")
+                            and prom.finite('kubetrain_trainer_step{job="promdemo", rank="0"} > 20'))
 
             wait_for(trainer_ready, 90, what="workers scraped after their restart from checkpoint")
             wait_for(lambda: prom.finite("sum(kubetrain_operator_jobs_finished_total)"), 15,
@@ -150,7 +152,6 @@ def test_prometheus_scrapes_operator_and_workers_and_every_panel_has_data(
             assert prom.finite('kubetrain_operator_gang_restarts_total{reason="OOMKilled"} >= 1') or prom.finite(
                 "sum(kubetrain_operator_gang_restarts_total) >= 1")
             assert prom.finite('kubetrain_operator_jobs_finished_total{phase="Succeeded"} >= 1')
-            assert prom.finite('kubetrain_trainer_step{job="promdemo", rank="0"} > 20')
             rules = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
             assert {r["name"] for r in rules} == {"KubetrainOperatorDown", "KubetrainJobFailed",
                                                   "KubetrainRestartStorm", "KubetrainJobNoProgress"}

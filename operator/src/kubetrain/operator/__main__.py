@@ -30,6 +30,8 @@ def main() -> None:
     if args.priority is None:
         args.priority = random.SystemRandom().randint(1, 2**31 - 1)
     kopf.configure(verbose=args.verbose)  # kopf's log format and levels (INFO; DEBUG with --verbose)
+    if not args.verbose:  # kopf logs every handler call on its objects at INFO: thousands of lines per gang
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.peering:
         logging.getLogger("kubetrain.operator").info("peering %r with priority %d", args.peering, args.priority)
     if args.namespace:

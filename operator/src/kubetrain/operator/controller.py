@@ -22,12 +22,18 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kubetrain.core import api
+from kubetrain.core.lifecycle import FailureKind
 from kubetrain.core.progress import Progress
 from kubetrain.operator import builders as b
 from kubetrain.operator import metrics
 from kubetrain.operator.reconcile import Plan, parse_ts, plan
 
 log = logging.getLogger("kubetrain.operator")
+
+# Failures judged from what the caches LACK (a pod, a progress update, a Ready node): confirmed by
+# a live read before a gang is restarted over them. A cache can lag: the watch of an operator that
+# just started, resumed after a kopf peering pause, or reconnected has not replayed everything yet.
+CONFIRM_LIVE = frozenset({FailureKind.DELETED, FailureKind.NO_PROGRESS, FailureKind.NODE_LOST})
 Key = tuple[str, str]
 PROGRESS_ANNOTATION = "kubetrain.io/progress"
 
@@ -216,11 +222,41 @@ class Controller:
         if body is None:
             return None
         t0 = time.perf_counter()
-        pods = list(self.pods.get(key, {}).values())
-        p = plan(body, pods, self.nodes, self.clock(), self.settings, self.progress_of(key, body))
+        p = self._plan(key, body)
+        confirm = p.decision is not None and p.decision.failure_kind in CONFIRM_LIVE
+        if confirm and await self._io(self.refresh_from_api, key):
+            p = self._plan(key, body)
         await self.execute(key, body, p)
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - t0)
         return p.requeue_after
+
+    def _plan(self, key: Key, body: dict[str, Any]) -> Plan:
+        pods = list(self.pods.get(key, {}).values())
+        return plan(body, pods, self.nodes, self.clock(), self.settings, self.progress_of(key, body))
+
+    def refresh_from_api(self, key: Key) -> bool:
+        """Replace the cached pods of one job (and their nodes) with a live read; True if anything changed."""
+        ns, name = key
+        sanitize = self.api_client.sanitize_for_serialization
+        live = {p.metadata.name: sanitize(p) for p in
+                self.core.list_namespaced_pod(ns, label_selector=f"{b.LABEL_JOB}={name}").items}
+        cached = self.pods.setdefault(key, {})
+        changed = set(cached) != set(live) or any(_rv(live[n]) != _rv(cached[n]) for n in live)
+        self.pods[key] = live
+        for pod_name in live:
+            self.tombstones.pop((ns, pod_name), None)
+        for node_name in {(p.get("spec") or {}).get("nodeName") for p in live.values()} - {None}:
+            try:
+                ready = node_not_ready_since(sanitize(self.core.read_node(node_name)))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                ready = None
+            changed |= self.nodes.get(node_name) != ready
+            self.nodes[node_name] = ready
+        if changed:
+            log.info("%s/%s: the cache lagged the API server; re-planned from a live read", ns, name)
+        return changed
 
     async def _io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
@@ -287,6 +323,8 @@ class Controller:
 
     def _event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = body["metadata"]
+        log.log(logging.WARNING if type_ == "Warning" else logging.INFO,
+                "%s/%s: %s: %s", meta["namespace"], meta["name"], reason, message)
         now = self.clock()
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
