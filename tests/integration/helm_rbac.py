@@ -16,7 +16,6 @@ from kubernetes.client.rest import ApiException
 from kubetrain.core import api
 
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-PEERING_KINDS = ("ClusterKopfPeering", "KopfPeering")
 
 
 def apply(admin: client.ApiClient, body: dict[str, Any]) -> None:
@@ -60,13 +59,12 @@ class ChartIdentity:
         self.admin, self.ns = admin, namespace
         self.docs = ht.render(set_values={"fullnameOverride": f"kt-{namespace}"[:50], **values}, namespace=namespace)
         self.rbac = [d for d in self.docs if d["kind"] in RBAC_KINDS]
-        self.peerings = [d for d in self.docs if d["kind"] in PEERING_KINDS]  # a post-install hook in the chart
         self.sa = ht.find(self.docs, "ServiceAccount")["metadata"]["name"]
         self.tmp = tmp
 
     def __enter__(self) -> ChartIdentity:
         crds_established(self.admin, self.docs)
-        for d in self.rbac + self.peerings:
+        for d in self.rbac:
             apply(self.admin, d)
         token = token_for(self.admin, self.ns, self.sa)
         self.kubeconfig = ht.token_kubeconfig(kubeconfig_path(), token, self.tmp / "sa.kubeconfig")
@@ -74,8 +72,8 @@ class ChartIdentity:
         return self
 
     def __exit__(self, *_: object) -> None:
-        for d in reversed(self.rbac + self.peerings):
-            if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"):
+        for d in reversed(self.rbac):
+            if d["kind"] in ("ClusterRole", "ClusterRoleBinding"):
                 delete(self.admin, d)
 
 

@@ -42,8 +42,9 @@ def test_helm_install_creates_crd_rbac_deployment(
     helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, values: dict[str, Any]
 ) -> None:
     release = f"kt{uuid.uuid4().hex[:6]}"
-    peering = f"kubetrain-{release}"
-    sets = [a for k, v in {**values, "peering.name": peering}.items() for a in ("--set-json", f'{k}={v!r}'.replace("'", '"'))]
+    lease = f"kubetrain-{release}"
+    sets = [a for k, v in {**values, "leaderElection.leaseName": lease}.items()
+            for a in ("--set-json", f'{k}={v!r}'.replace("'", '"'))]
     out = _helm("install", release, str(ht.CHART), "--namespace", namespace, *sets)
     assert "STATUS: deployed" in out
     try:
@@ -72,13 +73,9 @@ def test_helm_install_creates_crd_rbac_deployment(
             assert rbac.read_namespaced_role(full, namespace).rules
             assert f"--namespace={namespace}" in c.args
         if values.get("operator.replicas", 1) > 1:
-            assert f"--peering={peering}" in c.args
-            ext.read_custom_resource_definition("kopfpeerings.kopf.dev")
-            ext.read_custom_resource_definition("clusterkopfpeerings.kopf.dev")
-            # namespaced scope: a KopfPeering in the watched namespace, made by the post-install hook
-            obj = client.CustomObjectsApi(admin_api).get_namespaced_custom_object(
-                "kopf.dev", "v1", namespace, "kopfpeerings", peering)
-            assert obj["metadata"]["name"] == peering
+            assert {"--leader-elect", f"--leader-elect-lease={lease}", f"--leader-elect-namespace={namespace}"} <= set(c.args)
+            role = rbac.read_namespaced_role(f"{full}-leader-election", namespace)
+            assert [r.resource_names for r in role.rules] == [None, [lease]]
         status = _helm("status", release, "--namespace", namespace)
         assert "STATUS: deployed" in status
     finally:

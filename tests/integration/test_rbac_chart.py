@@ -8,7 +8,7 @@ TokenRequest token. A TrainingJob must reach Running on the kwok GPU nodes (RBAC
 
 from __future__ import annotations
 
-import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,8 @@ from helm_rbac import ChartIdentity, assert_no_forbidden, assert_secrets_refused
 from k8s_cluster import wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from kubetrain.core import api
 
 pytestmark = pytest.mark.integration
 
@@ -66,59 +68,76 @@ def test_namespaced_scope_rbac_runs_a_job(
         assert_no_forbidden(op)
 
 
-# kopf's peering is not leader election: instances of EQUAL priority all pause ("Pausing all
-# operators, including self"); only the highest priority runs. This wrapper pins the priorities;
-# `python -m kubetrain.operator` picks a random one per process (or --priority).
-PRIORITY_WRAPPER = (
-    "import asyncio, sys, kopf; from kubetrain.operator import handlers; "
-    "asyncio.run(kopf.operator(clusterwide=True, standalone=False, peering_name=sys.argv[1], "
-    "priority=int(sys.argv[2]), liveness_endpoint=sys.argv[3]))"
-)
+def _holder(admin: client.ApiClient, ns: str, lease: str) -> str:
+    try:
+        return client.CoordinationV1Api(admin).read_namespaced_lease(lease, ns).spec.holder_identity or ""
+    except ApiException as exc:
+        if exc.status == 404:
+            return ""
+        raise
 
 
-def _peers(admin: client.ApiClient, peering: str) -> int:
-    obj = client.CustomObjectsApi(admin).get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", peering)
-    return len(obj.get("status") or {})
+def _worker_uids(admin: client.ApiClient, ns: str, job: str) -> set[str]:
+    pods = client.CoreV1Api(admin).list_namespaced_pod(ns, label_selector=f"kubetrain.io/job-name={job}").items
+    return {p.metadata.uid for p in pods}
 
 
-def test_kopf_peering_under_chart_rbac_one_active_replica(
+def _job_status(admin: client.ApiClient, ns: str, job: str) -> dict[str, Any]:
+    obj = client.CustomObjectsApi(admin).get_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, job)
+    return obj.get("status") or {}
+
+
+def test_two_replicas_one_leader_and_failover(
     helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp: Path
 ) -> None:
-    """operator.replicas=2 RBAC: two instances (distinct priorities) keep the chart's ClusterKopfPeering
-    alive, the higher one runs the job to Running, and nothing is refused."""
-    peering = f"kt-{namespace}"[:50]
-    with ChartIdentity(admin_api, namespace, tmp, **{"operator.replicas": 2, "peering.name": peering}) as ident:
-        def op(log: str, priority: int) -> ht.OperatorProcess:
-            return ht.OperatorProcess(ident.kubeconfig, tmp / log, command=[
-                sys.executable, "-c", PRIORITY_WRAPPER, peering, str(priority), f"http://127.0.0.1:{ht.free_port()}/healthz"])
+    """What the chart's Deployment runs with replicas=2, under its RBAC (Lease Role included): one
+    replica holds the Lease and reconciles, the other only watches; when the leader is SIGKILLed
+    (no release), the standby takes the Lease after it expires and carries on with the same gang."""
+    lease = f"kt-{namespace}"[:50]
+    with ChartIdentity(admin_api, namespace, tmp, **{"operator.replicas": 2,
+                                                     "leaderElection.leaseName": lease}) as ident:
+        args = ("--leader-elect", f"--leader-elect-lease={lease}", f"--leader-elect-namespace={namespace}")
+        with ht.OperatorProcess(ident.kubeconfig, tmp / "a.log", *args) as a, \
+                ht.OperatorProcess(ident.kubeconfig, tmp / "b.log", *args) as b:
+            won = "acquired the leader lease"
+            wait_for(lambda: won in a.log() or won in b.log(), 60, what="a leader")
+            leader, standby = (a, b) if won in a.log() else (b, a)
+            holder = _holder(admin_api, namespace, lease)
+            assert holder and f"as {holder}" in leader.log() and won not in standby.log()
+            run_job_to_running(admin_api, namespace, leader, "first")
+            assert "first:" not in standby.log(), "the standby reconciled"
+            uids = _worker_uids(admin_api, namespace, "first")
 
-        with op("active.log", 200) as active, op("standby.log", 100) as standby:
-            wait_for(lambda: _peers(admin_api, peering) == 2, 60, what="both operators in the peering object")
-            run_job_to_running(admin_api, namespace, active, "peered")
-        for log in (active.log(), standby.log()):  # kopf warns on equal priorities and then pauses everyone
-            assert "Pausing all operators" not in log and "same priority" not in log
-        assert_no_forbidden(active)
+            assert leader.proc is not None
+            leader.proc.kill()  # no clean release: the standby must wait for the Lease to expire
+            leader.proc.wait(10)
+            wait_for(lambda: _holder(admin_api, namespace, lease) not in ("", holder), 60, what="the standby leads")
+            run_job_to_running(admin_api, namespace, standby, "second")
+            # the new leader took the first job over as it was: no gang restart over a cache it had not filled
+            assert _worker_uids(admin_api, namespace, "first") == uids, standby.tail()
+            first = _job_status(admin_api, namespace, "first")
+            assert first["phase"] == "Running" and not first.get("restartCount"), first
+        assert_no_forbidden(leader)
         assert_no_forbidden(standby)
 
 
-def test_two_chart_replicas_one_active_and_failover(
+def test_leader_releases_the_lease_on_shutdown(
     helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp: Path
 ) -> None:
-    """What the chart's Deployment does with replicas=2: the same command twice with --peering. Each
-    picks its own random priority, so exactly one pauses; when the active one exits, the standby
-    resumes and runs the next job."""
-    peering = f"kt-{namespace}"[:50]
-    with ChartIdentity(admin_api, namespace, tmp, **{"operator.replicas": 2, "peering.name": peering}) as ident, \
-            ht.OperatorProcess(ident.kubeconfig, tmp / "a.log", f"--peering={peering}") as a, \
-            ht.OperatorProcess(ident.kubeconfig, tmp / "b.log", f"--peering={peering}") as b:
-        wait_for(lambda: _peers(admin_api, peering) == 2, 60, what="both operators in the peering object")
-        paused = "Pausing operations in favour of"
-        wait_for(lambda: (paused in a.log()) != (paused in b.log()), 60, what="exactly one operator paused")
-        active, standby = (b, a) if paused in a.log() else (a, b)
-        run_job_to_running(admin_api, namespace, active, "first")
-        assert "same priority" not in active.log() + standby.log()
-
-        active.__exit__(None, None, None)  # SIGTERM: kopf removes its peering record on the way out
-        wait_for(lambda: "Resuming operations" in standby.log(), 60, what="the standby resumed")
-        run_job_to_running(admin_api, namespace, standby, "second")
-        assert_no_forbidden(standby)
+    """A clean stop (SIGTERM: a rollout or a drain) hands the Lease over at once, not after it expires."""
+    lease = f"kt-{namespace}"[:50]
+    with ChartIdentity(admin_api, namespace, tmp, **{"operator.replicas": 2,
+                                                     "leaderElection.leaseName": lease}) as ident:
+        args = ("--leader-elect", f"--leader-elect-lease={lease}", f"--leader-elect-namespace={namespace}")
+        with ht.OperatorProcess(ident.kubeconfig, tmp / "a.log", *args) as a:
+            wait_for(lambda: _holder(admin_api, namespace, lease), 60, what="a leader")
+            with ht.OperatorProcess(ident.kubeconfig, tmp / "b.log", *args) as b:
+                wait_for(lambda: "leader election on lease" in b.log(), 30, what="the standby started")
+                a.__exit__(None, None, None)
+                assert "released the leader lease" in a.log(), a.tail()
+                t0 = time.monotonic()
+                wait_for(lambda: "acquired the leader lease" in b.log(), 30, what="the standby took over")
+                took = time.monotonic() - t0
+                run_job_to_running(admin_api, namespace, b, "after-handover")
+        # well under the 15 s Lease: it was handed over, not left to expire
+        assert took < 12, f"handover took {took:.1f}s: the Lease was not released"

@@ -83,21 +83,26 @@ def _check_no_secrets(role: dict[str, Any]) -> None:
         assert "*" not in rule.get("apiGroups", []), rule
 
 
-def test_peering_with_replicas(helm_ok: None) -> None:
+def test_leader_election_with_replicas(helm_ok: None) -> None:
     one = ht.render()
-    assert not any(a.startswith("--peering") for a in ht.find(one, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert not any(a.startswith("--leader-elect") for a in ht.find(one, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"])
     assert ht.find(one, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
-    two = ht.render(set_values={"operator.replicas": 2})
-    args = ht.find(two, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--peering=kubetrain" in args
-    crds = {d["metadata"]["name"] for d in two if d["kind"] == "CustomResourceDefinition"}
-    assert {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev", "trainingjobs.kubetrain.io"} <= crds
-    peering = ht.find(two, "ClusterKopfPeering")
-    assert peering["metadata"]["name"] == "kubetrain"
-    verbs = [r for r in ht.find(two, "ClusterRole")["rules"] if "clusterkopfpeerings" in r["resources"]]
-    assert verbs and "patch" in verbs[0]["verbs"]
-    no_crds = ht.render(set_values={"operator.replicas": 2, "peering.installCRDs": False})
-    assert "kopfpeerings.kopf.dev" not in {d["metadata"]["name"] for d in no_crds}
+    assert not [d for d in one if d["kind"] == "Role"]  # no Lease access without leader election
+    two = ht.render(set_values={"operator.replicas": 2}, namespace="ops")
+    container = ht.find(two, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert {"--leader-elect", "--leader-elect-lease=kubetrain-operator", "--leader-elect-namespace=ops"} <= set(container["args"])
+    assert "strategy" not in ht.find(two, "Deployment")["spec"]  # rolling: the standby holds on during a rollout
+    # The Lease only: create (names are unknown before creation), get/update of that one name, in the release namespace.
+    role = ht.find(two, "Role")
+    assert role["metadata"]["namespace"] == "ops"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kubetrain-operator"],
+         "verbs": ["get", "update"]},
+    ]
+    binding = ht.find(two, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert not [d for d in two if d["kind"] == "CustomResourceDefinition" and "kopf" in d["metadata"]["name"]]
 
 
 def test_namespaced_mode(helm_ok: None) -> None:

@@ -41,9 +41,9 @@ app.kubernetes.io/component: operator
 {{- default .Release.Namespace .Values.rbac.watchNamespace -}}
 {{- end -}}
 
-{{/* "true" when kopf peering is on (explicitly, or auto with more than one replica). */}}
-{{- define "kubetrain.peering" -}}
-{{- $p := .Values.peering.enabled | toString -}}
+{{/* "true" when leader election is on (explicitly, or auto with more than one replica). */}}
+{{- define "kubetrain.leaderElection" -}}
+{{- $p := .Values.leaderElection.enabled | toString -}}
 {{- if or (eq $p "true") (and (eq $p "auto") (gt (int .Values.operator.replicas) 1)) -}}true{{- end -}}
 {{- end -}}
 
@@ -75,10 +75,5 @@ app.kubernetes.io/component: operator
 - apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh"]
   resources: ["podgroups"]
   verbs: ["get", "create"]
-{{- end }}
-{{- if and (include "kubetrain.peering" .) (eq .Values.rbac.scope "namespaced") }}
-- apiGroups: ["kopf.dev"]
-  resources: ["kopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
 {{- end }}
 {{- end }}

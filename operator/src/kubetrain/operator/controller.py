@@ -82,6 +82,9 @@ class Controller:
         self.timers: dict[Key, asyncio.TimerHandle] = {}
         self.tasks: list[asyncio.Task[None]] = []
         self.first_running: set[Key] = set()
+        self.leading = asyncio.Event()
+        """Set while this replica may reconcile: always without leader election, else while it holds the Lease."""
+        self.namespace: str | None = None
 
     # ------------------------------------------------------------------ caches (called from kopf handlers)
 
@@ -159,13 +162,29 @@ class Controller:
             job.setdefault("kind", api.KIND)
             self.job_event(None, job)
 
-    async def start(self, namespace: str | None = None) -> None:
+    async def start(self, namespace: str | None = None, leader_election: bool = False) -> None:
+        """Fill the caches and start the workers; they reconcile at once, or (leader_election) only
+        after start_leading()."""
+        self.namespace = namespace
         await asyncio.get_running_loop().run_in_executor(self.pool, self.sync_caches, namespace)
         self.queue = asyncio.Queue()
         self.tasks = [asyncio.create_task(self._worker()) for _ in range(self.n_workers)]
         self.tasks.append(asyncio.create_task(self._gauges()))
         for key in list(self.jobs):
             self.enqueue(key)
+        if not leader_election:
+            metrics.LEADER.set(1)
+            self.leading.set()
+
+    async def start_leading(self) -> None:
+        """This replica got the Lease: re-read everything (the standby's caches may lag), then act."""
+        await asyncio.get_running_loop().run_in_executor(self.pool, self.sync_caches, self.namespace)
+        metrics.LEADER.set(1)
+        self.leading.set()
+
+    def stop_leading(self) -> None:
+        self.leading.clear()
+        metrics.LEADER.set(0)
 
     async def stop(self) -> None:
         for t in self.tasks:
@@ -183,7 +202,11 @@ class Controller:
     async def _worker(self) -> None:
         assert self.queue is not None
         while True:
+            await self.leading.wait()
             key = await self.queue.get()
+            if not self.leading.is_set():  # lost the Lease while waiting: keep the key for the next leader
+                self.queue.put_nowait(key)
+                continue
             self.queued.discard(key)
             self.active.add(key)
             try:
@@ -362,9 +385,10 @@ class Controller:
             metrics.JOBS_FINISHED.labels(p.status["phase"], p.status.get("reason", "")).inc()
 
     def count_phases(self) -> None:
-        """Refresh the jobs-by-phase gauge (called periodically, not per reconcile)."""
+        """Refresh the jobs-by-phase gauge (called periodically, not per reconcile; 0 on a standby
+        replica, so that sums over replicas count each job once)."""
         counts: dict[str, int] = {}
-        for body in self.jobs.values():
+        for body in self.jobs.values() if self.leading.is_set() else ():
             phase = (body.get("status") or {}).get("phase", "Pending")
             counts[phase] = counts.get(phase, 0) + 1
         for phase in ("Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"):

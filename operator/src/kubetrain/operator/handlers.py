@@ -2,13 +2,18 @@
 
 Run with `python -m kubetrain.operator` (or `kopf run -m kubetrain.operator.handlers`).
 Environment: KUBETRAIN_TRAINER_IMAGE, KUBETRAIN_NAMESPACE (watch one namespace;
-default all), KUBETRAIN_METRICS_PORT (default 8080), KUBETRAIN_CREATE_PARALLELISM.
+default all), KUBETRAIN_METRICS_PORT (default 8080), KUBETRAIN_CREATE_PARALLELISM,
+KUBETRAIN_LEADER_ELECT (a "namespace/name" Lease: reconcile only while holding it),
+KUBETRAIN_LEADER_ID (this replica's identity in the Lease).
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import signal
+import socket
+import uuid
 from typing import Any
 
 import kopf
@@ -18,6 +23,7 @@ from prometheus_client import start_http_server
 from kubetrain.core import api
 from kubetrain.operator import builders as b
 from kubetrain.operator.controller import Controller
+from kubetrain.operator.leader import LeaderElector
 
 STATE: dict[str, Controller] = {}
 
@@ -50,11 +56,27 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     port = int(os.environ.get("KUBETRAIN_METRICS_PORT", "8080"))
     if port:
         start_http_server(port)
-    await ctl.start(os.environ.get("KUBETRAIN_NAMESPACE") or None)
+    lease = os.environ.get("KUBETRAIN_LEADER_ELECT")
+    await ctl.start(os.environ.get("KUBETRAIN_NAMESPACE") or None, leader_election=bool(lease))
+    if lease:
+        namespace, _, name = lease.rpartition("/")
+        identity = os.environ.get("KUBETRAIN_LEADER_ID") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        elector = LeaderElector(ctl.api_client, namespace or "default", name, identity,
+                                on_start=ctl.start_leading, on_stop=lambda: _lost_lease(ctl))
+        STATE["elector"] = elector
+        elector.start()
+
+
+def _lost_lease(ctl: Controller) -> None:
+    """Stop reconciling at once, then exit (kopf shuts down; the Deployment restarts the pod as a standby)."""
+    ctl.stop_leading()
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
+    if "elector" in STATE:
+        await STATE.pop("elector").release()
     if "controller" in STATE:
         await STATE.pop("controller").stop()
 

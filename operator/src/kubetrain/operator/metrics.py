@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+LEADER = Gauge("kubetrain_operator_leader", "1 on the replica that reconciles (holds the leader Lease), 0 on a standby")
 JOBS = Gauge("kubetrain_operator_jobs", "TrainingJobs known to the operator, by phase", ["phase"])
 RECONCILE_SECONDS = Histogram(
     "kubetrain_operator_reconcile_duration_seconds",

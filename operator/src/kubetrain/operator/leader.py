@@ -1,0 +1,174 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, the way controller-runtime's --leader-elect works.
+
+Every replica watches and keeps its caches warm; only the holder of the Lease reconciles. The
+holder renews the Lease every `retry` seconds. A standby takes the Lease over when its record has
+not changed for `duration` seconds by the standby's own clock (no clock sync between replicas is
+assumed), or at once when the holder released it on a clean shutdown. A holder that cannot renew
+within `renew_deadline` seconds stops acting and exits, so two replicas never reconcile together.
+
+`next_step` is the pure decision; `LeaderElector` does the I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+log = logging.getLogger("kubetrain.operator")
+
+
+class Action(enum.StrEnum):
+    CREATE = "Create"
+    """No Lease yet: create it with us as holder."""
+    ACQUIRE = "Acquire"
+    """The Lease is free (released) or expired: take it over (leaseTransitions + 1)."""
+    RENEW = "Renew"
+    """We hold it: renew."""
+    WAIT = "Wait"
+    """Someone else holds a live Lease."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    """The Lease as last read, and when (monotonic seconds, local clock) its content last changed."""
+
+    holder: str
+    version: str
+    """The record's identity: resourceVersion (any write, renewals included, changes it)."""
+    changed_at: float
+
+
+def next_step(lease: dict[str, Any] | None, seen: Observation | None, identity: str, now: float,
+              duration: float) -> tuple[Action, Observation | None]:
+    """What to do with the Lease as read now, given what was seen before."""
+    if lease is None:
+        return Action.CREATE, None
+    spec = lease.get("spec") or {}
+    holder = spec.get("holderIdentity") or ""
+    version = str((lease.get("metadata") or {}).get("resourceVersion") or "")
+    obs = seen if seen is not None and seen.version == version else Observation(holder, version, now)
+    if holder == identity:
+        return Action.RENEW, obs
+    if not holder:
+        return Action.ACQUIRE, obs
+    if now - obs.changed_at >= max(float(spec.get("leaseDurationSeconds") or duration), duration):
+        return Action.ACQUIRE, obs
+    return Action.WAIT, obs
+
+
+def lease_body(lease: dict[str, Any] | None, action: Action, identity: str, duration: int,
+               now: datetime) -> dict[str, Any]:
+    """The Lease to write for CREATE, ACQUIRE or RENEW (metadata.resourceVersion kept: a racing writer gets 409)."""
+    ts = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = dict((lease or {}).get("spec") or {})
+    if action in (Action.CREATE, Action.ACQUIRE):
+        spec["acquireTime"] = ts
+        spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (action == Action.ACQUIRE)
+    spec.update(holderIdentity=identity, leaseDurationSeconds=duration, renewTime=ts)
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": dict((lease or {}).get("metadata") or {}), "spec": spec}
+
+
+class LeaderElector:
+    """Keeps trying to hold the Lease `namespace/name`; calls `on_start` when it got it and
+    `on_stop` when it lost it (not called on release at shutdown)."""
+
+    def __init__(self, api_client: client.ApiClient, namespace: str, name: str, identity: str,
+                 on_start: Callable[[], Awaitable[None]], on_stop: Callable[[], None],
+                 duration: int = 15, renew_deadline: float = 10.0, retry: float = 2.0):
+        self.api = client.CoordinationV1Api(api_client)
+        self.sanitize = api_client.sanitize_for_serialization
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.on_start, self.on_stop = on_start, on_stop
+        self.duration, self.renew_deadline, self.retry = duration, renew_deadline, retry
+        self.leading = False
+        self.seen: Observation | None = None
+        self.renewed_at = 0.0
+        self.task: asyncio.Task[None] | None = None
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            return self.sanitize(self.api.read_namespaced_lease(self.name, self.namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _write(self, lease: dict[str, Any] | None, body: dict[str, Any]) -> None:
+        if lease is None:
+            body["metadata"] = {"name": self.name, "namespace": self.namespace}
+            self.api.create_namespaced_lease(self.namespace, body)
+        else:
+            self.api.replace_namespaced_lease(self.name, self.namespace, body)
+
+    def try_once(self) -> bool:
+        """One read-decide-write round (blocking I/O). True when we hold the Lease afterwards."""
+        lease = self._read()
+        action, self.seen = next_step(lease, self.seen, self.identity, time.monotonic(), self.duration)
+        if action == Action.WAIT:
+            return False
+        try:
+            self._write(lease, lease_body(lease, action, self.identity, self.duration, datetime.now(UTC)))
+        except ApiException as exc:
+            if exc.status in (409, 422):  # another replica wrote first
+                return False
+            raise
+        if action != Action.RENEW:
+            log.info("acquired the leader lease %s/%s as %s", self.namespace, self.name, self.identity)
+        return True
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        log.info("leader election on lease %s/%s as %s", self.namespace, self.name, self.identity)
+        while True:
+            try:
+                held = await loop.run_in_executor(None, self.try_once)
+            except Exception as exc:  # noqa: BLE001 - the API server may be briefly unreachable
+                log.warning("leader lease %s/%s: %s", self.namespace, self.name, exc)
+                held = False
+            now = time.monotonic()
+            if held:
+                self.renewed_at = now
+                if not self.leading:
+                    self.leading = True
+                    await self.on_start()
+            elif self.leading and now - self.renewed_at > self.renew_deadline:
+                self.leading = False
+                log.error("lost the leader lease %s/%s (not renewed for %.0fs)", self.namespace, self.name,
+                          now - self.renewed_at)
+                self.on_stop()
+                return
+            await asyncio.sleep(self.retry)
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.run())
+
+    async def release(self) -> None:
+        """On a clean shutdown: stop renewing and hand the Lease over at once."""
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+        if not self.leading:
+            return
+        self.leading = False
+
+        def free() -> None:
+            lease = self._read()
+            if lease and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                lease["spec"].update(holderIdentity="", leaseDurationSeconds=1)
+                self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+
+        with contextlib.suppress(Exception):
+            await asyncio.get_running_loop().run_in_executor(None, free)
+            log.info("released the leader lease %s/%s", self.namespace, self.name)
