@@ -2,6 +2,7 @@
 
 import json
 
+from kubetrain.core import contract
 from kubetrain.core.api import TrainingJob
 from kubetrain.operator import builders as b
 
@@ -17,7 +18,12 @@ def job(**spec) -> TrainingJob:
 
 
 def env_of(pod) -> dict[str, str]:
-    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
+
+
+def env_from(pod) -> dict[str, dict]:
+    """The variables that come from elsewhere (Downward API), by name."""
+    return {e["name"]: e["valueFrom"] for e in pod["spec"]["containers"][0]["env"] if "valueFrom" in e}
 
 
 def test_worker_pod_names_labels_contract_env():
@@ -121,3 +127,36 @@ def test_pod_template_override_merges_and_never_drops_kubetrain_pieces():
     env = env_of(pod)
     assert env["NCCL_DEBUG"] == "INFO" and env["WORLD_SIZE"] == "1"  # user's value wins, documented
     assert {v["name"] for v in pod["spec"]["volumes"]} >= {"config", "dshm", "checkpoints", "data"}
+
+
+def test_every_worker_knows_its_pod_through_the_downward_api():
+    for i in (0, 3):
+        pod = b.worker_pod(job(workers=4), i, 2, b.Settings())
+        assert env_from(pod) == {
+            contract.POD_NAME: {"fieldRef": {"fieldPath": "metadata.name"}},
+            contract.POD_NAMESPACE: {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        }
+    # progressReporting off: no pod identity, so the trainer does not try to annotate
+    assert env_from(b.worker_pod(job(progressReporting=False), 0, 0, b.Settings())) == {}
+
+
+def test_progress_role_grants_get_patch_of_worker_0_only():
+    role = b.progress_role(job(workers=4), OWNER)
+    assert role["kind"] == "Role" and role["apiVersion"] == "rbac.authorization.k8s.io/v1"
+    assert (role["metadata"]["name"], role["metadata"]["namespace"]) == ("llm-progress", "team-a")
+    assert role["metadata"]["ownerReferences"] == [OWNER]  # garbage-collected with the job
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "resourceNames": ["llm-worker-0"],
+                              "verbs": ["get", "patch"]}]
+    assert b.progress_role(job(progressReporting=False)) is None
+
+
+def test_progress_role_binding_names_the_workers_service_account():
+    rb = b.progress_role_binding(job(), OWNER)
+    assert rb["kind"] == "RoleBinding" and rb["metadata"]["name"] == "llm-progress"
+    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "llm-progress"}
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "default", "namespace": "team-a"}]
+    assert rb["metadata"]["ownerReferences"] == [OWNER]
+    own = job(podTemplate={"spec": {"serviceAccountName": "trainer"}})
+    assert b.progress_role_binding(own)["subjects"][0]["name"] == "trainer"
+    assert b.worker_pod(own, 0, 0, b.Settings())["spec"]["serviceAccountName"] == "trainer"
+    assert b.progress_role_binding(job(progressReporting=False)) is None

@@ -197,3 +197,30 @@ def test_readme_documents_every_value() -> None:
         return True
 
     assert [k for k in _leaf_keys(values) if not in_schema(k)] == []
+
+
+def _allows(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+    return any(group in r.get("apiGroups", []) and resource in r.get("resources", []) and verb in r["verbs"]
+               and not r.get("resourceNames") for r in rules)
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespaced"])
+def test_operator_may_create_the_per_job_progress_rbac(helm_ok: None, scope: str) -> None:
+    """The operator creates Role + RoleBinding <job>-progress; the API server accepts them only if the
+    operator itself holds every permission they grant (no escalate/bind verbs for that)."""
+    from kubetrain.core.api import TrainingJob  # noqa: PLC0415
+    from kubetrain.operator import builders as b  # noqa: PLC0415
+
+    docs = ht.render(set_values={"rbac.scope": scope})
+    rules = ht.find(docs, "Role" if scope == "namespaced" else "ClusterRole")["rules"]
+    for resource in ("roles", "rolebindings"):
+        assert _allows(rules, "rbac.authorization.k8s.io", resource, "create")
+    job = TrainingJob.model_validate({"metadata": {"name": "j", "namespace": "ns"}})
+    role = b.progress_role(job)
+    assert role is not None
+    for granted in role["rules"]:
+        for group in granted["apiGroups"]:
+            for resource in granted["resources"]:
+                for verb in granted["verbs"]:
+                    assert _allows(rules, group, resource, verb), f"the operator lacks {verb} {resource}"
+    assert not any(v in r["verbs"] for r in rules for v in ("escalate", "bind", "impersonate"))

@@ -39,7 +39,7 @@ def pod(i, gen=0, phase="Running", ready=True, exit_code=None, node="n1", deleti
 def test_new_job_creates_service_config_and_all_pods_and_writes_status():
     p = plan(body(), [], {}, T0, S)
     kinds = [o["kind"] for o in p.create]
-    assert kinds == ["Service", "ConfigMap", "Pod", "Pod"]
+    assert kinds == ["Service", "ConfigMap", "Role", "RoleBinding", "Pod", "Pod"]
     assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == ["j-worker-0", "j-worker-1"]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for o in p.create)
     assert p.status["phase"] == "Created" and p.status["gangCreated"] is True
@@ -113,6 +113,52 @@ def test_progress_flows_into_status():
     assert p.status["currentStep"] == 42 and p.status["loss"] == "2.5000"
     assert p.status["lastCheckpoint"] == {"step": 40, "path": "/checkpoints/step-00000040", "time": "t"}
     assert p.status["lastProgressTime"] == "2026-03-01T12:00:00Z"
+
+
+def test_progress_reporting_off_creates_no_rbac():
+    p = plan(body(progressReporting=False), [], {}, T0, S)
+    assert [o["kind"] for o in p.create] == ["Service", "ConfigMap", "Pod", "Pod"]
+
+
+def test_progress_rbac_is_created_again_with_every_new_gang():
+    """Creates are idempotent (409 = there): a Role deleted by hand comes back at the next gang."""
+    st = {"phase": "Restarting", "restartCount": 1, "restartGeneration": 1}
+    p = plan(body(status=st), [], {}, T0, S)
+    assert {"Role", "RoleBinding"} <= {o["kind"] for o in p.create}
+    role = next(o for o in p.create if o["kind"] == "Role")
+    assert role["rules"][0]["resourceNames"] == ["j-worker-0"]
+    assert role["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_checkpoint_reported_after_its_step_still_reaches_status():
+    """Rank 0 reports step 50, then (same step) the checkpoint it committed at 50."""
+    st = {"phase": "Running", "gangCreated": True, "runningSince": "2026-03-01T11:00:00Z"}
+    p = plan(body(status=st), [pod(0), pod(1)], {}, T0, S, Progress(step=50, loss=2.0))
+    assert p.status["currentStep"] == 50 and "lastCheckpoint" not in p.status
+    ck = CheckpointRecord(step=50, path="/checkpoints/step-00000050", time="t50")
+    later = T0 + timedelta(seconds=1)
+    p2 = plan(body(status=p.status), [pod(0), pod(1)], {}, later, S, Progress(step=50, loss=2.0, last_checkpoint=ck))
+    assert p2.status["lastCheckpoint"] == {"step": 50, "path": "/checkpoints/step-00000050", "time": "t50"}
+    assert p2.status["lastProgressTime"] == "2026-03-01T12:00:00Z"  # no new step: the hang clock does not move
+
+
+def test_resumed_gang_retraining_older_steps_is_progress_not_a_hang():
+    """Generation 1 resumed from the checkpoint at 40 after generation 0 reached 47: steps 40, 41, ...
+    are below currentStep but they are progress; without it progressDeadlineSeconds would restart the
+    gang again until it passed 47."""
+    st = {"phase": "Running", "gangCreated": True, "restartCount": 1, "restartGeneration": 1,
+          "runningSince": "2026-03-01T11:59:00Z", "currentStep": 47, "loss": "2.0000",
+          "lastProgressTime": "2026-03-01T11:50:00Z"}
+    pods = [pod(0, gen=1), pod(1, gen=1)]
+    spec = {"restartPolicy": {"backoffLimit": 3, "backoffSeconds": 0, "progressDeadlineSeconds": 90}}
+    p = plan(body(status=st, **spec), pods, {}, T0, S, Progress(step=41, loss=2.4, generation=1))
+    assert p.status["currentStep"] == 41 and p.status["lastProgressTime"] == "2026-03-01T12:00:00Z"
+    later = T0 + timedelta(seconds=80)  # 140 s after runningSince, 80 s after the last report
+    p2 = plan(body(status=p.status, **spec), pods, {}, later, S, Progress(step=41, loss=2.4, generation=1))
+    assert p2.status is None or p2.status["phase"] == "Running"
+    # a stale record of the previous generation with a lower step is not progress
+    p3 = plan(body(status=st, **spec), pods, {}, later, S, Progress(step=41, loss=2.4, generation=0))
+    assert p3.status["phase"] == "Restarting" and p3.status["failures"] == {"NoProgress": 1}
 
 
 def test_suspend_then_resume():

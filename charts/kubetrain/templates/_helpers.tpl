@@ -62,15 +62,22 @@ app.kubernetes.io/component: operator
 - apiGroups: ["kubetrain.io"]
   resources: ["trainingjobs/status"]
   verbs: ["get", "patch"]
+# patch: only so that the per-job Role below may grant it (the API server refuses a Role that grants
+# more than its creator holds); the operator itself never patches pods.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 - apiGroups: [""]
   resources: ["services", "configmaps", "persistentvolumeclaims"]
   verbs: ["get", "create"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+# Per job, Role + RoleBinding <job>-progress: the workers may get/patch their pod <job>-worker-0
+# (rank 0's progress annotation). Owned by the TrainingJob: the garbage collector deletes them.
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "create"]
 {{- if .Values.rbac.gangScheduling }}
 - apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh"]
   resources: ["podgroups"]

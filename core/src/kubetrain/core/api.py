@@ -318,6 +318,8 @@ class TrainingJobSpec(_Model):
     """Network fabric profile: adds the device resources, IPC_LOCK, NCCL/libfabric environment and annotations for it. Your own env and resources win."""
     metrics_port: int = Field(9400, ge=1024, le=65535)
     """Port of every worker's Prometheus endpoint (local runs use consecutive ports from it)."""
+    progress_reporting: bool = True
+    """Rank 0 reports its progress (step, loss, last checkpoint) by annotating its own pod `kubetrain.io/progress`; the operator turns it into status and uses it for restartPolicy.progressDeadlineSeconds. The operator creates a Role and RoleBinding `<job>-progress` that let the workers' ServiceAccount get and patch only the pod `<job>-worker-0`. False creates neither and tells no worker its pod name: status then shows no progress unless something else writes the annotation."""
     suspend: bool = False
     """Suspended jobs have no pods; resuming starts a new gang from the latest checkpoint (Kueue sets and clears it)."""
     active_deadline_seconds: int | None = Field(None, ge=1)

@@ -36,12 +36,19 @@ METRICS_PORT = "KUBETRAIN_METRICS_PORT"
 FAIL_AT = "KUBETRAIN_FAIL_AT"
 """`RANK:STEP`: that rank exits with FAIL_AT_EXIT_CODE on reaching STEP (failure drills)."""
 DIST_TIMEOUT = "KUBETRAIN_DIST_TIMEOUT_SECONDS"
+POD_NAME = "KUBETRAIN_POD_NAME"
+"""This worker's pod (Downward API `metadata.name`); only in pods, never in local runs."""
+POD_NAMESPACE = "KUBETRAIN_POD_NAMESPACE"
+"""This worker's namespace (Downward API `metadata.namespace`); only in pods."""
 
 DEFAULT_MASTER_PORT = 29500
 FAIL_AT_EXIT_CODE = 137
 """Exit code of an injected failure: the same as a SIGKILLed container, so it is retryable."""
 PROGRESS_FILE = "progress.json"
 """Rank 0's progress record in KUBETRAIN_OUTPUT_DIR (see kubetrain.core.progress)."""
+PROGRESS_ANNOTATION = "kubetrain.io/progress"
+"""The same record (JSON) as an annotation on worker 0's pod: rank 0 patches its own pod
+(kubetrain.trainer.pod_progress) and the operator reads it for status and hang detection."""
 
 
 @dataclass(frozen=True)

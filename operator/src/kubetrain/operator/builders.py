@@ -6,6 +6,8 @@ create is idempotent (409 means it is already there):
   ConfigMap     <job>-config      config.json: the spec the trainer reads
   Pod           <job>-worker-<i>  one per worker, labelled with its restart generation
   PVC           <job>-checkpoints when checkpoint.storageSize is set and no claimName
+  Role          <job>-progress    get/patch of the pod <job>-worker-0 only (progressReporting)
+  RoleBinding   <job>-progress    that Role for the workers' ServiceAccount
 """
 
 from __future__ import annotations
@@ -56,6 +58,16 @@ def claim_name(job: TrainingJob) -> str | None:
     if ck.claim_name:
         return ck.claim_name
     return f"{job.metadata.name}-checkpoints" if ck.storage_size else None
+
+
+def progress_rbac_name(job: str) -> str:
+    return f"{job}-progress"
+
+
+def worker_service_account(job: TrainingJob) -> str:
+    """The ServiceAccount the worker pods run as: podTemplate.spec.serviceAccountName, else "default"."""
+    spec = (job.spec.pod_template or {}).get("spec") or {}
+    return str(spec.get("serviceAccountName") or spec.get("serviceAccount") or "default")
 
 
 def owner_reference(obj: dict[str, Any]) -> dict[str, Any]:
@@ -118,6 +130,42 @@ def checkpoint_claim(job: TrainingJob, owner: dict[str, Any] | None = None) -> d
         "kind": "PersistentVolumeClaim",
         "metadata": _meta(job, f"{job.metadata.name}-checkpoints", owner),
         "spec": spec,
+    }
+
+
+def progress_role(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Rank 0 may read and patch its own pod (the `kubetrain.io/progress` annotation), nothing else.
+
+    Only worker 0 reports, so the rule names that one pod. The operator must hold get/patch on
+    pods itself: the API server refuses to create a Role granting more than its creator has.
+    """
+    if not job.spec.progress_reporting:
+        return None
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(job, progress_rbac_name(job.metadata.name), owner),
+        "rules": [{
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "resourceNames": [worker_name(job.metadata.name, 0)],
+            "verbs": ["get", "patch"],
+        }],
+    }
+
+
+def progress_role_binding(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """progress_role() for the workers' ServiceAccount."""
+    if not job.spec.progress_reporting:
+        return None
+    name = progress_rbac_name(job.metadata.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(job, name, owner),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": worker_service_account(job),
+                      "namespace": job.metadata.namespace or "default"}],
     }
 
 
@@ -204,7 +252,12 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
         values[contract.RANK] = str(index)
         values[contract.LOCAL_RANK] = "0"
     values.update(FABRICS[spec.fabric].env)
-    env = [{"name": k, "value": v} for k, v in values.items()]
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+    if spec.progress_reporting:  # the pod's own identity, for rank 0's progress annotation (Downward API)
+        env += [
+            {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": contract.POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ]
     user = {e["name"]: e for e in spec.env or [] if "name" in e}
     return [e for e in env if e["name"] not in user] + list(user.values())
 

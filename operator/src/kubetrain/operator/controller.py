@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kubetrain.core import api
+from kubetrain.core import api, contract
 from kubetrain.core.lifecycle import FailureKind
 from kubetrain.core.progress import Progress
 from kubetrain.operator import builders as b
@@ -35,7 +36,7 @@ log = logging.getLogger("kubetrain.operator")
 # just started, resumed after a kopf peering pause, or reconnected has not replayed everything yet.
 CONFIRM_LIVE = frozenset({FailureKind.DELETED, FailureKind.NO_PROGRESS, FailureKind.NODE_LOST})
 Key = tuple[str, str]
-PROGRESS_ANNOTATION = "kubetrain.io/progress"
+PROGRESS_ANNOTATION = contract.PROGRESS_ANNOTATION
 
 
 def _rv(obj: dict[str, Any]) -> int:
@@ -43,6 +44,14 @@ def _rv(obj: dict[str, Any]) -> int:
         return int(obj.get("metadata", {}).get("resourceVersion") or 0)
     except ValueError:
         return 0
+
+
+def _api_message(exc: ApiException) -> str:
+    """The API server's own message (the Status body), else the HTTP reason."""
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(exc.reason)
 
 
 def node_not_ready_since(node: dict[str, Any]) -> datetime | None:
@@ -65,6 +74,7 @@ class Controller:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.rbac = client.RbacAuthorizationV1Api(api_client)
         self.settings = settings or b.Settings()
         self.clock = clock
         self.jobs: dict[Key, dict[str, Any]] = {}
@@ -287,7 +297,7 @@ class Controller:
     async def execute(self, key: Key, body: dict[str, Any], p: Plan) -> None:
         ns, name = key
         if p.create:
-            await asyncio.gather(*(self._create(ns, obj) for obj in p.create))
+            await asyncio.gather(*(self._create(ns, obj, body) for obj in p.create))
         if p.delete_pods:
             await asyncio.gather(*(self._delete_pod(key, pod) for pod in p.delete_pods))
         if p.status is not None:
@@ -299,7 +309,7 @@ class Controller:
             with contextlib.suppress(ApiException):
                 await self._io(self.custom.delete_namespaced_custom_object, api.GROUP, api.VERSION, ns, api.PLURAL, name)
 
-    async def _create(self, ns: str, obj: dict[str, Any]) -> None:
+    async def _create(self, ns: str, obj: dict[str, Any], job: dict[str, Any] | None = None) -> None:
         kind = obj["kind"]
         try:
             if kind == "Pod":
@@ -315,7 +325,18 @@ class Controller:
             elif kind == "PodGroup":
                 group, version = obj["apiVersion"].split("/")
                 await self._io(self.custom.create_namespaced_custom_object, group, version, ns, "podgroups", obj)
+            elif kind == "Role":
+                await self._io(self.rbac.create_namespaced_role, ns, obj)
+            elif kind == "RoleBinding":
+                await self._io(self.rbac.create_namespaced_role_binding, ns, obj)
         except ApiException as exc:
+            if exc.status == 403 and kind in ("Role", "RoleBinding") and job is not None:
+                # The progress RBAC is not worth failing the job over: it trains, its status shows
+                # no progress. (The operator lacks roles/rolebindings create or get/patch on pods.)
+                await self._io(self._event, job, "Warning", "ProgressReportingForbidden",
+                               f"could not create {kind} {obj['metadata']['name']}: {_api_message(exc)}; "
+                               "rank 0 cannot report progress (status and progressDeadlineSeconds)")
+                return
             if exc.status != 409:  # AlreadyExists: an earlier reconcile (or operator) made it
                 raise
 

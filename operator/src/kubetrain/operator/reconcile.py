@@ -206,13 +206,8 @@ def plan(
     status.max_steps = spec.max_steps
     status.workers_total = spec.workers
     status.observed_generation = int(body.get("metadata", {}).get("generation") or 0)
-    if progress is not None and progress.step > status.current_step:
-        status.current_step = progress.step
-        status.loss = f"{progress.loss:.4f}" if progress.loss is not None else status.loss
-        status.last_progress_time = ts(now)
-        if progress.last_checkpoint is not None:
-            ck = progress.last_checkpoint
-            status.last_checkpoint = CheckpointRef(step=ck.step, path=ck.path, time=ck.time)
+    if progress is not None:
+        _apply_progress(status, progress, now)
 
     observed = observe(spec, status, ours, nodes)
     history = History(
@@ -284,9 +279,30 @@ def plan(
     return out
 
 
+def _apply_progress(status: TrainingJobStatus, progress: Progress, now: datetime) -> None:
+    """Rank 0's report (worker 0 of the current generation) into status.
+
+    A new step is progress (lastProgressTime moves): a higher one, or any other step reported by
+    the current generation -- a gang resumed from an older checkpoint re-trains steps below
+    currentStep, and that is progress too, not a hang. The checkpoint is taken whenever it changed
+    (rank 0 reports the commit after the step itself).
+    """
+    current_gen = progress.generation == status.restart_generation
+    if progress.step > status.current_step or (current_gen and progress.step != status.current_step):
+        status.current_step = progress.step
+        status.loss = f"{progress.loss:.4f}" if progress.loss is not None else status.loss
+        status.last_progress_time = ts(now)
+    ck = progress.last_checkpoint
+    if ck is not None:
+        ref = CheckpointRef(step=ck.step, path=ck.path, time=ck.time)
+        if status.last_checkpoint != ref:
+            status.last_checkpoint = ref
+
+
 def _shared_children(job: TrainingJob, owner: dict[str, Any]) -> list[dict[str, Any]]:
     objs = [b.headless_service(job, owner), b.config_map(job, owner)]
-    for optional in (b.checkpoint_claim(job, owner), b.pod_group(job, owner)):
+    for optional in (b.checkpoint_claim(job, owner), b.pod_group(job, owner),
+                     b.progress_role(job, owner), b.progress_role_binding(job, owner)):
         if optional is not None:
             objs.append(optional)
     return objs
