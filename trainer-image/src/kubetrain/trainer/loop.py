@@ -24,6 +24,7 @@ from kubetrain.trainer.data import Sampler, load_corpus
 from kubetrain.trainer.engines import Engine, make_engine
 from kubetrain.trainer.metrics import Metrics, peak_flops
 from kubetrain.trainer.model import build_model, flops_per_token
+from kubetrain.trainer.pod_progress import PodProgressReporter
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -81,7 +82,7 @@ def init_distributed(env: Env, device: torch.device) -> None:
 
 
 class Reporter:
-    """Rank 0's stdout line, losses.jsonl and progress.json."""
+    """Rank 0's stdout line, losses.jsonl, progress.json and (in a pod) the progress annotation."""
 
     def __init__(self, env: Env, spec: TrainingJobSpec, ckpt_root: Path) -> None:
         self.env = env
@@ -94,6 +95,7 @@ class Reporter:
             job=env.job, generation=env.generation, max_steps=spec.max_steps, world_size=env.world_size
         )
         self.last_write = 0.0
+        self.pod = PodProgressReporter.from_env() if self.enabled else None
         if self.enabled and self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
             self.losses = (self.out / LOSSES_FILE).open("a")
@@ -127,18 +129,27 @@ class Reporter:
         self.write(True)
 
     def write(self, force: bool = False) -> None:
-        if not self.enabled or self.out is None:
+        """progress.json at most once a second (always when forced); the pod annotation gets the same
+        record (its reporter sends at most every 10 s, forced ones at once, never blocking)."""
+        if not self.enabled:
             return
         now = time.monotonic()
         if not force and now - self.last_write < PROGRESS_INTERVAL_SECONDS:
             return
         self.progress.time = now_rfc3339()
-        write_progress(self.out, self.progress)
+        if self.out is not None:
+            write_progress(self.out, self.progress)
+        if self.pod is not None:
+            self.pod.report(self.progress, force)
         self.last_write = now
 
     def close(self) -> None:
         if self.losses is not None:
             self.losses.close()
+            self.losses = None
+        if self.pod is not None:
+            self.pod.close()  # the last record (finished, or the SIGTERM checkpoint) goes out now, bounded wait
+            self.pod = None
 
 
 def _global_param_norm(engine: Engine) -> float:
