@@ -32,12 +32,18 @@ def controller() -> Controller:
     return STATE["controller"]
 
 
-def _api_client() -> client.ApiClient:
+def _api_client(pool_size: int) -> client.ApiClient:
+    """A client whose connection pool holds ``pool_size`` connections: one per concurrent API call.
+
+    (The kubernetes client's default is 5 x CPUs; with more threads calling at once, every call
+    beyond it opened a new TLS connection and dropped it: "Connection pool is full".)"""
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    return client.ApiClient()
+    cfg = client.Configuration.get_default_copy()
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 1, pool_size)
+    return client.ApiClient(cfg)
 
 
 @kopf.on.startup()
@@ -47,10 +53,11 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.persistence.finalizer = "kubetrain.io/operator"
     image = os.environ.get("KUBETRAIN_TRAINER_IMAGE", b.Settings.trainer_image)
+    parallelism = int(os.environ.get("KUBETRAIN_CREATE_PARALLELISM", "32"))
     ctl = Controller(
-        _api_client(),
+        _api_client(parallelism + 8),  # headroom for calls outside the I/O pool (leader election)
         b.Settings(trainer_image=image),
-        create_parallelism=int(os.environ.get("KUBETRAIN_CREATE_PARALLELISM", "32")),
+        create_parallelism=parallelism,
     )
     STATE["controller"] = ctl
     port = int(os.environ.get("KUBETRAIN_METRICS_PORT", "8080"))
