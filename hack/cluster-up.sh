@@ -10,6 +10,8 @@
 #   KUBETRAIN_CLUSTER_DIR  state dir (default $KUBETRAIN_CACHE/cluster): pki/, logs/, pids/, kubeconfig
 #   KUBETRAIN_APISERVER_PORT (16443)  KUBETRAIN_ETCD_PORT (23790; peer port +10)
 #   KUBETRAIN_NODES (4) and the node shape, see hack/nodes.sh
+#   KUBETRAIN_AUDIT_POLICY (unset)  an audit policy file: kube-apiserver then writes JSON audit
+#                          events to $KUBETRAIN_CLUSTER_DIR/logs/audit.log (bench/compare.py counts requests with it)
 #
 # Prints the admin kubeconfig path on stdout (last line); logs go to stderr.
 set -euo pipefail
@@ -148,6 +150,13 @@ write_kubeconfig "${D}/kube-controller-manager.kubeconfig" kube-controller-manag
 write_kubeconfig "${D}/kube-scheduler.kubeconfig" kube-scheduler system:kube-scheduler
 write_kubeconfig "${D}/kwok.kubeconfig" kwok kwok-controller
 check_port_free "$APISERVER_PORT"
+audit_args=()
+if [[ -n "${KUBETRAIN_AUDIT_POLICY:-}" ]]; then
+  [[ -f "${KUBETRAIN_AUDIT_POLICY}" ]] || die "KUBETRAIN_AUDIT_POLICY=${KUBETRAIN_AUDIT_POLICY}: no such file"
+  audit_args=(--audit-policy-file="${KUBETRAIN_AUDIT_POLICY}" --audit-log-path="${D}/logs/audit.log"
+              --audit-log-format=json --audit-log-mode=blocking)
+  rm -f "${D}/logs/audit.log"
+fi
 check_port_free "$ETCD_PORT"
 
 launch etcd "$(bin_path etcd)" \
@@ -171,7 +180,8 @@ launch kube-apiserver "$(bin_path kube-apiserver)" \
   --service-account-signing-key-file="${PKI}/sa.key" \
   --api-audiences=https://kubernetes.default.svc.cluster.local \
   --service-cluster-ip-range="${SERVICE_CIDR}" \
-  --allow-privileged=true --profiling=false --v=1
+  --allow-privileged=true --profiling=false --v=1 \
+  ${audit_args[@]+"${audit_args[@]}"}
 wait_until 90 kube-apiserver kubectl_admin get --raw=/readyz
 
 launch kube-controller-manager "$(bin_path kube-controller-manager)" \
