@@ -297,7 +297,10 @@ class Controller:
     async def execute(self, key: Key, body: dict[str, Any], p: Plan) -> None:
         ns, name = key
         if p.create:
-            await asyncio.gather(*(self._create(ns, obj, body) for obj in p.create))
+            # A RoleBinding is refused (404) while its Role does not exist: those two in order, the rest at once.
+            rbac = [o for o in p.create if o["kind"] in ("Role", "RoleBinding")]
+            rest = [self._create(ns, o, body) for o in p.create if o["kind"] not in ("Role", "RoleBinding")]
+            await asyncio.gather(self._create_in_order(ns, rbac, body), *rest)
         if p.delete_pods:
             await asyncio.gather(*(self._delete_pod(key, pod) for pod in p.delete_pods))
         if p.status is not None:
@@ -309,7 +312,14 @@ class Controller:
             with contextlib.suppress(ApiException):
                 await self._io(self.custom.delete_namespaced_custom_object, api.GROUP, api.VERSION, ns, api.PLURAL, name)
 
-    async def _create(self, ns: str, obj: dict[str, Any], job: dict[str, Any] | None = None) -> None:
+    async def _create_in_order(self, ns: str, objs: list[dict[str, Any]], job: dict[str, Any]) -> None:
+        """Roles before RoleBindings; stops at the first object not created."""
+        for obj in sorted(objs, key=lambda o: o["kind"] != "Role"):
+            if not await self._create(ns, obj, job):
+                return
+
+    async def _create(self, ns: str, obj: dict[str, Any], job: dict[str, Any] | None = None) -> bool:
+        """Create one child; True when it exists now (created, or 409: already there)."""
         kind = obj["kind"]
         try:
             if kind == "Pod":
@@ -336,9 +346,10 @@ class Controller:
                 await self._io(self._event, job, "Warning", "ProgressReportingForbidden",
                                f"could not create {kind} {obj['metadata']['name']}: {_api_message(exc)}; "
                                "rank 0 cannot report progress (status and progressDeadlineSeconds)")
-                return
+                return False
             if exc.status != 409:  # AlreadyExists: an earlier reconcile (or operator) made it
                 raise
+        return True
 
     async def _delete_pod(self, key: Key, pod: str) -> None:
         try:
