@@ -95,9 +95,12 @@ def run_job_to_running(admin: client.ApiClient, ns: str, op: ht.OperatorProcess,
 
 def assert_no_forbidden(op: ht.OperatorProcess) -> None:
     log = op.log()
-    # RBAC refusals read 'User "system:serviceaccount:..." cannot <verb> resource ...'; other 403s
-    # (e.g. NamespaceTerminating in a namespace another test is deleting) are not about RBAC.
-    bad = [line for line in log.splitlines() if re.search(r'User \\?"system:serviceaccount:[^"]*\\?" cannot ', line)]
+    # RBAC refusals read 'User "system:serviceaccount:..." cannot <verb> resource ...', or for a Role the
+    # operator may not grant (escalation check) 'user "system:serviceaccount:..." ... is attempting to grant
+    # RBAC permissions not currently held'; other 403s (e.g. NamespaceTerminating in a namespace another
+    # test is deleting) are not about RBAC.
+    refusal = r'User \\?"system:serviceaccount:[^"]*\\?" cannot |attempting to grant RBAC permissions not currently held'
+    bad = [line for line in log.splitlines() if re.search(refusal, line)]
     assert not bad, "the operator hit RBAC refusals:\n" + "\n".join(bad[:20])
 
 
