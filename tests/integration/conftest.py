@@ -88,6 +88,17 @@ def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
 
 
 @pytest.fixture(scope="session")
+def helm_ok() -> None:
+    """helm from hack/helm (built on first use); skips where it cannot be had (no Go)."""
+    import helm_tool
+
+    try:
+        helm_tool.helm_binary()
+    except helm_tool.HelmUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
 def admin_api(kube_cluster: KubeCluster) -> client.ApiClient:
     return kube_cluster.api
 

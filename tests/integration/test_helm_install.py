@@ -16,14 +16,6 @@ from kubernetes.client.rest import ApiException
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def helm_ok() -> None:
-    try:
-        ht.helm_binary()
-    except ht.HelmUnavailable as exc:
-        pytest.skip(str(exc))
-
-
 def _helm(*args: str) -> str:
     return ht.helm(*args, "--kubeconfig", str(kubeconfig_path())).stdout
 

@@ -36,14 +36,6 @@ from trainer_harness import Gang, tiny_spec  # noqa: E402 - after the sys.path l
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def helm_ok() -> None:
-    try:
-        ht.helm_binary()
-    except ht.HelmUnavailable as exc:
-        pytest.skip(str(exc))
-
-
 class Job:
     def __init__(self, admin: client.ApiClient, ns: str, name: str, op: ht.OperatorProcess):
         self.custom, self.core, self.ns, self.name, self.op = client.CustomObjectsApi(admin), client.CoreV1Api(admin), ns, name, op

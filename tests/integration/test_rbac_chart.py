@@ -25,14 +25,6 @@ from kubetrain.core import api
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def helm_ok() -> None:
-    try:
-        ht.helm_binary()
-    except ht.HelmUnavailable as exc:
-        pytest.skip(str(exc))
-
-
 @pytest.fixture()
 def tmp(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
