@@ -46,12 +46,28 @@ def _api_client(pool_size: int) -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
+class _NoDiffBase(kopf.DiffBaseStorage):
+    """No change detection: kopf builds an object's "essence" (a deep copy of the whole body) on
+    every watch event, to diff it for on.create/on.update handlers. Ours are all on.event handlers,
+    so that copy was thrown away, once per pod event (a quarter of the operator's CPU on a 1024-pod gang)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False  # we record our own Events with reasons
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.persistence.finalizer = "kubetrain.io/operator"
+    settings.persistence.diffbase_storage = _NoDiffBase()
     image = os.environ.get("KUBETRAIN_TRAINER_IMAGE", b.Settings.trainer_image)
     parallelism = int(os.environ.get("KUBETRAIN_CREATE_PARALLELISM", "32"))
     ctl = Controller(
