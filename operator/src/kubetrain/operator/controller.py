@@ -323,9 +323,11 @@ class Controller:
         kind = obj["kind"]
         try:
             if kind == "Pod":
-                created = await self._io(self.core.create_namespaced_pod, ns, obj)
+                # The response as a plain dict, straight from its JSON: no V1Pod model to build and
+                # then serialize back (a fifth of the operator's CPU when creating a 1024-pod gang).
+                created = await self._io(self._create_pod_raw, ns, obj)
                 metrics.PODS_CREATED.inc()
-                self.pod_event("ADDED", self.api_client.sanitize_for_serialization(created))
+                self.pod_event("ADDED", created)
             elif kind == "Service":
                 await self._io(self.core.create_namespaced_service, ns, obj)
             elif kind == "ConfigMap":
@@ -350,6 +352,10 @@ class Controller:
             if exc.status != 409:  # AlreadyExists: an earlier reconcile (or operator) made it
                 raise
         return True
+
+    def _create_pod_raw(self, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
+        resp = self.core.create_namespaced_pod(ns, obj, _preload_content=False)
+        return json.loads(resp.data)
 
     async def _delete_pod(self, key: Key, pod: str) -> None:
         try:
