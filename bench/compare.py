@@ -412,14 +412,17 @@ class Operator:
         for key, value in data.items():
             (KUBEFLOW_CERT_DIR / key).write_bytes(base64.b64decode(value))
 
-    def reconcile_errors(self) -> float | None:
+    def reconcile_counts(self) -> tuple[float | None, float | None]:
+        """(reconciles, reconcile errors) from the operator's /metrics."""
         text = http_text(self.metrics_url)
-        name = ("kubetrain_operator_reconcile_errors_total" if self.key == cl.KUBETRAIN
-                else "controller_runtime_reconcile_errors_total")
-        value = cl.metric_sum(text, name)
-        if value is None and self.key == cl.KUBETRAIN and text:
-            return 0.0  # a labelled counter with no sample yet: no error
-        return value
+        if self.key == cl.KUBETRAIN:
+            total = cl.metric_sum(text, "kubetrain_operator_reconcile_duration_seconds_count")
+            errors = cl.metric_sum(text, "kubetrain_operator_reconcile_errors_total")
+            if errors is None and text:
+                errors = 0.0  # a labelled counter with no sample yet: no error
+            return total, errors
+        total = cl.metric_sum(text, "controller_runtime_reconcile_total")  # every controller, every result
+        return total, cl.metric_sum(text, "controller_runtime_reconcile_errors_total")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -558,7 +561,7 @@ def run_one(admin: client.ApiClient, op: Operator, sc: cl.Scenario, timeout: flo
         res.cpu_s = after.cpu_s - before.cpu_s
         res.cpu_total_s = after.cpu_s
         res.peak_rss_mb = after.peak_rss_bytes / 2**20
-        res.reconcile_errors = op.reconcile_errors()
+        res.reconciles, res.reconcile_errors = op.reconcile_counts()
     finally:
         watch.stop()
         op.stop()

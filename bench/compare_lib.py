@@ -249,6 +249,8 @@ class RunResult:
     api_requests_total: int | None = None
     api_by_verb: dict[str, int] = field(default_factory=dict)
     reconcile_errors: float | None = None
+    reconciles: float | None = None
+    """Reconcile calls from the operator's own metrics, over its whole run."""
     load_before: tuple[float, float, float] | None = None
     load_after: tuple[float, float, float] | None = None
     apply_s: float | None = None
@@ -276,6 +278,7 @@ ROWS = (
     Row("operator CPU (s)", "cpu_s", 1),
     Row("operator peak RSS (MB)", "peak_rss_mb", 0),
     Row("API requests", "api_requests", 0),
+    Row("reconciles (operator metrics)", "reconciles", 0),
     Row("reconcile errors", "reconcile_errors", 0, ratio=False),
 )
 
