@@ -11,7 +11,7 @@
 #
 # Only the Go module proxy is needed: no container registry, no GitHub. The module has no
 # replace directives, so requiring it (a `tool` line) selects exactly the dependency versions
-# of its own go.mod. Upstream builds the image with Go 1.22; go.mod keeps `godebug default=go1.22`.
+# of its own go.mod. Upstream builds the image with Go 1.23; go.mod keeps `godebug default=go1.23`.
 set -euo pipefail
 # shellcheck source=hack/lib.sh
 source "$(dirname "$0")/../lib.sh"
