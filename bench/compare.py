@@ -571,7 +571,8 @@ def run_one(admin: client.ApiClient, op: Operator, sc: cl.Scenario, timeout: flo
     res.api_requests, res.api_requests_total, res.api_by_verb = window.total, total.total, dict(window.by_verb)
     status("")
     say(f"{sc.name} / {op.key}: created {cl.fmt(res.pods_created_s, 1)}s, Running {cl.fmt(res.all_running_s, 1)}s"
-        + (f", recovery {cl.fmt(res.recovery_s, 1)}s ({res.pods_replaced} pods replaced)" if sc.fail_one else "")
+        + (f", recovery {cl.fmt(res.recovery_s, 1)}s ({res.pods_replaced} pods created, {res.restarts} restarts)"
+           if sc.fail_one else "")
         + f", CPU {res.cpu_s:.1f}s, peak RSS {res.peak_rss_mb:.0f} MB, {res.api_requests} requests "
         f"({window.summary(4)}), reconcile errors {cl.fmt(res.reconcile_errors, 0)}; log {log}")
     delete_namespace(admin, ns)
@@ -609,13 +610,26 @@ def recover(core: client.CoreV1Api, watch: PodWatch, op: Operator, sc: cl.Scenar
         return
     t_rec = watch.wait("recovered", timeout, line("recovering"))
     with watch.lock:
-        res.pods_replaced = len(before & watch.deleted) + sum(
+        gone = len(before & watch.deleted) + sum(
             1 for uid in before if watch.phase_of.get(uid) == "Failed" and uid not in watch.deleted)
-        new_pods = len(watch.seen - before)
+        res.pods_replaced = len(watch.seen - before)
     if t_rec is not None:
         res.recovery_s = t_rec - t_failed
         res.recovery_from_injection_s = t_rec - t_inject
-    res.notes.append(f"recovery: {res.pods_replaced} old pods gone or failed, {new_pods} new pods created")
+    if op.key == cl.KUBETRAIN:
+        job = client.CustomObjectsApi(core.api_client).get_namespaced_custom_object(
+            api.GROUP, api.VERSION, ns, api.PLURAL, cl.job_name(sc, 0))
+        res.restarts = (job.get("status") or {}).get("restartCount")
+    else:
+        res.restarts = len(before & watch.deleted)
+    kwok_log = Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "logs" / "kwok.log"
+    with open(kwok_log, errors="replace") as f, open(audit_log(), "rb") as a:
+        res.kwok_duplicate_deletes = cl.unrequested_deletes(f, ns, cl.delete_requests(a, ns))
+    res.notes.append(f"recovery: {gone} old pods gone or failed, {res.pods_replaced} new pods created, "
+                     f"{res.restarts} restart(s)")
+    if res.kwok_duplicate_deletes:
+        res.notes.append(f"kwok deleted {res.kwok_duplicate_deletes} pod(s) nobody asked to delete: re-created "
+                         "workers (its pod-delete stage fired twice for the old pod and deletes by name)")
 
 
 # --------------------------------------------------------------------------- main

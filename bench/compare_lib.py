@@ -205,6 +205,58 @@ def audit_policy(users: Sequence[str]) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- kwok log
+
+
+def delete_requests(audit_lines: Iterable[str | bytes], namespace: str) -> dict[str, list[float]]:
+    """Pod name -> times of DELETE requests for it in ``namespace`` (any user the audit policy logs)."""
+    out: dict[str, list[float]] = {}
+    for raw in audit_lines:
+        line = raw.decode() if isinstance(raw, bytes) else raw
+        if '"delete"' not in line or namespace not in line:
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        ref = ev.get("objectRef") or {}
+        if ev.get("verb") == "delete" and ref.get("resource") == "pods" and ref.get("namespace") == namespace \
+                and not ref.get("subresource"):
+            out.setdefault(ref.get("name", ""), []).append(parse_time(ev["requestReceivedTimestamp"]))
+    return {name: sorted(set(ts)) for name, ts in out.items()}
+
+
+def unrequested_deletes(kwok_lines: Iterable[str], namespace: str, requested: dict[str, list[float]]) -> int:
+    """Pods kwok deleted that nobody asked to delete.
+
+    kwok's pod-delete stage deletes by name, with no UID precondition (kwok v0.8.0,
+    PodController.deleteResource), and can fire twice for one terminating pod: the first DELETE
+    (grace 0) removes it, a second one that succeeds removes whatever pod has taken the name
+    since, i.e. a worker just re-created under the same name. (A real kubelet deletes with the
+    pod's UID as precondition.) Counts successful "Delete pod" lines in kwok's JSON log with no
+    DELETE request for that pod (``requested``, from the audit log) since kwok's previous delete
+    of the name. kwok logs a failed delete as an ERROR, not as "Delete pod"."""
+    prefix = f"{namespace}/"
+    last: dict[str, float] = {}
+    count = 0
+    for line in kwok_lines:
+        if '"Delete pod"' not in line or prefix not in line:
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        pod = ev.get("pod", "")
+        if not pod.startswith(prefix) or ev.get("msg") != "Delete pod":
+            continue
+        name, t = pod[len(prefix):], parse_time(ev["time"])
+        since = last.get(name, float("-inf"))
+        if not any(since < r <= t for r in requested.get(name, [])):
+            count += 1
+        last[name] = t
+    return count
+
+
 # --------------------------------------------------------------------------- Prometheus text
 
 
@@ -238,7 +290,11 @@ class RunResult:
     last_request_s: float | None = None
     """From apply to the operator's last API request before it went quiet (Services, status, Events included)."""
     pods_replaced: int | None = None
-    """Recovery: how many pods the operator deleted and created again."""
+    """Recovery: pods the operator created after the failure (kubetrain: the whole gang; Kubeflow: the failed pod)."""
+    restarts: int | None = None
+    """Recovery: kubetrain's status.restartCount (gang restarts); Kubeflow: pods it deleted to re-create."""
+    kwok_duplicate_deletes: int | None = None
+    """Recovery: pods that kwok deleted with nobody asking (see unrequested_deletes)."""
     cpu_s: float | None = None
     """Operator CPU seconds from apply to the end of the measurement (the operator quiet for 5 s)."""
     cpu_total_s: float | None = None
@@ -274,7 +330,9 @@ ROWS = (
     Row("all pods Running (s)", "all_running_s", 1),
     Row("recovery: failed -> all Running (s)", "recovery_s", 1),
     Row("operator's last API request (s)", "last_request_s", 1),
-    Row("pods replaced on recovery", "pods_replaced", 0, ratio=False),
+    Row("pods created on recovery", "pods_replaced", 0, ratio=False),
+    Row("restarts (kubetrain: gang, Kubeflow: pod)", "restarts", 0, ratio=False),
+    Row("pods kwok deleted unasked (by name)", "kwok_duplicate_deletes", 0, ratio=False),
     Row("operator CPU (s)", "cpu_s", 1),
     Row("operator peak RSS (MB)", "peak_rss_mb", 0),
     Row("API requests", "api_requests", 0),
@@ -319,7 +377,8 @@ def table(scenarios: Sequence[Scenario], results: Sequence[RunResult], *, ours: 
         for row in ROWS:
             va = getattr(a, row.attr) if a else None
             vb = getattr(b, row.attr) if b else None
-            if va is None and vb is None and row.attr in ("recovery_s", "pods_replaced"):
+            if va is None and vb is None and row.attr in ("recovery_s", "pods_replaced", "restarts",
+                                                                   "kwok_duplicate_deletes"):
                 continue
             label = f"**{sc.name}** ({sc.describe()})" if first else ""
             first = False

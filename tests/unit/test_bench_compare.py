@@ -16,11 +16,11 @@ from kubetrain.core.api import TrainingJob  # noqa: E402
 
 
 def audit(user: str, audit_id: str, verb: str, resource: str | None = "pods", stage: str = "ResponseComplete",
-          t: str = "2026-11-22T14:00:10.500000Z", subresource: str | None = None) -> str:
+          t: str = "2026-11-22T14:00:10.500000Z", subresource: str | None = None, name: str = "p") -> str:
     ev = {"kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata", "auditID": audit_id,
           "stage": stage, "verb": verb, "user": {"username": user}, "requestReceivedTimestamp": t}
     if resource:
-        ev["objectRef"] = {"resource": resource, "namespace": "ns"}
+        ev["objectRef"] = {"resource": resource, "namespace": "ns", "name": name}
         if subresource:
             ev["objectRef"]["subresource"] = subresource
     return json.dumps(ev)
@@ -122,7 +122,7 @@ def test_table_rows_ratios_and_missing_values():
     assert row["load average at start (1/5/15 min)"][:2] == ["1.0 / 2.0 / 3.0", "—"]
     # recovery rows only where a scenario has them; the first row of a block names the scenario
     assert sum("recovery: failed" in line for line in lines) == 1
-    assert sum("pods replaced" in line for line in lines) == 1
+    assert sum("pods created on recovery" in line for line in lines) == 1
     assert "**gang-8** (1 job x 8 workers, 1 GPU/worker)" in out
     assert "**rec-4** (1 job x 4 workers, 8 GPU/worker, one worker fails)" in out
 
@@ -155,3 +155,32 @@ def test_manifests_describe_the_same_pods():
     assert "restartPolicy" not in cl.job_manifest(cl.KUBEFLOW, many, "ns", 0)["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert "resources" not in cl.job_manifest(cl.KUBETRAIN, many, "ns", 0)["spec"]
     assert cl.victim_pod(sc) == "gang-worker-5"
+
+
+def kwok_line(t: str, pod: str, msg: str = "Delete pod", level: str = "INFO") -> str:
+    return json.dumps({"time": t, "level": level, "msg": msg, "pod": pod, "node": "kwok-gpu-0"})
+
+
+def test_unrequested_deletes_counts_kwok_deletes_nobody_asked_for():
+    t = cl.parse_time
+    lines = [
+        kwok_line("2026-11-22T15:03:36.874000001Z", "ns/gang-worker-2"),  # asked at 36.749
+        kwok_line("2026-11-22T15:03:36.970000001Z", "ns/gang-worker-2"),  # again: kills the re-created pod
+        kwok_line("2026-11-22T15:03:37.750Z", "ns/gang-worker-2"),  # asked at 37.679
+        kwok_line("2026-11-22T15:03:37.788Z", "ns/gang-worker-2", "failed to apply stage", "ERROR"),
+        kwok_line("2026-11-22T15:03:36.800Z", "ns/gang-worker-3"),  # asked
+        kwok_line("2026-11-22T15:03:36.810Z", "other/gang-worker-3"),
+        kwok_line("2026-11-22T15:03:36.900Z", "ns/gang-worker-3", "Patch pod"),
+        "not json",
+    ]
+    requested = cl.delete_requests([
+        audit(KT, "1", "delete", t="2026-11-22T15:03:36.749Z", name="gang-worker-2"),
+        audit(KT, "2", "delete", t="2026-11-22T15:03:37.679Z", name="gang-worker-2"),
+        audit(KF, "3", "delete", t="2026-11-22T15:03:36.700Z", name="gang-worker-3").encode(),
+        audit(KT, "4", "create", t="2026-11-22T15:03:36.902Z", name="gang-worker-2"),
+        audit(KT, "5", "delete", resource="pods", subresource="eviction", name="gang-worker-9"),
+    ], "ns")
+    assert requested == {"gang-worker-2": [t("2026-11-22T15:03:36.749Z"), t("2026-11-22T15:03:37.679Z")],
+                         "gang-worker-3": [t("2026-11-22T15:03:36.700Z")]}
+    assert cl.unrequested_deletes(lines, "ns", requested) == 1
+    assert cl.unrequested_deletes(lines, "other", {}) == 1
