@@ -194,3 +194,26 @@ def test_condition_time_moves_only_on_change():
     assert c2[0]["lastTransitionTime"] == c[0]["lastTransitionTime"] and c2[0]["reason"] == "B"
     c3 = set_condition(c2, "Running", False, "C", "m", T0 + timedelta(seconds=20))
     assert c3[0]["lastTransitionTime"] == "2026-03-01T12:00:20Z"
+
+
+def test_namespace_terminating_is_told_apart_from_rbac_refusals():
+    import json
+
+    from kubernetes.client.exceptions import ApiException
+
+    from kubetrain.operator.controller import namespace_terminating
+
+    def forbidden(causes):
+        exc = ApiException(status=403, reason="Forbidden")
+        exc.body = json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden",
+                               "details": {"kind": "roles", "causes": causes}})
+        return exc
+
+    assert namespace_terminating(forbidden([{"reason": "NamespaceTerminating", "field": "metadata.namespace"}]))
+    assert not namespace_terminating(forbidden([]))  # an RBAC refusal has no such cause
+    not_found = forbidden([{"reason": "NamespaceTerminating"}])
+    not_found.status = 404
+    assert not namespace_terminating(not_found)
+    garbled = ApiException(status=403, reason="Forbidden")
+    garbled.body = "<html>proxy says no</html>"
+    assert not namespace_terminating(garbled)

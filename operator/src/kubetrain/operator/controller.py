@@ -54,6 +54,17 @@ def _api_message(exc: ApiException) -> str:
         return str(exc.reason)
 
 
+def namespace_terminating(exc: ApiException) -> bool:
+    """403 NamespaceTerminating: nothing new can be created in a namespace being deleted (its jobs go too)."""
+    if exc.status != 403:
+        return False
+    try:
+        causes = (json.loads(exc.body).get("details") or {}).get("causes") or []
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return any(c.get("reason") == "NamespaceTerminating" for c in causes)
+
+
 def node_not_ready_since(node: dict[str, Any]) -> datetime | None:
     for c in (node.get("status") or {}).get("conditions") or []:
         if c.get("type") == "Ready":
@@ -342,6 +353,10 @@ class Controller:
             elif kind == "RoleBinding":
                 await self._io(self.rbac.create_namespaced_role_binding, ns, obj)
         except ApiException as exc:
+            if namespace_terminating(exc):
+                # The namespace is being deleted with the job in it: no Event, no retry, nothing to fix.
+                log.debug("%s/%s: not created, namespace %s is terminating", ns, obj["metadata"]["name"], ns)
+                return False
             if exc.status == 403 and kind in ("Role", "RoleBinding") and job is not None:
                 # The progress RBAC is not worth failing the job over: it trains, its status shows
                 # no progress. (The operator lacks roles/rolebindings create or get/patch on pods.)
