@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -351,6 +352,8 @@ class Operator:
     metrics_url: str = ""
     ready_url: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    """Appended to the operator's command line (--kubeflow-args): a tuned run next to the defaults."""
 
     def start(self, log: Path, core: client.CoreV1Api) -> None:
         self.log = log
@@ -370,7 +373,8 @@ class Operator:
             # Only the listen addresses move to free loopback ports (a pod has its own network namespace).
             assert self.binary is not None
             cmd = [str(self.binary), f"--metrics-bind-address=127.0.0.1:{mport}",
-                   f"--health-probe-bind-address=127.0.0.1:{hport}", f"--webhook-server-port={free_port()}"]
+                   f"--health-probe-bind-address=127.0.0.1:{hport}", f"--webhook-server-port={free_port()}",
+                   *self.extra_args]
             env.update(MY_POD_NAMESPACE=KUBEFLOW_NS, MY_POD_NAME="training-operator-bench")
             self.ready_url = f"http://127.0.0.1:{hport}/readyz"
             if KUBEFLOW_CERT_DIR.exists():
@@ -651,6 +655,9 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=1200, help="per milestone, seconds")
     p.add_argument("--keep-cluster", action="store_true", help="leave the private cluster running")
     p.add_argument("--json", type=Path, help="write all results here")
+    p.add_argument("--kubeflow-args", default="",
+                   help="extra flags for Kubeflow's manager, e.g. '--kube-api-qps=500 --kube-api-burst=1000' "
+                        "(default: none, as its manifests run it)")
     p.add_argument("--cluster-dir", default=os.environ.get("KUBETRAIN_BENCH_CLUSTER_DIR",
                                                            str(cache_dir() / "bench-cluster")))
     p.add_argument("--apiserver-port", type=int, default=int(os.environ.get("KUBETRAIN_BENCH_APISERVER_PORT", 26443)))
@@ -670,6 +677,8 @@ def main() -> int:
     if cl.KUBEFLOW in operators:
         binary, moddir, kf_version = kubeflow_binary()
         cl.OPERATOR_TITLES[cl.KUBEFLOW] = f"Kubeflow {kf_version}"
+        if args.kubeflow_args:
+            kf_version += f" ({args.kubeflow_args})"
     say(f"machine: {machine()}; load average {cl.load_str(os.getloadavg())}")
     start_cluster(nodes)
     results: list[cl.RunResult] = []
@@ -681,7 +690,8 @@ def main() -> int:
             ops[cl.KUBETRAIN] = Operator(cl.KUBETRAIN, install_kubetrain(admin, core))
         if cl.KUBEFLOW in operators:
             assert moddir is not None
-            ops[cl.KUBEFLOW] = Operator(cl.KUBEFLOW, install_kubeflow(admin, core, moddir), binary=binary)
+            ops[cl.KUBEFLOW] = Operator(cl.KUBEFLOW, install_kubeflow(admin, core, moddir), binary=binary,
+                                        extra_args=shlex.split(args.kubeflow_args))
         for sc in scenarios:
             say(f"scenario {sc.name}: {sc.describe()} on {nodes} nodes x 8 GPUs")
             for key in operators:
