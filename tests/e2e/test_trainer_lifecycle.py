@@ -184,6 +184,9 @@ def test_launcher_spawns_ranks_and_propagates_a_failure(tmp_path: Path) -> None:
         "KUBETRAIN_DIST_TIMEOUT_SECONDS": "60",
     }
     proc = _trainer(env, tmp_path, timeout=180)
+    # rank 0's all-reduce fails when rank 1 dies (exit 3, a lost peer); the launcher reports
+    # rank 1's 137 whichever of the two it sees first
     assert proc.returncode == 137, proc.stderr[-3000:]
     assert "injected failure at step 3 on rank 1" in proc.stderr
+    assert "another rank went away; exiting 3" in proc.stderr, proc.stderr[-3000:]
     assert [r["step"] for r in read_records(tmp_path)] == [1, 2]  # rank 0 stopped waiting for rank 1

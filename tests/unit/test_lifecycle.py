@@ -4,6 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from kubetrain.core import contract
 from kubetrain.core.api import TrainingJobSpec
 from kubetrain.core.lifecycle import (
     Action,
@@ -97,6 +98,23 @@ def test_permanent_exit_codes_are_configurable():
 def test_permanent_failure_wins_over_retryable_in_the_same_gang():
     d = decide(spec(), gang(F, F, R, codes={0: 137, 1: 127}), History(start_time=T0), T0)
     assert d.reason == "PermanentError" and d.failed_workers == (0, 1)
+
+
+def test_a_rank_that_lost_its_peer_is_not_named_as_the_cause():
+    # worker 0 exits 3 (its all-reduce lost a peer) because worker 2 was killed: name worker 2
+    d = decide(spec(), gang(F, R, F, codes={0: 3, 2: 137}), History(start_time=T0), T0)
+    assert d.action == Action.RESTART_GANG and d.failed_workers == (0, 2)
+    assert d.message.startswith("worker 2 exited with code 137")
+    alone = decide(spec(), gang(F, R, R, codes={0: 3}), History(start_time=T0), T0)
+    assert alone.message.startswith("worker 0 exited with code 3 (it lost a peer rank mid-collective)")
+
+
+def test_root_cause_prefers_any_failure_over_a_lost_peer():
+    assert contract.root_cause([3, 137]) == 137
+    assert contract.root_cause([1, 137]) == 1  # the first real failure, in the order seen
+    assert contract.root_cause([3, 3]) == 3
+    assert contract.root_cause([]) is None
+    assert contract.exit_code(-9) == 137 and contract.exit_code(2) == 2
 
 
 def test_deleted_worker_restarts_gang():

@@ -8,6 +8,10 @@ torchrun's `PET_*` names are set too so that `torchrun` inside a pod needs no fl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 # torch.distributed's own
 MASTER_ADDR = "MASTER_ADDR"
@@ -44,6 +48,21 @@ POD_NAMESPACE = "KUBETRAIN_POD_NAMESPACE"
 DEFAULT_MASTER_PORT = 29500
 FAIL_AT_EXIT_CODE = 137
 """Exit code of an injected failure: the same as a SIGKILLed container, so it is retryable."""
+PEER_LOST_EXIT_CODE = 3
+"""Exit code of a rank whose collective failed because another rank went away (connection
+reset, closed, timed out): the consequence of another failure, rarely its cause. Retryable;
+launchers and the lifecycle policy report any other failure before this one."""
+
+
+def exit_code(returncode: int) -> int:
+    """Popen's -N for a signal becomes 128+N, as a container runtime reports it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def root_cause(codes: Sequence[int]) -> int | None:
+    """The exit code to report for a group of failed processes, in the order they were seen
+    to fail: the first that is not PEER_LOST_EXIT_CODE, else PEER_LOST_EXIT_CODE (None if empty)."""
+    return next((c for c in codes if c != PEER_LOST_EXIT_CODE), codes[0] if codes else None)
 PROGRESS_FILE = "progress.json"
 """Rank 0's progress record in KUBETRAIN_OUTPUT_DIR (see kubetrain.core.progress)."""
 PROGRESS_ANNOTATION = "kubetrain.io/progress"

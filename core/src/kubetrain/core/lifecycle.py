@@ -23,6 +23,7 @@ import enum
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from kubetrain.core import contract
 from kubetrain.core.api import TrainingJobSpec
 
 
@@ -140,6 +141,8 @@ def _describe(w: WorkerState, kind: FailureKind) -> str:
     if kind in (FailureKind.EXIT_CODE, FailureKind.PERMANENT_EXIT_CODE):
         if w.exit_code is None:
             return f"worker {w.index} failed ({w.reason or 'no exit code reported'})"
+        if w.exit_code == contract.PEER_LOST_EXIT_CODE and kind == FailureKind.EXIT_CODE:
+            return f"worker {w.index} exited with code {w.exit_code} (it lost a peer rank mid-collective)"
         return f"worker {w.index} exited with code {w.exit_code}"
     if kind == FailureKind.NODE_LOST:
         return f"worker {w.index}'s node is NotReady"
@@ -192,7 +195,10 @@ def decide(spec: TrainingJobSpec, observed: Observed, history: History, now: dat
         no_progress_msg = ""
 
     if failures:
-        worst = next((f for f in failures if f[1] == FailureKind.PERMANENT_EXIT_CODE), failures[0])
+        worst = next(
+            (f for f in failures if f[1] == FailureKind.PERMANENT_EXIT_CODE),
+            next((f for f in failures if f[0].exit_code != contract.PEER_LOST_EXIT_CODE), failures[0]),
+        )
         w, kind = worst
         what = no_progress_msg or _describe(w, kind)
         failed = tuple(x.index for x, _ in failures)

@@ -45,11 +45,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def exit_code(returncode: int) -> int:
-    """Popen's -N for a signal becomes 128+N, as a container runtime reports it."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 @dataclass
 class Proc:
     rank: int
@@ -280,9 +275,9 @@ class LocalRun:
         for node_rank in range(self.spec.workers):
             group = [p for p in self.gen.procs if p.node_rank == node_rank]
             codes = [p.popen.poll() for p in group]
-            failed = [exit_code(c) for c in codes if c is not None and c != 0]
+            failed = [contract.exit_code(c) for c in codes if c is not None and c != 0]
             if failed:
-                workers.append(WorkerState(node_rank, WorkerPhase.FAILED, exit_code=failed[0]))
+                workers.append(WorkerState(node_rank, WorkerPhase.FAILED, exit_code=contract.root_cause(failed)))
             elif all(c == 0 for c in codes):
                 workers.append(WorkerState(node_rank, WorkerPhase.SUCCEEDED, exit_code=0))
             else:

@@ -4,7 +4,8 @@ Used when ``RANK`` is unset but ``PET_NPROC_PER_NODE`` is set (the operator sets
 torchrun variables for a pod with procsPerWorker > 1). Child ``i`` gets
 ``RANK = NODE_RANK × nproc + i``, ``LOCAL_RANK = i`` and metrics port ``base + i``.
 When a child fails the others are terminated and the launcher exits with the
-failed child's code; SIGTERM/SIGINT are forwarded to every child.
+failed child's code (the first failure that is not a lost peer, exit 3, if one shows
+within PEER_LOST_GRACE_SECONDS); SIGTERM/SIGINT are forwarded to every child.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from types import FrameType
 from kubetrain.core import contract
 
 TERMINATE_GRACE_SECONDS = 30.0
+PEER_LOST_GRACE_SECONDS = 5.0
 
 
 def _get(env: Mapping[str, str], *names: str, default: str | None = None) -> str | None:
@@ -69,16 +71,30 @@ def launch() -> int:
             if c.poll() is None:
                 c.send_signal(signum)
 
+    seen: set[int] = set()
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    failures: list[int] = []  # exit codes in the order the children were seen to fail
+    peer_lost_at: float | None = None
     while True:
-        codes = [c.poll() for c in children]
-        failed = [c for c in codes if c is not None and c != 0]
-        if failed:
-            code = failed[0]
-            _terminate(children)
-            return 128 - code if code < 0 else code
-        if all(c == 0 for c in codes):
+        for c in children:
+            code = c.poll()
+            if code is not None and code != 0 and c.pid not in seen:
+                seen.add(c.pid)
+                failures.append(contract.exit_code(code))
+        if failures:
+            now = time.monotonic()
+            peer_lost_at = peer_lost_at or now
+            only_peer_lost = all(f == contract.PEER_LOST_EXIT_CODE for f in failures)
+            # A rank that lost its peer usually dies a moment after the rank that caused it:
+            # give a sibling in this pod PEER_LOST_GRACE_SECONDS to show the real cause.
+            if not only_peer_lost or now - peer_lost_at >= PEER_LOST_GRACE_SECONDS or all(
+                c.poll() is not None for c in children
+            ):
+                code = contract.root_cause(failures)
+                _terminate(children)
+                return code if code is not None else 1
+        elif all(c.poll() == 0 for c in children):
             return 0
         time.sleep(0.1)
 

@@ -2,7 +2,8 @@
 
 Exit codes: 0 when maxSteps is reached (final checkpoint committed), 143 after a
 SIGTERM/SIGINT checkpoint, 2 for configuration errors, 137 for an injected
-failure (KUBETRAIN_FAIL_AT), anything else for crashes.
+failure (KUBETRAIN_FAIL_AT), 3 when a collective failed because another rank went away
+(contract.PEER_LOST_EXIT_CODE), 1 for other crashes.
 """
 
 from __future__ import annotations
@@ -36,10 +37,40 @@ def main() -> int:
     except ConfigError as exc:
         print(f"kubetrain.trainer: configuration error: {exc}", file=sys.stderr, flush=True)
         return CONFIG_ERROR_EXIT_CODE
-    except Exception:  # noqa: BLE001 - report and exit non-zero; the backend decides about restarts
+    except Exception as exc:  # noqa: BLE001 - report and exit non-zero; the backend decides about restarts
         traceback.print_exc()
+        if peer_lost(exc):
+            print(
+                f"kubetrain.trainer: a collective failed because another rank went away; exiting "
+                f"{contract.PEER_LOST_EXIT_CODE} (look for the first failure among the other ranks)",
+                file=sys.stderr, flush=True,
+            )
+            sys.stdout.flush()
+            # Skip interpreter teardown: the process group's threads abort it ("terminate called
+            # without an active exception", exit 134), which would hide this exit code.
+            os._exit(contract.PEER_LOST_EXIT_CODE)
         sys.stderr.flush()
         return 1
+
+
+_PEER_LOST_MARKERS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Connection refused",
+    "Socket Timeout",
+    "Timed out waiting",
+    "remote process exited",
+)
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """True when exc says another rank went away mid-collective (gloo/NCCL/store errors)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and any(m in text for m in _PEER_LOST_MARKERS)
 
 
 def _install_rank_filter() -> None:
