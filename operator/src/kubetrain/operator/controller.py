@@ -79,7 +79,7 @@ class Controller:
         settings: b.Settings | None = None,
         *,
         create_parallelism: int = 32,
-        workers: int = 4,
+        workers: int = 16,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self.api_client = api_client

@@ -3,6 +3,7 @@
 Run with `python -m kubetrain.operator` (or `kopf run -m kubetrain.operator.handlers`).
 Environment: KUBETRAIN_TRAINER_IMAGE, KUBETRAIN_NAMESPACE (watch one namespace;
 default all), KUBETRAIN_METRICS_PORT (default 8080), KUBETRAIN_CREATE_PARALLELISM,
+KUBETRAIN_RECONCILE_WORKERS,
 KUBETRAIN_LEADER_ELECT (a "namespace/name" Lease: reconcile only while holding it),
 KUBETRAIN_LEADER_ID (this replica's identity in the Lease).
 """
@@ -74,6 +75,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         _api_client(parallelism + 8),  # headroom for calls outside the I/O pool (leader election)
         b.Settings(trainer_image=image),
         create_parallelism=parallelism,
+        workers=int(os.environ.get("KUBETRAIN_RECONCILE_WORKERS", "16")),
     )
     STATE["controller"] = ctl
     port = int(os.environ.get("KUBETRAIN_METRICS_PORT", "8080"))
