@@ -1,10 +1,14 @@
 """The operator's pure reconcile: (job, pods, nodes, now) -> Plan. No API server here."""
 
+import json
 from datetime import UTC, datetime, timedelta
+
+from kubernetes.client.exceptions import ApiException
 
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.progress import CheckpointRecord, Progress
 from kubetrain.operator import builders as b
+from kubetrain.operator.controller import namespace_terminating
 from kubetrain.operator.reconcile import plan, set_condition
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -197,12 +201,6 @@ def test_condition_time_moves_only_on_change():
 
 
 def test_namespace_terminating_is_told_apart_from_rbac_refusals():
-    import json
-
-    from kubernetes.client.exceptions import ApiException
-
-    from kubetrain.operator.controller import namespace_terminating
-
     def forbidden(causes):
         exc = ApiException(status=403, reason="Forbidden")
         exc.body = json.dumps({"kind": "Status", "code": 403, "reason": "Forbidden",

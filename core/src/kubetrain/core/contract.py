@@ -53,6 +53,12 @@ PEER_LOST_EXIT_CODE = 3
 reset, closed, timed out): the consequence of another failure, rarely its cause. Retryable;
 launchers and the lifecycle policy report any other failure before this one."""
 
+PROGRESS_FILE = "progress.json"
+"""Rank 0's progress record in KUBETRAIN_OUTPUT_DIR (see kubetrain.core.progress)."""
+PROGRESS_ANNOTATION = "kubetrain.io/progress"
+"""The same record (JSON) as an annotation on worker 0's pod: rank 0 patches its own pod
+(kubetrain.trainer.pod_progress) and the operator reads it for status and hang detection."""
+
 
 def exit_code(returncode: int) -> int:
     """Popen's -N for a signal becomes 128+N, as a container runtime reports it."""
@@ -63,11 +69,6 @@ def root_cause(codes: Sequence[int]) -> int | None:
     """The exit code to report for a group of failed processes, in the order they were seen
     to fail: the first that is not PEER_LOST_EXIT_CODE, else PEER_LOST_EXIT_CODE (None if empty)."""
     return next((c for c in codes if c != PEER_LOST_EXIT_CODE), codes[0] if codes else None)
-PROGRESS_FILE = "progress.json"
-"""Rank 0's progress record in KUBETRAIN_OUTPUT_DIR (see kubetrain.core.progress)."""
-PROGRESS_ANNOTATION = "kubetrain.io/progress"
-"""The same record (JSON) as an annotation on worker 0's pod: rank 0 patches its own pod
-(kubetrain.trainer.pod_progress) and the operator reads it for status and hang detection."""
 
 
 @dataclass(frozen=True)

@@ -71,29 +71,29 @@ def launch() -> int:
             if c.poll() is None:
                 c.send_signal(signum)
 
-    seen: set[int] = set()
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    failures: list[int] = []  # exit codes in the order the children were seen to fail
-    peer_lost_at: float | None = None
+    failed: dict[int, int] = {}  # pid -> exit code, in the order the children were seen to fail
+    first_failure_at = 0.0
     while True:
         for c in children:
             code = c.poll()
-            if code is not None and code != 0 and c.pid not in seen:
-                seen.add(c.pid)
-                failures.append(contract.exit_code(code))
-        if failures:
-            now = time.monotonic()
-            peer_lost_at = peer_lost_at or now
-            only_peer_lost = all(f == contract.PEER_LOST_EXIT_CODE for f in failures)
+            if code and c.pid not in failed:
+                failed[c.pid] = contract.exit_code(code)
+                first_failure_at = first_failure_at or time.monotonic()
+        if failed:
+            codes = list(failed.values())
             # A rank that lost its peer usually dies a moment after the rank that caused it:
-            # give a sibling in this pod PEER_LOST_GRACE_SECONDS to show the real cause.
-            if not only_peer_lost or now - peer_lost_at >= PEER_LOST_GRACE_SECONDS or all(
-                c.poll() is not None for c in children
-            ):
-                code = contract.root_cause(failures)
+            # when that is all there is so far, give a sibling in this pod PEER_LOST_GRACE_SECONDS
+            # to show the real cause.
+            waiting = (
+                all(f == contract.PEER_LOST_EXIT_CODE for f in codes)
+                and time.monotonic() - first_failure_at < PEER_LOST_GRACE_SECONDS
+                and any(c.poll() is None for c in children)
+            )
+            if not waiting:
                 _terminate(children)
-                return code if code is not None else 1
+                return contract.root_cause(codes) or 1
         elif all(c.poll() == 0 for c in children):
             return 0
         time.sleep(0.1)
