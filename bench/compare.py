@@ -82,7 +82,9 @@ def say(msg: str) -> None:
 def use_private_cluster(args: argparse.Namespace) -> None:
     """Point every hack/ script and k8s_cluster helper at the benchmark's own cluster."""
     env = {"KUBETRAIN_CLUSTER_DIR": str(Path(args.cluster_dir).expanduser()),
-           "KUBETRAIN_APISERVER_PORT": str(args.apiserver_port), "KUBETRAIN_ETCD_PORT": str(args.etcd_port)}
+           "KUBETRAIN_APISERVER_PORT": str(args.apiserver_port), "KUBETRAIN_ETCD_PORT": str(args.etcd_port),
+           # kwok nodes only: the real node belongs to the test cluster, and one machine has one.
+           "KUBETRAIN_REAL_NODE": "0"}
     for key, default in DEFAULT_CLUSTER.items():
         if Path(env[key]).expanduser() == Path(default).expanduser() or env[key] == default:
             sys.exit(f"refusing to use the default test cluster's {key}={default}: the benchmark needs its own")

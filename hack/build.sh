@@ -4,6 +4,7 @@
 #   hack/build.sh [component...]     (default: all)
 #
 # Components: etcd kwok kube-apiserver kube-controller-manager kube-scheduler kubectl
+#   and, for the real node: kubelet kube-proxy coredns local-path-provisioner pause
 # Output: ${KUBETRAIN_CACHE:-~/.cache/kubetrain}/bin/<component>-<version>/<component>
 # A component is rebuilt only when its directory is missing, i.e. when the
 # version pinned in hack/<module>/go.mod changes. Go's own module and build
@@ -13,7 +14,7 @@ set -euo pipefail
 # shellcheck source=hack/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-ALL=(etcd kwok kube-apiserver kube-controller-manager kube-scheduler kubectl)
+ALL=("${CONTROL_PLANE[@]}" "${REAL_NODE_PARTS[@]}")
 want=("$@")
 [[ ${#want[@]} -gt 0 ]] || want=("${ALL[@]}")
 
@@ -62,7 +63,13 @@ for c in "${todo[@]}"; do
       v="$(kwok_version)"
       go_build "${HACK_DIR}/kwok" "-X sigs.k8s.io/kwok/pkg/consts.Version=${v#v}" \
         "kwok=sigs.k8s.io/kwok/cmd/kwok" ;;
-    kube-*|kubectl) k8s_todo+=("$c=k8s.io/kubernetes/cmd/$c") ;;
+    coredns)
+      go_build "${HACK_DIR}/coredns" "" "coredns=." ;;
+    local-path-provisioner)
+      go_build "${HACK_DIR}/local-path" "" "local-path-provisioner=github.com/rancher/local-path-provisioner" ;;
+    pause)
+      go_build "${HACK_DIR}/pause" "" "pause=." ;;
+    kube-*|kubectl|kubelet) k8s_todo+=("$c=k8s.io/kubernetes/cmd/$c") ;;
   esac
 done
 

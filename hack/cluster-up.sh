@@ -10,6 +10,9 @@
 #   KUBETRAIN_CLUSTER_DIR  state dir (default $KUBETRAIN_CACHE/cluster): pki/, logs/, pids/, kubeconfig
 #   KUBETRAIN_APISERVER_PORT (16443)  KUBETRAIN_ETCD_PORT (23790; peer port +10)
 #   KUBETRAIN_NODES (4) and the node shape, see hack/nodes.sh
+#   KUBETRAIN_REAL_NODE (auto)  1: also run the real node (hack/real-node.sh: kubelet, containerd,
+#                          CoreDNS, a volume provisioner); 0: kwok nodes only; auto: 1 where this
+#                          machine can (root, containerd, ...), and always under CI=true
 #   KUBETRAIN_AUDIT_POLICY (unset)  an audit policy file: kube-apiserver then writes JSON audit
 #                          events to $KUBETRAIN_CLUSTER_DIR/logs/audit.log (bench/compare.py counts requests with it)
 #
@@ -21,7 +24,6 @@ source "$(dirname "$0")/lib.sh"
 APISERVER_PORT="${KUBETRAIN_APISERVER_PORT:-16443}"
 ETCD_PORT="${KUBETRAIN_ETCD_PORT:-23790}"
 ETCD_PEER_PORT="$((ETCD_PORT + 10))"
-SERVICE_CIDR="10.96.0.0/16"
 SERVICE_IP="10.96.0.1"
 POD_CIDR="10.244.0.0/16"
 D="${KUBETRAIN_CLUSTER_DIR}"
@@ -29,6 +31,16 @@ PKI="${D}/pki"
 KUBECONFIG_ADMIN="${D}/kubeconfig"
 SERVER="https://127.0.0.1:${APISERVER_PORT}"
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+REAL_NODE="${KUBETRAIN_REAL_NODE:-auto}"
+if [[ "$REAL_NODE" == 1 || ( "$REAL_NODE" == auto && ( "${CI:-}" == true || "$(id -u)" == 0 ) ) ]]; then
+  "${HACK_DIR}/node-deps.sh" || [[ "$REAL_NODE" == auto && "${CI:-}" != true ]]
+fi
+if [[ "$REAL_NODE" == auto ]]; then
+  if why="$("${HACK_DIR}/real-node.sh" check)"; then REAL_NODE=1
+  elif [[ "${CI:-}" == true ]]; then die "CI needs the real node, but: ${why}"
+  else REAL_NODE=0; log "no real node (${why}); kwok nodes only"
+  fi
+fi
 
 start_time=$SECONDS
 
@@ -42,12 +54,15 @@ kubectl_admin() { "$(bin_path kubectl)" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
 healthy() {
   local c
   for c in "${COMPONENTS[@]}"; do running "$c" || return 1; done
+  if [[ "$REAL_NODE" == 1 ]]; then
+    [[ -f "${D}/node/kubelet.pid" ]] && pid_alive "$(cat "${D}/node/kubelet.pid")" || return 1
+  fi
   [[ -f "$KUBECONFIG_ADMIN" ]] && kubectl_admin get --raw=/readyz >/dev/null 2>&1
 }
 
 # ---------------------------------------------------------------- certificates
 gen_pki() {
-  [[ -f "${PKI}/.complete" ]] && return 0
+  [[ -f "${PKI}/.complete-v2" ]] && return 0
   log "generating certificates in ${PKI}"
   rm -rf "$PKI"; mkdir -p "$PKI"
   (
@@ -76,8 +91,9 @@ subjectAltName=IP:127.0.0.1,IP:${SERVICE_IP},DNS:localhost,DNS:kubernetes,DNS:ku
     sign kube-controller-manager "/CN=system:kube-controller-manager" "$client"
     sign kube-scheduler "/CN=system:kube-scheduler" "$client"
     sign kwok "/O=system:masters/CN=kwok-controller" "$client"
+    sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client"
   )
-  touch "${PKI}/.complete"
+  touch "${PKI}/.complete-v2"
 }
 
 write_kubeconfig() {  # write_kubeconfig <file> <cert name> <user>
@@ -139,7 +155,7 @@ fi
 # Anything half-started is stopped first.
 "${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true
 
-"${HACK_DIR}/build.sh"
+if [[ "$REAL_NODE" == 1 ]]; then "${HACK_DIR}/build.sh"; else "${HACK_DIR}/build.sh" "${CONTROL_PLANE[@]}"; fi
 # From here on a failure stops whatever was started (logs stay in ${D}/logs).
 trap 'log "cluster-up failed; stopping what was started (logs: ${D}/logs)"; "${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true' ERR
 mkdir -p "${D}/logs" "${D}/pids"
@@ -158,6 +174,11 @@ if [[ -n "${KUBETRAIN_AUDIT_POLICY:-}" ]]; then
   rm -f "${D}/logs/audit.log"
 fi
 check_port_free "$ETCD_PORT"
+advertise=127.0.0.1
+if [[ "$REAL_NODE" == 1 ]]; then
+  "${HACK_DIR}/real-node.sh" prepare  # the bridge and credentials the API server points at
+  advertise="$NODE_IP"
+fi
 
 launch etcd "$(bin_path etcd)" \
   --name=kubetrain --data-dir="${D}/etcd-data" \
@@ -171,10 +192,14 @@ wait_until 30 etcd curl -fsS "http://127.0.0.1:${ETCD_PORT}/health"
 
 launch kube-apiserver "$(bin_path kube-apiserver)" \
   --etcd-servers="http://127.0.0.1:${ETCD_PORT}" \
-  --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="${APISERVER_PORT}" \
+  --bind-address=127.0.0.1 --advertise-address="${advertise}" --secure-port="${APISERVER_PORT}" \
   --tls-cert-file="${PKI}/apiserver.crt" --tls-private-key-file="${PKI}/apiserver.key" \
   --client-ca-file="${PKI}/ca.crt" \
-  --authorization-mode=RBAC \
+  --authorization-mode=Node,RBAC \
+  --enable-admission-plugins=NodeRestriction,PodNodeSelector,PodTolerationRestriction \
+  --kubelet-preferred-address-types=InternalIP \
+  --kubelet-client-certificate="${PKI}/apiserver-kubelet-client.crt" \
+  --kubelet-client-key="${PKI}/apiserver-kubelet-client.key" \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --service-account-key-file="${PKI}/sa.pub" \
   --service-account-signing-key-file="${PKI}/sa.key" \
@@ -214,11 +239,12 @@ HOME="${D}/kwok" launch kwok "$(bin_path kwok)" \
   --cidr="${POD_CIDR}" --node-ip=10.255.0.1 \
   --node-lease-duration-seconds=40
 
-"${HACK_DIR}/nodes.sh" create "${KUBETRAIN_NODES:-4}"
+KUBETRAIN_NODE_TAINT="$REAL_NODE" "${HACK_DIR}/nodes.sh" create "${KUBETRAIN_NODES:-4}"
 
 # kube-controller-manager is up once it has created the default ServiceAccount.
 wait_until 60 "kube-controller-manager (default ServiceAccount)" \
   kubectl_admin -n default get serviceaccount default
+[[ "$REAL_NODE" != 1 ]] || "${HACK_DIR}/real-node.sh" up
 for c in "${COMPONENTS[@]}"; do
   running "$c" || { "${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true; die "$c exited; see ${D}/logs/$c.log"; }
 done

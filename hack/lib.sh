@@ -35,14 +35,21 @@ else:
 k8s_version() { module_version "${HACK_DIR}/k8s" k8s.io/kubernetes; }
 etcd_version() { module_version "${HACK_DIR}/etcd" go.etcd.io/etcd/server/v3; }
 kwok_version() { module_version "${HACK_DIR}/kwok" sigs.k8s.io/kwok; }
+coredns_version() { module_version "${HACK_DIR}/coredns" github.com/coredns/coredns; }
+local_path_version() { module_version "${HACK_DIR}/local-path" github.com/rancher/local-path-provisioner; }
+# pause is ours (hack/pause): its version is a hash of its source, so an edit rebuilds it.
+pause_version() { cat "${HACK_DIR}"/pause/go.mod "${HACK_DIR}"/pause/main.go | sha256sum | cut -c1-12; }
 
 # bin_path <component>: where build.sh puts that component's binary.
 bin_path() {
   local c="$1" v
   case "$c" in
-    kube-apiserver|kube-controller-manager|kube-scheduler|kubectl) v="$(k8s_version)" ;;
+    kube-apiserver|kube-controller-manager|kube-scheduler|kubectl|kubelet|kube-proxy) v="$(k8s_version)" ;;
     etcd|etcdctl) v="$(etcd_version)" ;;
     kwok) v="$(kwok_version)" ;;
+    coredns) v="$(coredns_version)" ;;
+    local-path-provisioner) v="$(local_path_version)" ;;
+    pause) v="$(pause_version)" ;;
     *) die "unknown component: $c" ;;
   esac
   printf '%s/%s-%s/%s\n' "${KUBETRAIN_BIN_CACHE}" "$c" "$v" "$c"
@@ -56,3 +63,21 @@ pid_alive() {
   state="$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null || true)"
   [[ "$state" != Z ]]
 }
+
+# What hack/build.sh builds: the control plane, and the real node's parts.
+CONTROL_PLANE=(etcd kwok kube-apiserver kube-controller-manager kube-scheduler kubectl)
+REAL_NODE_PARTS=(kubelet kube-proxy coredns local-path-provisioner pause)
+
+# The real node (kubelet + containerd on this machine). Its containerd keeps its
+# content and snapshots under NODE_ROOT across cluster-down, so images loaded by
+# `make images` stay until they change.
+KUBETRAIN_NODE_ROOT="${KUBETRAIN_NODE_ROOT:-/var/lib/kubetrain-node}"
+KUBETRAIN_NODE_RUN="${KUBETRAIN_NODE_RUN:-/run/kubetrain-node}"
+CONTAINERD_SOCK="${KUBETRAIN_NODE_RUN}/containerd/containerd.sock"
+# Pods live on this bridge; the API server, kubelet and DNS answer on its address.
+NODE_BRIDGE="${KUBETRAIN_NODE_BRIDGE:-ktbr0}"
+NODE_POD_CIDR="10.88.0.0/16"
+NODE_IP="10.88.0.1"
+SERVICE_CIDR="10.96.0.0/16"
+PAUSE_IMAGE="docker.io/kubetrain/pause:1.0"
+ctr_node() { ctr --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }

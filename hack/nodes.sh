@@ -34,6 +34,9 @@ manifest() {  # manifest <first> <count>: a v1 List of Nodes <first>..<first+cou
     printf '    name: %s%d\n' "$PREFIX" "$i"
     printf '    annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}\n'
     printf '    labels: {type: kwok, kubernetes.io/hostname: %s%d, kubernetes.io/os: linux, kubernetes.io/arch: amd64}\n' "$PREFIX" "$i"
+    # With a real node in the cluster, only pods that tolerate this come here (see docs/testing.md).
+    [[ "${KUBETRAIN_NODE_TAINT:-0}" == 0 ]] \
+      || printf '  spec:\n    taints: [{key: kwok.x-k8s.io/node, value: fake, effect: NoSchedule}]\n'
     printf '  status:\n    capacity: {%s}\n    allocatable: {%s}\n' "$res" "$res"
   done
 }

@@ -1,0 +1,3 @@
+module kubetrain.io/hack/pause
+
+go 1.26
