@@ -72,7 +72,8 @@ def job_name(scenario: Scenario, i: int) -> str:
 
 def trainingjob(name: str, namespace: str, workers: int, gpus: int, *, fast_restart: bool = False) -> dict[str, Any]:
     """A kubetrain TrainingJob with ``workers`` pods of ``gpus`` GPUs each."""
-    spec: dict[str, Any] = {"workers": workers, "image": TRAINER_IMAGE}
+    # kwok pods have no storage: a checkpoint claim would stay Pending and keep them from being scheduled.
+    spec: dict[str, Any] = {"workers": workers, "image": TRAINER_IMAGE, "checkpoint": {"ephemeral": True}}
     if gpus:
         spec["resources"] = {"gpusPerWorker": gpus}
     if fast_restart:

@@ -22,7 +22,7 @@ from kubernetes import client, config
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from k8s_cluster import cluster_running, cluster_up, free_port, kubeconfig_path  # noqa: E402
+from k8s_cluster import cluster_running, cluster_up, free_port, kubeconfig_path, kwok_job  # noqa: E402
 
 from kubetrain.core import api  # noqa: E402
 from kubetrain.operator import builders as b  # noqa: E402
@@ -55,8 +55,7 @@ def main() -> int:
                           env={**os.environ, "KUBETRAIN_METRICS_PORT": "0"}, stdout=log, stderr=subprocess.STDOUT)
     try:
         time.sleep(3)  # let the operator list and watch
-        body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "scale"},
-                "spec": {"workers": args.workers}}
+        body = kwok_job("scale", {"workers": args.workers})
         t0 = time.monotonic()
         custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, body)
         created = running = None

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from trainer_harness import run_cli
 
 pytestmark = pytest.mark.e2e
 HERE = Path(__file__).parent
@@ -34,15 +35,8 @@ def manifest(tmp_path: Path, name: str = "script", workers: int = 2, procs: int 
     return f
 
 
-def run(args: list[str], env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kubetrain.core", *args], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
 def test_clean_run_succeeds_and_writes_summary(tmp_path):
-    r = run(["run", str(manifest(tmp_path, procs=2)), "--output-dir", str(tmp_path / "out"), "--summary-json",
+    r = run_cli(["run", str(manifest(tmp_path, procs=2)), "--output-dir", str(tmp_path / "out"), "--summary-json",
              str(tmp_path / "s.json")])
     assert r.returncode == 0, r.stderr
     s = json.loads((tmp_path / "s.json").read_text())
@@ -58,16 +52,30 @@ def test_clean_run_succeeds_and_writes_summary(tmp_path):
 
 def test_fail_at_restarts_whole_gang_once_from_checkpoint(tmp_path):
     # rank 0 writes the checkpoints and these script ranks do not synchronise, so kill rank 0 itself
-    r = run(["run", str(manifest(tmp_path)), "--output-dir", str(tmp_path / "out"), "--fail-at", "0:6"])
+    r = run_cli(["run", str(manifest(tmp_path)), "--output-dir", str(tmp_path / "out"), "--fail-at", "0:6"])
     assert r.returncode == 0, r.stderr
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert (s["phase"], s["restarts"], s["resumed_from"], s["failures"]) == ("Succeeded", 1, [4], {"ExitCode": 1})
-    assert "worker 0 exited with code 137: restarting the whole gang" in r.stderr
+    assert "worker 0 exited with code 137: restarting the whole gang from the checkpoint at step 4" in r.stderr
     assert (tmp_path / "out" / "logs" / "gen-1").is_dir() and not (tmp_path / "out" / "logs" / "gen-2").exists()
 
 
+def test_ephemeral_checkpoints_still_survive_a_local_restart(tmp_path):
+    """spec.checkpoint.ephemeral is about pods' emptyDirs: the same manifest runs locally, durable as ever."""
+    f = manifest(tmp_path)
+    job = json.loads(f.read_text())
+    job["spec"]["checkpoint"] = {"ephemeral": True}
+    f.write_text(json.dumps(job))
+    r = run_cli(["run", str(f), "--output-dir", str(tmp_path / "out"), "--fail-at", "0:6"])
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert (s["phase"], s["restarts"], s["resumed_from"]) == ("Succeeded", 1, [4])
+    assert "checkpoint.ephemeral applies to pods only: local checkpoints survive restarts" in r.stderr
+    assert "restarting the whole gang from the checkpoint at step 4" in r.stderr
+
+
 def test_permanent_exit_code_fails_at_once(tmp_path):
-    r = run(["run", str(manifest(tmp_path)), "--output-dir", str(tmp_path / "out")],
+    r = run_cli(["run", str(manifest(tmp_path)), "--output-dir", str(tmp_path / "out")],
             env={"SCRIPT_EXIT_STEP": "3", "SCRIPT_EXIT_CODE": "2"})
     assert r.returncode == 1
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -76,7 +84,7 @@ def test_permanent_exit_code_fails_at_once(tmp_path):
 
 
 def test_backoff_limit_is_enforced(tmp_path):
-    r = run(["run", str(manifest(tmp_path, backoffLimit=1)), "--output-dir", str(tmp_path / "out")],
+    r = run_cli(["run", str(manifest(tmp_path, backoffLimit=1)), "--output-dir", str(tmp_path / "out")],
             env={"SCRIPT_EXIT_STEP": "2", "SCRIPT_EXIT_CODE": "1"})
     assert r.returncode == 1
     s = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -98,7 +106,7 @@ def test_ctrl_c_stops_workers_and_rerun_resumes(tmp_path):
     assert "stopping: asking workers to checkpoint" in err
     s = json.loads((out / "summary.json").read_text())
     assert s["phase"] == "Suspended" and 4 <= s["steps"] < 400
-    r = run(["run", str(f), "--output-dir", str(out)], env={"SCRIPT_MAX_STEPS": "40"})
+    r = run_cli(["run", str(f), "--output-dir", str(out)], env={"SCRIPT_MAX_STEPS": "40"})
     assert r.returncode == 0, r.stderr
     assert "resuming the unfinished run" in r.stderr
     s2 = json.loads((out / "summary.json").read_text())
@@ -108,7 +116,7 @@ def test_ctrl_c_stops_workers_and_rerun_resumes(tmp_path):
 def test_bad_manifest_and_bad_fail_at_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("apiVersion: kubetrain.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: b}\nspec: {workers: 0}\n")
-    r = run(["run", str(bad)])
+    r = run_cli(["run", str(bad)])
     assert r.returncode == 2 and "spec.workers: must be >= 1" in r.stderr
-    r = run(["run", str(manifest(tmp_path)), "--fail-at", "5:3"])
+    r = run_cli(["run", str(manifest(tmp_path)), "--fail-at", "5:3"])
     assert r.returncode == 2 and "rank 5 does not exist (world size 2)" in r.stderr

@@ -1,6 +1,7 @@
-"""Launch N processes of ``python -m kubetrain.trainer`` with the worker env contract (gloo on CPU).
+"""Launch N processes of ``python -m kubetrain.trainer`` with the worker env contract (gloo on CPU),
+or the ``kubetrain`` CLI (run_cli).
 
-Used by tests/e2e/test_trainer_*.py and bench/. Every rank gets OMP_NUM_THREADS=1, a
+Used by tests/e2e/test_*.py and bench/. Every rank gets OMP_NUM_THREADS=1, a
 free MASTER_PORT, a short process-group timeout and its own log file; when one rank
 fails the others are terminated (as a backend would restart the gang).
 """
@@ -171,6 +172,14 @@ def read_records(out: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_cli(args: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`kubetrain ARGS...` (python -m kubetrain.core), its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "kubetrain.core", *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def run_trainer(out: Path, spec: dict[str, Any], world_size: int = 2, **kw: Any) -> Run:

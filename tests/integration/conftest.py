@@ -20,10 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from k8s_cluster import (  # noqa: E402 - after the sys.path line above
+    KWOK_NAMESPACE_ANNOTATIONS,
+    REPO_ROOT,
     Identity,
     cluster_down,
     cluster_running,
@@ -33,12 +36,15 @@ from k8s_cluster import (  # noqa: E402 - after the sys.path line above
     service_account_identity,
     wait_for,
 )
-from kubernetes import client  # noqa: E402
+from kubernetes import client, dynamic  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: needs the real control plane from hack/ (make cluster-up)")
+
+
+CRD_FILE = REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml"
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,22 @@ def helm_ok() -> None:
 
 
 @pytest.fixture(scope="session")
+def crd(admin_api: client.ApiClient) -> None:
+    """The TrainingJob CRD from crds/, applied server-side and Established."""
+    body = yaml.safe_load(CRD_FILE.read_text())
+    dyn = dynamic.DynamicClient(admin_api)
+    crds = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
+    crds.server_side_apply(body=body, name=body["metadata"]["name"], field_manager="kubetrain-tests",
+                           force_conflicts=True)
+
+    def established() -> bool:
+        conds = crds.get(name=body["metadata"]["name"]).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    wait_for(established, 30, what="CRD Established")
+
+
+@pytest.fixture(scope="session")
 def admin_api(kube_cluster: KubeCluster) -> client.ApiClient:
     return kube_cluster.api
 
@@ -115,11 +137,13 @@ def _namespace_name(test_name: str) -> str:
 
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api) -> Iterator[str]:
-    """A fresh namespace (with its default ServiceAccount in place), deleted after the test."""
+    """A fresh namespace (with its default ServiceAccount in place), deleted after the test.
+
+    Its pods go to the kwok nodes (KWOK_NAMESPACE_ANNOTATIONS); ``real_namespace`` is for real pods.
+    """
     name = _namespace_name(request.node.name)
-    core_v1.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"kubetrain.io/test": "true"}))
-    )
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"kubetrain.io/test": "true"}, annotations=KWOK_NAMESPACE_ANNOTATIONS)))
     # Pods are refused until the ServiceAccount controller has created "default".
     wait_for(
         lambda: core_v1.read_namespaced_service_account("default", name),
@@ -160,3 +184,33 @@ def service_account(admin_api: client.ApiClient, namespace: str) -> Iterator[Ser
     yield make
     for identity in created:
         identity.api.close()
+
+
+@pytest.fixture(scope="session")
+def real_node(core_v1: client.CoreV1Api) -> None:
+    """The cluster's real node is Ready and the images are built and loaded into it.
+
+    Skips where this machine cannot run the node (not root, no containerd...), never under CI=true.
+    """
+    import real_pods
+
+    why = real_pods.real_node_missing(core_v1)
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the real-pod tests: {why}", pytrace=False)
+        pytest.skip(why)
+    real_pods.build_images()
+
+
+@pytest.fixture
+def real_namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api, real_node: None) -> Iterator[str]:
+    """A fresh namespace whose pods run on the real node; deleted after the test."""
+    name = _namespace_name(request.node.name)
+    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"kubetrain.io/test": "true"})))
+    wait_for(lambda: core_v1.read_namespaced_service_account("default", name), 30,
+             what=f"ServiceAccount {name}/default", ignore=(ApiException,))
+    try:
+        yield name
+    finally:
+        core_v1.delete_namespace(name)

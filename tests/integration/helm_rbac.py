@@ -9,7 +9,7 @@ from typing import Any
 
 import helm_tool as ht
 import pytest
-from k8s_cluster import bearer_client, kubeconfig_path, wait_for
+from k8s_cluster import bearer_client, kubeconfig_path, kwok_job, wait_for
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
@@ -79,9 +79,8 @@ class ChartIdentity:
 
 def run_job_to_running(admin: client.ApiClient, ns: str, op: ht.OperatorProcess, name: str = "rbac") -> dict[str, Any]:
     custom = client.CustomObjectsApi(admin)
-    custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, {
-        "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name},
-        "spec": {"workers": 2, "resources": {"gpusPerWorker": 8}, "restartPolicy": {"backoffSeconds": 0}}})
+    custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, kwok_job(
+        name, {"workers": 2, "resources": {"gpusPerWorker": 8}, "restartPolicy": {"backoffSeconds": 0}}))
 
     def running() -> dict[str, Any] | None:
         st = custom.get_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, name).get("status") or {}

@@ -102,15 +102,16 @@ class OperatorProcess:
     """`python -m kubetrain.operator` as a child process with its own kubeconfig; log kept for failures."""
 
     def __init__(self, kubeconfig: Path, log: Path, *args: str, metrics_port: int = 0,
-                 command: list[str] | None = None):
+                 command: list[str] | None = None, trainer_image: str = "kubetrain/trainer:test"):
         self.kubeconfig, self.log_path, self.args, self.metrics_port = kubeconfig, log, args, metrics_port
+        self.trainer_image = trainer_image
         self.command = command or [sys.executable, "-m", "kubetrain.operator",
                                    "--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KUBETRAIN_METRICS_PORT": str(self.metrics_port),
-               "KUBETRAIN_TRAINER_IMAGE": "kubetrain/trainer:test"}
+               "KUBETRAIN_TRAINER_IMAGE": self.trainer_image}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [*self.command, *self.args],

@@ -8,6 +8,7 @@ packages can import them (``from k8s_cluster import wait_for`` inside tests/inte
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -305,6 +306,33 @@ def set_node_ready(core: client.CoreV1Api, name: str, ready: bool) -> None:
             }
         }
     core.patch_node(name, body)
+
+
+KWOK_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+"""hack/nodes.sh taints the kwok nodes when the cluster has a real node: pods land on the real
+node unless their namespace routes them to kwok (KWOK_NAMESPACE_ANNOTATIONS)."""
+KWOK_NAMESPACE_ANNOTATIONS = {
+    # The API server's PodNodeSelector and PodTolerationRestriction admission plugins apply these
+    # to every pod of the namespace, so the operator's pods need no test-only scheduling fields.
+    "scheduler.alpha.kubernetes.io/node-selector": "type=kwok",
+    "scheduler.alpha.kubernetes.io/defaultTolerations": json.dumps([{**KWOK_TAINT, "operator": "Equal"}]),
+}
+
+
+KWOK_CHECKPOINT = {"ephemeral": True}
+"""spec.checkpoint of jobs whose pods land on kwok nodes: kwok pods have no storage (no provisioner
+binds a claim for them), so a default checkpoint claim would stay Pending and block the pods."""
+
+
+def kwok_job(name: str, spec: dict[str, Any] | None = None, namespace: str | None = None) -> dict[str, Any]:
+    """A TrainingJob manifest for pods on kwok nodes: ``spec`` with ephemeral checkpoints, unless it
+    says where checkpoints go itself (checkpoint.ephemeral or checkpoint.claimName)."""
+    spec = dict(spec or {})
+    checkpoint = dict(spec.get("checkpoint") or {})
+    if "ephemeral" not in checkpoint and "claimName" not in checkpoint:
+        spec["checkpoint"] = {**checkpoint, **KWOK_CHECKPOINT}  # kwok pods have no storage
+    metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "metadata": metadata, "spec": spec}
 
 
 def fake_node_manifest(

@@ -17,7 +17,7 @@ from typing import Any
 import helm_tool as ht
 import pytest
 import yaml
-from k8s_cluster import REPO_ROOT, kubeconfig_path, pinned_kubernetes_version, succeed_pod, wait_for
+from k8s_cluster import REPO_ROOT, kubeconfig_path, kwok_job, pinned_kubernetes_version, succeed_pod, wait_for
 from kubernetes import client
 
 from kubetrain.core import kube_cli
@@ -73,9 +73,8 @@ def test_cli_and_kubectl_follow_a_job_to_succeeded(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     manifest = tmp_path / "job.yaml"
-    manifest.write_text(yaml.safe_dump({
-        "apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "ergo"},
-        "spec": {"workers": 2, "strategy": "ddp", "maxSteps": 10, "restartPolicy": {"backoffSeconds": 0}}}))
+    manifest.write_text(yaml.safe_dump(kwok_job(
+        "ergo", {"workers": 2, "strategy": "ddp", "maxSteps": 10, "restartPolicy": {"backoffSeconds": 0}})))
     rc, out, err = kubetrain(capsys, "submit", str(manifest), "-n", namespace)
     assert rc == 0, err
     assert f"trainingjob.kubetrain.io/ergo created in namespace {namespace}" in out

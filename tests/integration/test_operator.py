@@ -17,31 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from k8s_cluster import REPO_ROOT, fail_pod, free_port, set_node_ready, succeed_pod, wait_for
-from kubernetes import client, dynamic
+from k8s_cluster import fail_pod, free_port, kwok_job, set_node_ready, succeed_pod, wait_for, wait_gone
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kubetrain.core import api
 from kubetrain.operator import builders as b
 
 pytestmark = pytest.mark.integration
-CRD_FILE = REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml"
-
-
-@pytest.fixture(scope="module")
-def crd(admin_api: client.ApiClient) -> None:
-    body = yaml.safe_load(CRD_FILE.read_text())
-    dyn = dynamic.DynamicClient(admin_api)
-    crds = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
-    crds.server_side_apply(body=body, name=body["metadata"]["name"], field_manager="kubetrain-tests",
-                           force_conflicts=True)
-
-    def established() -> bool:
-        conds = crds.get(name=body["metadata"]["name"]).status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conds)
-
-    wait_for(established, 30, what="CRD Established")
 
 
 class OperatorProcess:
@@ -94,8 +77,7 @@ class Jobs:
         self.op = op
 
     def create(self, name: str, **spec: Any) -> dict[str, Any]:
-        body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": name},
-                "spec": {"workers": 2, "restartPolicy": {"backoffSeconds": 0}, **spec}}
+        body = kwok_job(name, {"workers": 2, "restartPolicy": {"backoffSeconds": 0}, **spec})
         return self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, body)
 
     def get(self, name: str) -> dict[str, Any]:
@@ -134,6 +116,24 @@ class Jobs:
         evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
         return [e for e in evs if e.involved_object.kind == api.KIND]
 
+    def warnings(self, name: str, reason: str) -> list[client.CoreV1Event]:
+        """The job's Warning Events with that reason, once there is one (waits up to 10 s)."""
+        return wait_for(lambda: [e for e in self.events(name) if e.reason == reason and e.type == "Warning"], 10,
+                        what=f"{reason} Warning Event on {name}")
+
+    def claim(self, name: str) -> client.V1PersistentVolumeClaim:
+        return self.core.read_namespaced_persistent_volume_claim(name, self.ns)
+
+    def wait_condition(self, name: str, type_: str, status: str, timeout: float = 60) -> dict[str, Any]:
+        """The status once condition `type_` has `status`; returns that condition."""
+        st = self.wait_status(name, lambda s: conditions_of(s).get(type_, {}).get("status") == status, timeout,
+                              what=f"{name} {type_}={status}")
+        return conditions_of(st)[type_]
+
+
+def conditions_of(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions") or []}
+
 
 @pytest.fixture
 def jobs(admin_api: client.ApiClient, namespace: str, operator: OperatorProcess) -> Jobs:
@@ -159,7 +159,8 @@ def test_apply_run_succeed_delete(jobs: Jobs, kube_cluster: Any) -> None:
             header, row = out.stdout.splitlines()[:2]
             assert header.split()[:5] == ["NAME", "PHASE", "WORKERS", "STEP", "RESTARTS"]
             assert row.split()[:5] == ["hello", "Running", "3/3", "0", "0"]
-    for p in pods:
+    # rank 0 last: once it exits 0 the job succeeds and cleanPodPolicy deletes the workers still running
+    for p in sorted(pods, key=lambda p: p.metadata.name, reverse=True):
         succeed_pod(jobs.core, jobs.ns, p.metadata.name)
     st = jobs.wait_status("hello", lambda s: s.get("phase") == "Succeeded", what="Succeeded")
     assert st["completionTime"] and {c["type"]: c["status"] for c in st["conditions"]}["Succeeded"] == "True"
@@ -259,3 +260,80 @@ def test_invalid_spec_that_passes_schema_is_reported(jobs: Jobs) -> None:
     with pytest.raises(ApiException) as exc:
         jobs.create("bad", strategy="ddp", deepspeed={"zeroStage": 2})
     assert exc.value.status == 422 and "deepspeed options need strategy 'deepspeed'" in exc.value.body
+    with pytest.raises(ApiException) as exc:
+        jobs.create("bad", checkpoint={"ephemeral": True, "claimName": "shared"})
+    assert exc.value.status == 422 and "spec.checkpoint.ephemeral" in exc.value.body
+    assert "checkpoint.ephemeral cannot be combined with checkpoint.claimName" in exc.value.body
+
+
+ABSENT_CLASS = "kubetrain-test-absent"
+"""A StorageClass no cluster has: a claim of it stays Pending whatever provisioner the cluster runs."""
+
+
+def test_default_checkpoint_claim_is_the_jobs_and_named_while_pending(jobs: Jobs) -> None:
+    durable = {"ephemeral": False, "storageClassName": ABSENT_CLASS, "storageSize": "1Gi"}  # the default, not kwok's
+    job = jobs.create("durable", workers=2, checkpoint=durable)
+    jobs.create("single", workers=1, checkpoint=durable)
+    claim = wait_for(lambda: jobs.claim("durable-checkpoints"), 30, what="claim", ignore=(ApiException,))
+    assert claim.spec.access_modes == ["ReadWriteMany"] and claim.spec.resources.requests == {"storage": "1Gi"}
+    assert claim.spec.storage_class_name == ABSENT_CLASS
+    owner = claim.metadata.owner_references[0]
+    assert (owner.kind, owner.name, owner.uid, owner.controller) == (api.KIND, "durable", job["metadata"]["uid"], True)
+    single = wait_for(lambda: jobs.claim("single-checkpoints"), 30, what="claim", ignore=(ApiException,))
+    assert single.spec.access_modes == ["ReadWriteOnce"]
+    pods = wait_for(lambda: len(p := jobs.pods("durable")) == 2 and p, 30, what="pods")
+    for p in pods:
+        vol = next(v for v in p.spec.volumes if v.name == "checkpoints")
+        assert vol.persistent_volume_claim.claim_name == "durable-checkpoints"
+        assert p.spec.security_context.fs_group == 1000
+    blocked = jobs.wait_condition("durable", "WorkersBlocked", "True")
+    assert blocked["reason"] == "CheckpointClaimPending", blocked
+    # A pod may be created (and judged by the scheduler) a moment before its claim: "does not exist" first.
+    pending = "the checkpoint claim durable-checkpoints is Pending, not bound to a volume"
+    st = jobs.wait_status("durable", lambda s: pending in conditions_of(s)["WorkersBlocked"]["message"], 30)
+    blocked = conditions_of(st)["WorkersBlocked"]
+    assert blocked["reason"] == "CheckpointClaimPending", blocked
+    assert "PersistentVolumeClaims" in blocked["message"]  # the scheduler's own words follow
+    st = jobs.status("durable")
+    assert st["phase"] == "Created" and st["restartCount"] == 0  # it waits, it does not fail
+    assert conditions_of(st)["CheckpointsDurable"]["reason"] == "DefaultClaim"
+    assert len(jobs.warnings("durable", "CheckpointClaimPending")) == 1
+    jobs.custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, jobs.ns, api.PLURAL, "durable")
+    wait_gone(lambda: jobs.claim("durable-checkpoints"), 60, what="claim garbage-collected with its job")
+
+
+def test_ephemeral_checkpoints_warn_before_the_job_runs(jobs: Jobs) -> None:
+    jobs.create("eph", workers=2)  # kwok_job: checkpoint.ephemeral
+    st = jobs.wait_running("eph", 2)
+    cond = conditions_of(st)["CheckpointsDurable"]
+    assert (cond["status"], cond["reason"]) == ("False", "EphemeralCheckpoints")
+    assert "every gang restart starts over from step 0" in cond["message"]
+    assert len(jobs.warnings("eph", "EphemeralCheckpoints")) == 1
+    assert not jobs.core.list_namespaced_persistent_volume_claim(jobs.ns).items
+    fail_pod(jobs.core, jobs.ns, "eph-worker-1", exit_code=137)
+    st = jobs.wait_running("eph", 2, generation=1)
+    restart = jobs.warnings("eph", "ExitCode")[0]
+    assert "restarting the whole gang from step 0: checkpoints are ephemeral (spec.checkpoint.ephemeral)" \
+        in restart.message
+    assert st["resumedFromStep"] == 0 and len(jobs.warnings("eph", "EphemeralCheckpoints")) == 1
+
+
+def test_unschedulable_workers_say_why_and_clear_once_they_start(jobs: Jobs) -> None:
+    pool = {"kubetrain.io/test-pool": jobs.ns}  # no node has it yet
+    jobs.create("nowhere", workers=2, scheduling={"nodeSelector": pool})
+    blocked = jobs.wait_condition("nowhere", "WorkersBlocked", "True", timeout=60)
+    assert blocked["reason"] == "Unschedulable", blocked
+    assert blocked["message"].startswith("worker pods cannot start; the job waits: nowhere-worker-0 cannot be "
+                                         "scheduled: 0/"), blocked
+    assert "node affinity/selector" in blocked["message"] and "(and 1 more pod(s) alike)" in blocked["message"]
+    assert jobs.status("nowhere")["phase"] == "Created"
+    assert len(jobs.warnings("nowhere", "Unschedulable")) == 1
+    node = jobs.core.list_node(label_selector="type=kwok").items[0].metadata.name
+    jobs.core.patch_node(node, {"metadata": {"labels": pool}})
+    try:
+        st = jobs.wait_running("nowhere", 2)
+    finally:
+        jobs.core.patch_node(node, {"metadata": {"labels": {k: None for k in pool}}})
+    cleared = conditions_of(st)["WorkersBlocked"]
+    assert (cleared["status"], cleared["reason"]) == ("False", "WorkersStarting")
+    assert len(jobs.warnings("nowhere", "Unschedulable")) == 1  # one per distinct reason, not per reconcile

@@ -22,7 +22,7 @@ from typing import Any
 import helm_tool as ht
 import pytest
 from helm_rbac import ChartIdentity, assert_no_forbidden, token_for
-from k8s_cluster import REPO_ROOT, bearer_client, wait_for, wait_gone
+from k8s_cluster import REPO_ROOT, bearer_client, kwok_job, wait_for, wait_gone
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -41,9 +41,8 @@ class Job:
         self.custom, self.core, self.ns, self.name, self.op = client.CustomObjectsApi(admin), client.CoreV1Api(admin), ns, name, op
 
     def create(self, **spec: Any) -> None:
-        self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, {
-            "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": self.name},
-            "spec": {"workers": 2, "resources": {"gpusPerWorker": 1}, **spec}})
+        self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, kwok_job(
+            self.name, {"workers": 2, "resources": {"gpusPerWorker": 1}, **spec}))
 
     def status(self) -> dict[str, Any]:
         return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL,

@@ -23,7 +23,7 @@ import helm_tool as ht
 import prom_server as ps
 import pytest
 import yaml
-from k8s_cluster import REPO_ROOT, fail_pod, kubeconfig_path, succeed_pod, wait_for
+from k8s_cluster import REPO_ROOT, fail_pod, kubeconfig_path, kwok_job, succeed_pod, wait_for
 from kubernetes import client, dynamic
 
 from kubetrain.core import api
@@ -79,9 +79,8 @@ def local_run(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Pa
 def operator_scenario(admin: client.ApiClient, ns: str, op: ht.OperatorProcess) -> None:
     """Running -> a worker fails (gang restart) -> Running again -> all workers succeed."""
     custom, core = client.CustomObjectsApi(admin), client.CoreV1Api(admin)
-    custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, {
-        "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "prom"},
-        "spec": {"workers": 2, "restartPolicy": {"backoffSeconds": 0, "backoffLimit": 3}}})
+    custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, kwok_job(
+        "prom", {"workers": 2, "restartPolicy": {"backoffSeconds": 0, "backoffLimit": 3}}))
 
     def status() -> dict[str, Any]:
         return custom.get_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, "prom").get("status") or {}

@@ -141,6 +141,7 @@ def test_manifests_describe_the_same_pods():
     tj = cl.job_manifest(cl.KUBETRAIN, sc, "ns", 0)
     job = TrainingJob.model_validate(tj)  # a valid TrainingJob
     assert (job.spec.workers, job.spec.resources.gpus_per_worker) == (16, 8)
+    assert job.spec.checkpoint.ephemeral  # kwok pods have no storage for a claim
     assert job.spec.restart_policy.backoff_seconds == 0
     pj = cl.job_manifest(cl.KUBEFLOW, sc, "ns", 0)
     reps = pj["spec"]["pytorchReplicaSpecs"]

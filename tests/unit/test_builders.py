@@ -1,9 +1,13 @@
 """Pure builders: TrainingJob -> desired Pods, Service, ConfigMap, PVC, PodGroup."""
 
 import json
+from pathlib import Path
 
-from kubetrain.core import contract
-from kubetrain.core.api import TrainingJob
+import pytest
+from pydantic import ValidationError
+
+from kubetrain.core import contract, launcher
+from kubetrain.core.api import TrainingJob, TrainingJobSpec
 from kubetrain.operator import builders as b
 
 OWNER = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "name": "llm", "uid": "u-1",
@@ -78,16 +82,69 @@ def test_scheduling_and_queue_pass_through():
     assert b.pod_group(job()) is None
 
 
-def test_checkpoint_volume_existing_claim_or_created_claim():
-    pod = b.worker_pod(job(checkpoint={"claimName": "shared"}), 0, 0, b.Settings())
-    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
-    assert vol["persistentVolumeClaim"]["claimName"] == "shared"
-    assert b.checkpoint_claim(job(checkpoint={"claimName": "shared"})) is None
-    j = job(checkpoint={"storageSize": "100Gi", "storageClassName": "fast"})
+def checkpoint_volume(pod) -> dict:
+    mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "checkpoints")
+    assert mount["mountPath"] == "/checkpoints"
+    return next(v for v in pod["spec"]["volumes"] if v["name"] == "checkpoints")
+
+
+def test_checkpoints_go_to_a_claim_the_operator_creates_by_default():
+    j = job(workers=4)
     pvc = b.checkpoint_claim(j, OWNER)
-    assert pvc["metadata"]["name"] == "llm-checkpoints" and pvc["spec"]["storageClassName"] == "fast"
-    vol = next(v for v in b.worker_pod(j, 0, 0, b.Settings())["spec"]["volumes"] if v["name"] == "checkpoints")
-    assert vol["persistentVolumeClaim"]["claimName"] == "llm-checkpoints"
+    assert pvc["metadata"]["name"] == "llm-checkpoints" and pvc["metadata"]["ownerReferences"] == [OWNER]
+    assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}}
+    assert "storageClassName" not in pvc["spec"]  # the cluster's default StorageClass
+    for i in (0, 3):
+        pod = b.worker_pod(j, i, 0, b.Settings(), OWNER)
+        assert checkpoint_volume(pod) == {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "llm-checkpoints"}}
+        # the trainer runs as 1000:1000 (trainer-image/Dockerfile): the group lets it write a fresh volume
+        assert pod["spec"]["securityContext"] == {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
+
+
+@pytest.mark.parametrize(
+    ("workers", "mode", "expected"),
+    [(1, None, "ReadWriteOnce"), (2, None, "ReadWriteMany"), (1, "ReadWriteOncePod", "ReadWriteOncePod"),
+     (8, "ReadWriteOnce", "ReadWriteOnce"), (1, "ReadWriteMany", "ReadWriteMany")],
+)
+def test_claim_access_mode_follows_the_gang_unless_set(workers, mode, expected):
+    ck = {"storageSize": "100Gi", "storageClassName": "fast", **({"accessMode": mode} if mode else {})}
+    pvc = b.checkpoint_claim(job(workers=workers, checkpoint=ck))
+    assert pvc["spec"]["accessModes"] == [expected]
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "100Gi" and pvc["spec"]["storageClassName"] == "fast"
+
+
+def test_existing_claim_is_mounted_and_none_created():
+    j = job(workers=2, checkpoint={"claimName": "shared"})
+    assert b.checkpoint_claim(j) is None and b.claim_name(j) == "shared"
+    pod = b.worker_pod(j, 0, 0, b.Settings())
+    assert checkpoint_volume(pod)["persistentVolumeClaim"]["claimName"] == "shared"
+    assert pod["spec"]["securityContext"]["fsGroup"] == 1000
+
+
+def test_ephemeral_checkpoints_stay_in_each_pod():
+    j = job(workers=2, checkpoint={"ephemeral": True})
+    assert b.checkpoint_claim(j) is None and b.claim_name(j) is None
+    pod = b.worker_pod(j, 1, 0, b.Settings())
+    assert checkpoint_volume(pod) == {"name": "checkpoints", "emptyDir": {}}
+    assert "securityContext" not in pod["spec"]  # an emptyDir is writable by everyone already
+
+
+def test_a_users_pod_security_context_is_kept_as_written():
+    mine = {"runAsUser": 2000, "runAsGroup": 2000}
+    pod = b.worker_pod(job(podTemplate={"spec": {"securityContext": mine}}), 0, 0, b.Settings())
+    assert pod["spec"]["securityContext"] == mine
+    assert checkpoint_volume(pod)["persistentVolumeClaim"]["claimName"] == "llm-checkpoints"
+
+
+def test_claim_rules_name_the_field():
+    bad = TrainingJobSpec.model_validate({"checkpoint": {"ephemeral": True, "claimName": "x"}})
+    assert [p for p, _ in bad.rule_violations()] == ["checkpoint.ephemeral"]
+    rwop = TrainingJobSpec.model_validate({"workers": 2, "checkpoint": {"accessMode": "ReadWriteOncePod"}})
+    assert rwop.rule_violations() == [
+        ("checkpoint.accessMode", "checkpoint.accessMode ReadWriteOncePod lets one pod mount the claim: it needs workers 1")]
+    assert TrainingJobSpec.model_validate({"checkpoint": {"accessMode": "ReadWriteOncePod"}}).rule_violations() == []
+    with pytest.raises(ValidationError, match="storage_size|storageSize"):
+        TrainingJobSpec.model_validate({"checkpoint": {"storageSize": "ten gigs"}})
 
 
 def test_service_and_config_map():
@@ -103,6 +160,31 @@ def test_custom_command_mode():
     c = b.worker_pod(job(command=["python", "train.py"], args=["--lr", "1e-4"]), 0, 0, b.Settings())
     c = c["spec"]["containers"][0]
     assert c["command"] == ["python", "train.py"] and c["args"] == ["--lr", "1e-4"]
+
+
+def test_custom_command_with_several_procs_runs_under_the_configmap_launcher():
+    j = job(workers=2, procsPerWorker=2, command=["python", "train.py"], args=["--lr", "1e-4"])
+    pod = b.worker_pod(j, 1, 0, b.Settings())
+    c = pod["spec"]["containers"][0]
+    assert c["command"] == ["python3", "/etc/kubetrain/launcher.py", "--", "python", "train.py"]
+    assert c["args"] == ["--lr", "1e-4"]
+    assert {"name": "config", "mountPath": "/etc/kubetrain", "readOnly": True} in c["volumeMounts"]
+    env = env_of(pod)  # the launcher sets RANK and LOCAL_RANK per process
+    assert "RANK" not in env and "LOCAL_RANK" not in env
+    assert (env["NODE_RANK"], env["PET_NPROC_PER_NODE"], env["WORLD_SIZE"]) == ("1", "2", "4")
+    data = b.config_map(j, OWNER)["data"]
+    core = Path(launcher.__file__).parent
+    assert data["launcher.py"] == (core / "launcher.py").read_text()
+    assert data["contract.py"] == (core / "contract.py").read_text()  # the launcher imports it from beside itself
+
+
+def test_launcher_only_where_a_custom_command_has_several_procs():
+    # None: the trainer image's entrypoint, which launches its own ranks; procsPerWorker 1: the command is the rank
+    for spec, command in (({"procsPerWorker": 2}, None), ({"command": ["./train"], "procsPerWorker": 1}, ["./train"])):
+        j = job(**spec)
+        assert set(b.config_map(j)["data"]) == {"config.json"}
+        assert b.worker_pod(j, 0, 0, b.Settings())["spec"]["containers"][0].get("command") == command
+    assert env_of(b.worker_pod(job(command=["./train"]), 0, 0, b.Settings()))["RANK"] == "0"
 
 
 def test_pod_template_override_merges_and_never_drops_kubetrain_pieces():

@@ -172,7 +172,8 @@ def test_refused_then_allowed_retries_the_kept_record(
     assert r.last_error is not None and "HTTP 403" in r.last_error and "cannot patch" in r.last_error
     stub.status = 200
     wait(lambda: r.sent == 1)
-    assert stub.steps() == [3, 3] and r.last_error is None
+    # The refused attempt(s), then the accepted one: a loaded machine may retry more than once first.
+    assert stub.steps()[-1] == 3 and set(stub.steps()) == {3} and len(stub.steps()) >= 2 and r.last_error is None
     assert any("works again" in rec.getMessage() for rec in caplog.records)
     assert r.close()
 

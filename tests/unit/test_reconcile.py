@@ -9,7 +9,7 @@ from kubetrain.core.api import TrainingJob
 from kubetrain.core.progress import CheckpointRecord, Progress
 from kubetrain.operator import builders as b
 from kubetrain.operator.controller import namespace_terminating
-from kubetrain.operator.reconcile import plan, set_condition
+from kubetrain.operator.reconcile import claim_to_check, plan, set_condition
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = b.Settings(trainer_image="trainer:test")
@@ -43,7 +43,7 @@ def pod(i, gen=0, phase="Running", ready=True, exit_code=None, node="n1", deleti
 def test_new_job_creates_service_config_and_all_pods_and_writes_status():
     p = plan(body(), [], {}, T0, S)
     kinds = [o["kind"] for o in p.create]
-    assert kinds == ["Service", "ConfigMap", "Role", "RoleBinding", "Pod", "Pod"]
+    assert kinds == ["Service", "ConfigMap", "PersistentVolumeClaim", "Role", "RoleBinding", "Pod", "Pod"]
     assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == ["j-worker-0", "j-worker-1"]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for o in p.create)
     assert p.status["phase"] == "Created" and p.status["gangCreated"] is True
@@ -121,7 +121,7 @@ def test_progress_flows_into_status():
 
 def test_progress_reporting_off_creates_no_rbac():
     p = plan(body(progressReporting=False), [], {}, T0, S)
-    assert [o["kind"] for o in p.create] == ["Service", "ConfigMap", "Pod", "Pod"]
+    assert [o["kind"] for o in p.create] == ["Service", "ConfigMap", "PersistentVolumeClaim", "Pod", "Pod"]
 
 
 def test_progress_rbac_is_created_again_with_every_new_gang():
@@ -215,3 +215,106 @@ def test_namespace_terminating_is_told_apart_from_rbac_refusals():
     garbled = ApiException(status=403, reason="Forbidden")
     garbled.body = "<html>proxy says no</html>"
     assert not namespace_terminating(garbled)
+
+
+def conditions(status) -> dict[str, dict]:
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_durable_checkpoints_by_default_on_a_claim_the_job_owns():
+    p = plan(body(), [], {}, T0, S)
+    pvc = next(o for o in p.create if o["kind"] == "PersistentVolumeClaim")
+    assert pvc["metadata"]["name"] == "j-checkpoints" and pvc["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    cond = conditions(p.status)["CheckpointsDurable"]
+    assert (cond["status"], cond["reason"]) == ("True", "DefaultClaim") and "j-checkpoints" in cond["message"]
+    assert [e for e in p.events if e[0] == "Warning"] == []
+
+
+def test_ephemeral_job_says_so_once_before_it_runs():
+    spec = {"checkpoint": {"ephemeral": True}}
+    p = plan(body(**spec), [], {}, T0, S)
+    assert "PersistentVolumeClaim" not in [o["kind"] for o in p.create]
+    cond = conditions(p.status)["CheckpointsDurable"]
+    assert (cond["status"], cond["reason"]) == ("False", "EphemeralCheckpoints")
+    warnings = [e for e in p.events if e[0] == "Warning"]
+    assert warnings == [("Warning", "EphemeralCheckpoints", cond["message"])]
+    st = {**p.status, "phase": "Running", "runningSince": "2026-03-01T12:00:00Z"}
+    again = plan(body(status=st, **spec), [pod(0), pod(1)], {}, T0 + timedelta(seconds=5), S)
+    assert [e for e in again.events if e[0] == "Warning"] == []
+
+
+def unschedulable(p, message="0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."):
+    p["spec"].pop("nodeName")
+    p["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "lastProbeTime": None,
+         "lastTransitionTime": "2026-03-01T11:59:00Z", "reason": "Unschedulable", "message": message}]}
+    return p
+
+
+def test_blocked_workers_get_a_condition_and_one_event_per_reason_then_clear():
+    st = {"phase": "Created", "gangCreated": True, "startTime": "2026-03-01T12:00:00Z"}
+    pods = [unschedulable(pod(0, phase="Pending")), pod(1, phase="Pending", ready=False)]
+    p = plan(body(status=st), pods, {}, T0, S)
+    assert p.status["phase"] == "Created" and not p.delete_pods  # the job waits, it does not fail
+    cond = conditions(p.status)["WorkersBlocked"]
+    assert (cond["status"], cond["reason"]) == ("True", "Unschedulable")
+    assert cond["message"].startswith("worker pods cannot start; the job waits: j-worker-0 cannot be scheduled: 0/4")
+    assert [e[:2] for e in p.events] == [("Warning", "Unschedulable")]
+    later = T0 + timedelta(seconds=5)
+    again = plan(body(status=p.status), pods, {}, later, S)
+    assert again.status is None and again.events == []  # not one Event per reconcile
+    pulling = pod(0, phase="Pending", ready=False)
+    pulling["status"]["containerStatuses"] = [{"name": "trainer", "ready": False, "restartCount": 0,
+                                               "state": {"waiting": {"reason": "ImagePullBackOff",
+                                                                     "message": "Back-off pulling image"}}}]
+    other = plan(body(status=p.status), [pulling, pods[1]], {}, later, S)
+    assert [e[:2] for e in other.events] == [("Warning", "ImagePullFailed")]
+    running = plan(body(status=other.status), [pod(0), pod(1)], {}, later, S)
+    cond = conditions(running.status)["WorkersBlocked"]
+    assert (cond["status"], cond["reason"]) == ("False", "WorkersStarting") and running.status["phase"] == "Running"
+    assert [e for e in running.events if e[0] == "Warning"] == []
+
+
+def test_pending_claim_is_named_when_the_pods_wait_for_it():
+    st = {"phase": "Created", "gangCreated": True}
+    pods = [unschedulable(pod(i, phase="Pending"), "0/4 nodes are available: pod has unbound immediate "
+                          "PersistentVolumeClaims.") for i in (0, 1)]
+    assert claim_to_check(body(status=st), pods, T0) == "j-checkpoints"
+    assert claim_to_check(body(status=st), [unschedulable(pod(0, phase="Pending"))], T0) is None  # not for a volume
+    assert claim_to_check(body(status=st), [pod(0), pod(1)], T0) is None
+    p = plan(body(status=st), pods, {}, T0, S, claim_phase="Pending")
+    cond = conditions(p.status)["WorkersBlocked"]
+    assert cond["reason"] == "CheckpointClaimPending"
+    assert "the checkpoint claim j-checkpoints is Pending, not bound to a volume" in cond["message"]
+    assert "(and 1 more pod(s) alike)" in cond["message"]
+
+
+def test_resumed_from_step_is_the_current_generations_own_report():
+    ck = {"step": 40, "path": "/checkpoints/step-00000040", "time": "t40"}
+    st = {"phase": "Running", "gangCreated": True, "restartCount": 1, "restartGeneration": 1,
+          "runningSince": "2026-03-01T11:59:00Z", "currentStep": 47, "lastCheckpoint": ck}
+    pods = [pod(0, gen=1), pod(1, gen=1)]
+    p = plan(body(status=st), pods, {}, T0, S, Progress(step=41, generation=1, resumed_from=40))
+    assert p.status["resumedFromStep"] == 40
+    fresh = plan(body(status={**st, "resumedFromStep": 7}), pods, {}, T0, S, Progress(step=3, generation=1))
+    assert fresh.status["resumedFromStep"] == 0  # no checkpoint loaded: started from scratch
+    stale = plan(body(status=st), pods, {}, T0, S, Progress(step=41, generation=0, resumed_from=20))
+    assert stale.status["resumedFromStep"] == 0  # another generation's report is not this one's
+
+
+def test_gang_restart_names_the_checkpoint_it_restarts_from():
+    ck = {"step": 40, "path": "/checkpoints/step-00000040", "time": "t40"}
+    st = {"phase": "Running", "gangCreated": True, "lastCheckpoint": ck, "resumedFromStep": 20,
+          "restartGeneration": 0}
+    failed = [pod(0), pod(1, phase="Failed", exit_code=137)]
+    spec = {"restartPolicy": {"backoffLimit": 3, "backoffSeconds": 0}}
+    p = plan(body(status=st, **spec), failed, {}, T0, S)
+    assert "restarting the whole gang from the checkpoint at step 40 (restart 1 of at most 3" in p.status["message"]
+    assert p.events[0][2] == p.status["message"] and p.status["lastCheckpoint"]["step"] == 40
+    assert p.status["resumedFromStep"] == 0  # until the new generation reports what it loaded
+    eph = plan(body(status=st, checkpoint={"ephemeral": True}, **spec), failed, {}, T0, S)
+    assert "from step 0: checkpoints are ephemeral (spec.checkpoint.ephemeral)" in eph.status["message"]
+    assert "lastCheckpoint" not in eph.status  # it was in the pods being deleted
+    none = plan(body(status={k: v for k, v in st.items() if k != "lastCheckpoint"}, **spec), failed, {}, T0, S)
+    assert "from step 0: no complete checkpoint yet" in none.status["message"]

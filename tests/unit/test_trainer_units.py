@@ -1,4 +1,4 @@
-"""Pure pieces of the trainer (no process group): data, schedule, config, model, launcher, checkpoints."""
+"""Pure pieces of the trainer (no process group): data, schedule, config, model, checkpoints."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from kubetrain.trainer.checkpoint import TrainerState, prune
 from kubetrain.trainer.config import ConfigError, load_spec, parse_fail_at, read_env
 from kubetrain.trainer.data import Sampler, load_corpus
 from kubetrain.trainer.engines import deepspeed_config
-from kubetrain.trainer.launcher import child_envs
 from kubetrain.trainer.metrics import PEAK_FLOPS_ENV, peak_flops
 from kubetrain.trainer.model import Transformer, flops_per_token
 from kubetrain.trainer.schedule import lr_factor
@@ -187,18 +186,14 @@ def test_peak_flops(monkeypatch: pytest.MonkeyPatch) -> None:
     assert peak_flops(torch.device("cpu"), "bf16") == 1e12
 
 
-def test_launcher_child_envs() -> None:
-    envs = child_envs(
-        {
-            "PET_NPROC_PER_NODE": "4",
-            "PET_NNODES": "2",
-            "NODE_RANK": "1",
-            "PET_MASTER_ADDR": "job-worker-0",
-            "PET_MASTER_PORT": "29500",
-            "KUBETRAIN_METRICS_PORT": "9400",
-        }
-    )
-    assert [e["RANK"] for e in envs] == ["4", "5", "6", "7"]
-    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2", "3"]
-    assert {e["WORLD_SIZE"] for e in envs} == {"8"} and {e["MASTER_ADDR"] for e in envs} == {"job-worker-0"}
-    assert [e["KUBETRAIN_METRICS_PORT"] for e in envs] == ["9400", "9401", "9402", "9403"]
+def test_a_checkpoint_is_committed_only_with_every_ranks_part(tmp_path: Path) -> None:
+    from kubetrain.trainer.checkpoint import missing_parts, require_every_part
+    from kubetrain.trainer.config import ConfigError
+
+    (tmp_path / "rng").mkdir()
+    (tmp_path / "rng" / "rank-00000.pt").write_bytes(b"x")
+    assert missing_parts(tmp_path, 2) == [1]
+    with pytest.raises(ConfigError, match=r"spec.checkpoint: .*rank\(s\) \[1\].*not shared by all workers"):
+        require_every_part(tmp_path, 2, within=0)
+    (tmp_path / "rng" / "rank-00001.pt").write_bytes(b"x")
+    require_every_part(tmp_path, 2, within=0)

@@ -25,6 +25,10 @@ EXPECTED = {
         "spec.precision: precision fp16 with strategy deepspeed needs GPUs (DeepSpeed has no fp16 on CPU); use bf16"
     ],
     "bad-args-without-command.yaml": ["spec.command: args needs command (custom script mode)"],
+    "bad-ephemeral-with-claim.yaml": [
+        "spec.checkpoint.ephemeral: checkpoint.ephemeral cannot be combined with checkpoint.claimName "
+        "(a claim is durable storage): drop one"
+    ],
 }
 
 

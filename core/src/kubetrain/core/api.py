@@ -12,6 +12,7 @@ Python attributes are snake_case; the wire format (YAML/JSON) is camelCase.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -30,6 +31,42 @@ SHORT_NAMES = ["tj", "tjob"]
 Strategy = Literal["ddp", "fsdp", "deepspeed"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Phase = Literal["Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
+
+DEFAULT_CHECKPOINT_STORAGE = "10Gi"
+"""Size of the checkpoint claim the operator creates when spec.checkpoint.storageSize is not set."""
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE]|[eE][0-9]+)?$"
+"""A Kubernetes resource quantity as storage sizes are written (`10Gi`, `500M`, `1e12`)."""
+
+# Conditions beside the phase ones (Created, Running, Restarting, Suspended, Succeeded, Failed).
+CHECKPOINTS_DURABLE = "CheckpointsDurable"
+"""Condition: checkpoints survive a gang restart (True: on a claim; False: spec.checkpoint.ephemeral)."""
+WORKERS_BLOCKED = "WorkersBlocked"
+"""Condition: a worker pod of the current generation cannot start (image, configuration, scheduling); the job waits."""
+
+
+class ConditionReason(enum.StrEnum):
+    """Reasons of the CheckpointsDurable and WorkersBlocked conditions."""
+
+    DEFAULT_CLAIM = "DefaultClaim"
+    """CheckpointsDurable: on the claim `<job>-checkpoints` the operator created."""
+    USER_CLAIM = "UserClaim"
+    """CheckpointsDurable: on the claim named in spec.checkpoint.claimName."""
+    EPHEMERAL_CHECKPOINTS = "EphemeralCheckpoints"
+    """CheckpointsDurable False: spec.checkpoint.ephemeral keeps them in each pod."""
+    IMAGE_PULL_FAILED = "ImagePullFailed"
+    """WorkersBlocked: the kubelet cannot pull the image (ErrImagePull, ImagePullBackOff)."""
+    INVALID_IMAGE_NAME = "InvalidImageName"
+    CONTAINER_CONFIG_ERROR = "ContainerConfigError"
+    """WorkersBlocked: CreateContainerConfigError (a missing Secret or ConfigMap, a bad key, ...)."""
+    CONTAINER_CREATE_ERROR = "ContainerCreateError"
+    """WorkersBlocked: CreateContainerError from the container runtime."""
+    UNSCHEDULABLE = "Unschedulable"
+    """WorkersBlocked: the scheduler finds no node (resources, selectors, taints, volumes)."""
+    CHECKPOINT_CLAIM_PENDING = "CheckpointClaimPending"
+    """WorkersBlocked: unschedulable because the checkpoint claim is not bound (or does not exist)."""
+    WORKERS_STARTING = "WorkersStarting"
+    """WorkersBlocked False: no worker pod is blocked any more."""
 
 
 class _Model(BaseModel):
@@ -134,11 +171,15 @@ class CheckpointSpec(_Model):
     dir: str | None = None
     """Checkpoint directory. Default: `<output dir>/checkpoints` locally, `/checkpoints` in pods."""
     claim_name: str | None = None
-    """An existing PersistentVolumeClaim mounted at the checkpoint directory in every worker pod."""
-    storage_size: str | None = None
-    """Size of a claim the operator creates for this job when claimName is not set (e.g. `100Gi`)."""
+    """An existing PersistentVolumeClaim mounted at /checkpoints in every worker pod instead of the one the operator creates. With more than one worker it must be ReadWriteMany (unless every worker lands on one node)."""
+    storage_size: str = Field(DEFAULT_CHECKPOINT_STORAGE, pattern=QUANTITY_PATTERN)
+    """Size of the claim `<job>-checkpoints` that the operator creates, owned by the job and deleted with it, when neither claimName nor ephemeral is set."""
     storage_class_name: str | None = None
-    """StorageClass of the claim the operator creates."""
+    """StorageClass of the claim the operator creates. Unset: the cluster's default StorageClass."""
+    access_mode: AccessMode | None = None
+    """Access mode of the claim the operator creates. Unset: ReadWriteOnce for one worker, ReadWriteMany for more (every worker mounts the same claim, so its StorageClass must offer ReadWriteMany: NFS, EFS, Filestore, Azure Files, CephFS, ...)."""
+    ephemeral: bool = False
+    """Keep checkpoints in a per-pod emptyDir, no claim: they are lost whenever the worker pods are deleted, so every gang restart starts over from step 0 (the job's CheckpointsDurable condition is False). For clusters without storage and for tests. `kubetrain run` ignores it: local checkpoints always survive restarts."""
 
 
 class ResourcesSpec(_Model):
@@ -254,6 +295,18 @@ SPEC_RULES: list[Rule] = [
         lambda s: s.args is None or s.command is not None,
     ),
     Rule(
+        "checkpoint.ephemeral",
+        "!self.checkpoint.ephemeral || !has(self.checkpoint.claimName)",
+        "checkpoint.ephemeral cannot be combined with checkpoint.claimName (a claim is durable storage): drop one",
+        lambda s: not s.checkpoint.ephemeral or s.checkpoint.claim_name is None,
+    ),
+    Rule(
+        "checkpoint.accessMode",
+        "!has(self.checkpoint.accessMode) || self.checkpoint.accessMode != 'ReadWriteOncePod' || self.workers == 1",
+        "checkpoint.accessMode ReadWriteOncePod lets one pod mount the claim: it needs workers 1",
+        lambda s: s.checkpoint.access_mode != "ReadWriteOncePod" or s.workers == 1,
+    ),
+    Rule(
         "precision",
         "self.precision != 'fp16' || self.strategy != 'deepspeed' || self.resources.gpusPerWorker > 0",
         "precision fp16 with strategy deepspeed needs GPUs (DeepSpeed has no fp16 on CPU); use bf16",
@@ -349,7 +402,7 @@ class Condition(_Model):
     """A standard Kubernetes condition."""
 
     type: str
-    """Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed."""
+    """Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed, CheckpointsDurable, WorkersBlocked."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = ""
@@ -388,6 +441,8 @@ class TrainingJobStatus(_Model):
     """Gang restarts so far."""
     restart_generation: int = 0
     """Generation of the current gang (0 for the first)."""
+    resumed_from_step: int = 0
+    """Step of the checkpoint the current generation resumed from, as its rank 0 reported it (0: it started from scratch, or has not reported yet)."""
     gang_created: bool = False
     """Every worker of the current generation has been created (a worker missing after that was deleted)."""
     last_restart_time: str | None = None

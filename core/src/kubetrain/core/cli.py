@@ -64,7 +64,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kubetrain.core.local import LocalRun, RunOptions
+    from kubetrain.core.local import LocalRun, LocalRunError, RunOptions
 
     manifest = Path(args.file)
     try:
@@ -90,7 +90,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary_json=Path(args.summary_json) if args.summary_json else None,
         quiet=args.quiet,
     )
-    summary = LocalRun(job, manifest.parent.resolve(), opts).run()
+    try:
+        summary = LocalRun(job, manifest.parent.resolve(), opts).run()
+    except LocalRunError as exc:
+        print(f"kubetrain run: {exc}", file=sys.stderr)
+        return 2
     loss = (
         f"loss {summary.initial_loss:.4f} -> {summary.final_loss:.4f}"
         if summary.initial_loss is not None and summary.final_loss is not None

@@ -38,7 +38,8 @@ OUTPUT_DIR = "KUBETRAIN_OUTPUT_DIR"
 RESTART_GENERATION = "KUBETRAIN_RESTART_GENERATION"
 METRICS_PORT = "KUBETRAIN_METRICS_PORT"
 FAIL_AT = "KUBETRAIN_FAIL_AT"
-"""`RANK:STEP`: that rank exits with FAIL_AT_EXIT_CODE on reaching STEP (failure drills)."""
+"""`RANK:STEP`: that rank exits with FAIL_AT_EXIT_CODE on reaching STEP in the first generation
+(KUBETRAIN_RESTART_GENERATION 0) only, so a drill set in a pod's env fails the gang once (failure drills)."""
 DIST_TIMEOUT = "KUBETRAIN_DIST_TIMEOUT_SECONDS"
 POD_NAME = "KUBETRAIN_POD_NAME"
 """This worker's pod (Downward API `metadata.name`); only in pods, never in local runs."""
@@ -52,6 +53,10 @@ PEER_LOST_EXIT_CODE = 3
 """Exit code of a rank whose collective failed because another rank went away (connection
 reset, closed, timed out): the consequence of another failure, rarely its cause. Retryable;
 launchers and the lifecycle policy report any other failure before this one."""
+COMMAND_NOT_FOUND_EXIT_CODE = 127
+"""A worker command that is not there (as a shell exits): permanent by default (restartPolicy)."""
+COMMAND_NOT_EXECUTABLE_EXIT_CODE = 126
+"""A worker command that is there but cannot be executed (as a shell exits): permanent by default."""
 
 PROGRESS_FILE = "progress.json"
 """Rank 0's progress record in KUBETRAIN_OUTPUT_DIR (see kubetrain.core.progress)."""

@@ -10,7 +10,8 @@ Rules (the same everywhere):
 - Any worker failure -- non-zero exit, deletion, eviction, a node NotReady past
   its grace, no progress for progressDeadlineSeconds -- restarts the WHOLE gang
   from the latest complete checkpoint, once per failure: every old worker is
-  gone before the next generation starts.
+  gone before the next generation starts. The messages name that checkpoint's
+  step, or why there is none (restart_origin).
 - An exit code listed in restartPolicy.permanentExitCodes fails the job at once.
 - Restarts back off exponentially; restartPolicy.backoffLimit caps their count.
 - activeDeadlineSeconds fails a job that has been active too long.
@@ -72,6 +73,10 @@ class Observed:
     """When rank 0 last reported a new step in this generation."""
     running_since: datetime | None = None
     """When every worker of this generation was first seen Running."""
+    last_checkpoint: int | None = None
+    """Step of the newest complete checkpoint known (None: none yet)."""
+    checkpoints_durable: bool = True
+    """Checkpoints survive the workers (False: they die with the pods, spec.checkpoint.ephemeral)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +154,15 @@ def _describe(w: WorkerState, kind: FailureKind) -> str:
     return f"worker {w.index} {kind.value.lower()}"
 
 
+def restart_origin(observed: Observed) -> str:
+    """Where the next generation starts, as every restart message says it (both backends)."""
+    if not observed.checkpoints_durable:
+        return "from step 0: checkpoints are ephemeral (spec.checkpoint.ephemeral)"
+    if not observed.last_checkpoint:
+        return "from step 0: no complete checkpoint yet"
+    return f"from the checkpoint at step {observed.last_checkpoint}"
+
+
 def _no_progress(spec: TrainingJobSpec, observed: Observed, now: datetime) -> bool:
     deadline = spec.restart_policy.progress_deadline_seconds
     if deadline is None or observed.running_since is None:
@@ -218,8 +232,8 @@ def decide(spec: TrainingJobSpec, observed: Observed, history: History, now: dat
         delay = backoff_seconds(spec, history.restart_count)
         return Decision(
             Action.RESTART_GANG, "Restarting", kind.value,
-            f"{what}: restarting the whole gang from the latest checkpoint in {delay:g}s "
-            f"(restart {history.restart_count + 1} of at most {spec.restart_policy.backoff_limit})",
+            f"{what}: restarting the whole gang {restart_origin(observed)} "
+            f"(restart {history.restart_count + 1} of at most {spec.restart_policy.backoff_limit}, in {delay:g}s)",
             gen + 1, requeue_after=delay, failure_kind=kind, failed_workers=failed,
         )
 
@@ -231,11 +245,13 @@ def decide(spec: TrainingJobSpec, observed: Observed, history: History, now: dat
                 wait = (ready_at - now).total_seconds()
                 return Decision(
                     Action.WAIT, "Restarting", "BackoffWait",
-                    f"starting generation {gen} in {wait:.1f}s", gen, requeue_after=wait,
+                    f"starting generation {gen} {restart_origin(observed)} in {wait:.1f}s", gen,
+                    requeue_after=wait,
                 )
+        origin = f" {restart_origin(observed)}" if gen > 0 else ""
         return Decision(
             Action.CREATE_WORKERS, "Created" if gen == 0 else "Restarting", "CreatingWorkers",
-            f"creating {len(missing)} of {spec.workers} worker(s) of generation {gen}", gen,
+            f"creating {len(missing)} of {spec.workers} worker(s) of generation {gen}{origin}", gen,
         )
 
     if all(w.phase in (WorkerPhase.RUNNING, WorkerPhase.SUCCEEDED) for w in observed.workers):

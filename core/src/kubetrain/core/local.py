@@ -1,7 +1,8 @@
 """The local backend: run a TrainingJob as processes on this machine, no cluster.
 
 Each worker (a pod on Kubernetes) is a group of `procsPerWorker` processes of the
-same entrypoint the trainer image runs, with the same environment contract. The
+same command a pod runs (the built-in trainer, or spec.command), one per rank, with
+the environment a pod's launcher gives them (kubetrain.core.launcher.child_envs). The
 supervisor loop observes them, asks the shared lifecycle policy
 (kubetrain.core.lifecycle.decide) what to do, and does it: start a generation,
 kill and restart the whole gang from the latest checkpoint, succeed or fail.
@@ -23,12 +24,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from kubetrain.core import contract
+from kubetrain.core import contract, launcher
 from kubetrain.core.api import TrainingJob, TrainingJobSpec
 from kubetrain.core.lifecycle import Action, Decision, History, Observed, WorkerPhase, WorkerState, decide
 from kubetrain.core.progress import Progress, complete_checkpoints, read_progress
 
-TRAINER_ENTRYPOINT = [sys.executable, "-m", "kubetrain.trainer"]
+PYTHON_WORDS = ("python", "python3")
+"""A custom command starting with one of these runs under the interpreter kubetrain runs under."""
 STOP_GRACE_SECONDS = 120.0
 """How long Ctrl-C waits for workers to write their SIGTERM checkpoint."""
 KILL_GRACE_SECONDS = 3.0
@@ -45,11 +47,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class LocalRunError(Exception):
+    """The run cannot start (e.g. its checkpoint directory cannot be written); the message says why."""
+
+
 @dataclass
 class Proc:
     rank: int
     node_rank: int
-    popen: subprocess.Popen[bytes]
+    popen: subprocess.Popen[bytes] | launcher.NotStarted
     log: IO[bytes]
 
 
@@ -107,6 +113,28 @@ def resolve_spec(job: TrainingJob, manifest_dir: Path, opts: RunOptions) -> Trai
     ckpt = Path(spec.checkpoint.dir) if spec.checkpoint.dir else opts.output_dir / "checkpoints"
     spec.checkpoint.dir = str(ckpt.resolve())
     return TrainingJobSpec.model_validate(spec.dump())
+
+
+def worker_command(spec: TrainingJobSpec, python: str = sys.executable) -> list[str]:
+    """What every process runs: the built-in trainer, or spec.command + spec.args. A first word `python` or
+    `python3` is this interpreter, so the packages kubetrain sees (torch) are there without an activated venv."""
+    if not spec.command:
+        return [python, "-m", "kubetrain.trainer"]
+    command = [*spec.command, *(spec.args or [])]
+    if command[0] in PYTHON_WORDS:
+        command[0] = python
+    return command
+
+
+def ensure_writable(*dirs: Path) -> None:
+    """Create these directories (checkpoints, output) before any process starts, or say why not."""
+    for d in dirs:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LocalRunError(f"cannot create {d}: {exc.strerror or exc}") from None
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise LocalRunError(f"{d} is not writable")
 
 
 def prepare_output_dir(spec: TrainingJobSpec, opts: RunOptions) -> str | None:
@@ -197,48 +225,52 @@ class LocalRun:
     def _start_generation(self, number: int, now: datetime) -> None:
         spec = self.spec
         port = free_port()
+        logs = self.out / "logs" / f"gen-{number}"
+        ensure_writable(Path(spec.checkpoint.dir or ""), self.out, logs)
         self.config_path.write_text(json.dumps(spec.dump(), indent=1))
         latest = complete_checkpoints(Path(spec.checkpoint.dir or ""))
         base_step = latest[-1][0] if latest else 0
         if latest:
             self.resumed_from.append(base_step)
-        logs = self.out / "logs" / f"gen-{number}"
-        logs.mkdir(parents=True, exist_ok=True)
-        threads = str(max(1, (os.cpu_count() or 1) // spec.world_size))
-        command = spec.command + (spec.args or []) if spec.command else TRAINER_ENTRYPOINT
+        command = worker_command(spec)
         procs = []
         for node_rank in range(spec.workers):
-            for local_rank in range(spec.procs):
-                placement = contract.WorkerPlacement(node_rank, local_rank, spec.procs, spec.workers)
-                env = dict(os.environ)
-                env.setdefault("OMP_NUM_THREADS", threads)
-                env.update(contract.torch_env(placement, "127.0.0.1", port))
-                env.update(
-                    contract.kubetrain_env(
-                        job=self.name,
-                        namespace="local",
-                        config_path=str(self.config_path),
-                        checkpoint_dir=str(spec.checkpoint.dir),
-                        output_dir=str(self.out),
-                        restart_generation=number,
-                        metrics_port=spec.metrics_port + placement.rank,
-                    )
-                )
-                for item in spec.env or []:
-                    if "name" in item and "value" in item:
-                        env[str(item["name"])] = str(item["value"])
-                if number == 0 and self.opts.fail_at is not None:
-                    env[contract.FAIL_AT] = f"{self.opts.fail_at[0]}:{self.opts.fail_at[1]}"
-                else:
-                    env.pop(contract.FAIL_AT, None)
-                log = open(logs / f"rank-{placement.rank}.log", "wb")  # noqa: SIM115 - closed in _reap
-                popen = subprocess.Popen(
-                    command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            for child_env in launcher.child_envs(self._worker_env(node_rank, number, port)):
+                rank = int(child_env[contract.RANK])
+                log = open(logs / f"rank-{rank}.log", "wb")  # noqa: SIM115 - closed in _stop_all
+                popen = launcher.start(  # a command that cannot start: exit 127/126 and one line in the log
+                    command, child_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops workers in order
                 )
-                procs.append(Proc(placement.rank, node_rank, popen, log))
+                procs.append(Proc(rank, node_rank, popen, log))
         self.gen = Generation(number, procs, now, time.monotonic(), base_step)
         self.last_step = (0, None)
+
+    def _worker_env(self, node_rank: int, number: int, port: int) -> dict[str, str]:
+        """One worker's environment, as a pod's: launcher.child_envs() makes each rank's from it."""
+        spec = self.spec
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.world_size)))
+        env.update(contract.torch_env(contract.WorkerPlacement(node_rank, 0, spec.procs, spec.workers), "127.0.0.1", port))
+        env.update(
+            contract.kubetrain_env(
+                job=self.name,
+                namespace="local",
+                config_path=str(self.config_path),
+                checkpoint_dir=str(spec.checkpoint.dir),
+                output_dir=str(self.out),
+                restart_generation=number,
+                metrics_port=spec.metrics_port + node_rank * spec.procs,  # one host: a port per rank
+            )
+        )
+        for item in spec.env or []:
+            if "name" in item and "value" in item:
+                env[str(item["name"])] = str(item["value"])
+        if number == 0 and self.opts.fail_at is not None:
+            env[contract.FAIL_AT] = f"{self.opts.fail_at[0]}:{self.opts.fail_at[1]}"
+        else:
+            env.pop(contract.FAIL_AT, None)
+        return env
 
     def _signal_all(self, sig: int) -> None:
         for p in self.gen.procs if self.gen else []:
@@ -266,11 +298,17 @@ class LocalRun:
 
     # ------------------------------------------------------------------ observe
 
+    def _last_checkpoint(self) -> int | None:
+        """Step of the newest complete checkpoint. Local checkpoints live in one directory that outlives
+        every generation, so Observed.checkpoints_durable keeps its default (spec.checkpoint.ephemeral is for pods)."""
+        done = complete_checkpoints(Path(self.spec.checkpoint.dir or ""))
+        return done[-1][0] if done else None
+
     def observe(self, now: datetime) -> Observed:
         if self.gen is None:
             number = self.history.restart_count
             workers = tuple(WorkerState(i, WorkerPhase.MISSING, created=False) for i in range(self.spec.workers))
-            return Observed(generation=number, workers=workers)
+            return Observed(generation=number, workers=workers, last_checkpoint=self._last_checkpoint())
         workers = []
         for node_rank in range(self.spec.workers):
             group = [p for p in self.gen.procs if p.node_rank == node_rank]
@@ -290,6 +328,7 @@ class LocalRun:
             workers=tuple(workers),
             last_progress_time=self.last_step[1],
             running_since=self.gen.started,
+            last_checkpoint=self._last_checkpoint(),
         )
 
     # ------------------------------------------------------------------ act
@@ -346,6 +385,8 @@ class LocalRun:
         if note:
             self.status.say(note)
         self.status.say(f"output: {self.out} (logs/, checkpoints/, progress.json)")
+        if spec.checkpoint.ephemeral:
+            self.status.say("checkpoint.ephemeral applies to pods only: local checkpoints survive restarts")
         ports = f"{spec.metrics_port}-{spec.metrics_port + spec.world_size - 1}"
         self.status.say(f"metrics: http://127.0.0.1:{ports}/metrics (one port per rank, Prometheus format)")
         previous = signal.signal(signal.SIGINT, self._on_interrupt)

@@ -3,9 +3,9 @@
 No API calls and no clock here. Children are named deterministically so that a
 create is idempotent (409 means it is already there):
   Service       <job>             headless, rendezvous DNS <job>-worker-<i>.<job>.<ns>.svc
-  ConfigMap     <job>-config      config.json: the spec the trainer reads
+  ConfigMap     <job>-config      config.json: the spec the trainer reads; launcher.py + contract.py for custom commands
   Pod           <job>-worker-<i>  one per worker, labelled with its restart generation
-  PVC           <job>-checkpoints when checkpoint.storageSize is set and no claimName
+  PVC           <job>-checkpoints unless checkpoint.claimName or checkpoint.ephemeral is set
   Role          <job>-progress    get/patch of the pod <job>-worker-0 only (progressReporting)
   RoleBinding   <job>-progress    that Role for the workers' ServiceAccount
 """
@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
 from typing import Any
 
-from kubetrain.core import contract
+from kubetrain.core import contract, launcher
 from kubetrain.core.api import API_VERSION, KIND, TrainingJob, TrainingJobSpec
 
 LABEL_JOB = "kubetrain.io/job-name"
@@ -30,6 +32,8 @@ CONFIG_MOUNT = "/etc/kubetrain"
 OUTPUT_MOUNT = "/var/run/kubetrain"
 CONTAINER = "trainer"
 SIGTERM_CHECKPOINT_GRACE = 300
+TRAINER_GID = 1000
+"""The trainer image's group (trainer-image/Dockerfile: USER 1000:1000): fsGroup of the checkpoint claim."""
 
 
 @dataclass(frozen=True)
@@ -53,11 +57,21 @@ def config_name(job: str) -> str:
     return f"{job}-config"
 
 
+def default_claim_name(job: str) -> str:
+    return f"{job}-checkpoints"
+
+
 def claim_name(job: TrainingJob) -> str | None:
+    """The claim every worker mounts at /checkpoints: the user's, else the operator's; None when ephemeral."""
     ck = job.spec.checkpoint
     if ck.claim_name:
         return ck.claim_name
-    return f"{job.metadata.name}-checkpoints" if ck.storage_size else None
+    return None if ck.ephemeral else default_claim_name(job.metadata.name)
+
+
+def claim_access_mode(spec: TrainingJobSpec) -> str:
+    """checkpoint.accessMode, else ReadWriteOnce for one worker and ReadWriteMany for a gang that shares it."""
+    return spec.checkpoint.access_mode or ("ReadWriteOnce" if spec.workers == 1 else "ReadWriteMany")
 
 
 def progress_rbac_name(job: str) -> str:
@@ -106,29 +120,51 @@ def headless_service(job: TrainingJob, owner: dict[str, Any] | None = None) -> d
     }
 
 
+@cache
+def launcher_files() -> dict[str, str]:
+    """The per-worker launcher's source files (kubetrain.core, stdlib only), run in pods from the ConfigMap."""
+    return {name: files("kubetrain.core").joinpath(name).read_text() for name in launcher.FILES}
+
+
 def config_map(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    data = {"config.json": json.dumps(job.spec.dump(), indent=1, sort_keys=True)}
+    if job.spec.command and job.spec.procs > 1:  # see worker_command
+        data.update(launcher_files())
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(job, config_name(job.metadata.name), owner),
-        "data": {"config.json": json.dumps(job.spec.dump(), indent=1, sort_keys=True)},
+        "data": data,
     }
+
+
+def worker_command(spec: TrainingJobSpec) -> tuple[list[str] | None, list[str] | None]:
+    """The container's command and args. None: the image's entrypoint (the built-in trainer, which runs its
+    own launcher). With procsPerWorker 1 the user's command is the rank itself; with more, the launcher
+    from the ConfigMap starts it once per rank, so the user's image needs python3 but not kubetrain."""
+    if not spec.command:
+        return None, None
+    args = list(spec.args) if spec.args else None
+    if spec.procs == 1:
+        return list(spec.command), args
+    return ["python3", f"{CONFIG_MOUNT}/{launcher.SCRIPT}", "--", *spec.command], args
 
 
 def checkpoint_claim(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The claim `<job>-checkpoints` (owned by the job: deleted with it), unless claimName or ephemeral is set."""
     ck = job.spec.checkpoint
-    if ck.claim_name or not ck.storage_size:
+    if ck.claim_name or ck.ephemeral:
         return None
     spec: dict[str, Any] = {
-        "accessModes": ["ReadWriteMany"],
+        "accessModes": [claim_access_mode(job.spec)],
         "resources": {"requests": {"storage": ck.storage_size}},
     }
-    if ck.storage_class_name:
+    if ck.storage_class_name:  # unset: the cluster's default StorageClass
         spec["storageClassName"] = ck.storage_class_name
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _meta(job, f"{job.metadata.name}-checkpoints", owner),
+        "metadata": _meta(job, default_claim_name(job.metadata.name), owner),
         "spec": spec,
     }
 
@@ -248,7 +284,7 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
             metrics_port=spec.metrics_port,
         ),
     }
-    if spec.procs == 1:  # one process per pod: it is the rank itself; otherwise the entrypoint launches procs
+    if spec.procs == 1:  # one process per pod: it is the rank itself; otherwise the launcher sets them per process
         values[contract.RANK] = str(index)
         values[contract.LOCAL_RANK] = "0"
     values.update(FABRICS[spec.fabric].env)
@@ -302,10 +338,11 @@ def worker_pod(
         ],
         "resources": _resources(spec),
     }
-    if spec.command:
-        container["command"] = list(spec.command)
-        if spec.args:
-            container["args"] = list(spec.args)
+    command, args = worker_command(spec)
+    if command:
+        container["command"] = command
+    if args:
+        container["args"] = args
     if fabric.capabilities:
         container["securityContext"] = {"capabilities": {"add": list(fabric.capabilities)}}
     pod_spec: dict[str, Any] = {
@@ -325,6 +362,11 @@ def worker_pod(
         "schedulerName": sched.scheduler_name or ("volcano" if sched.gang == "volcano" else None),
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
+    user_spec = (spec.pod_template or {}).get("spec") or {}
+    if claim and "securityContext" not in user_spec:  # a user's securityContext is theirs alone, not merged with ours
+        # A fresh volume is root-owned: the group lets the non-root trainer write it; OnRootMismatch spares
+        # a recursive chown of every checkpoint at each gang restart.
+        pod_spec["securityContext"] = {"fsGroup": TRAINER_GID, "fsGroupChangePolicy": "OnRootMismatch"}
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
     if spec.pod_template:
         pod = merge(pod, {k: v for k, v in spec.pod_template.items() if k in ("metadata", "spec")})

@@ -27,7 +27,7 @@ from kubetrain.core.lifecycle import FailureKind
 from kubetrain.core.progress import Progress
 from kubetrain.operator import builders as b
 from kubetrain.operator import metrics
-from kubetrain.operator.reconcile import Plan, parse_ts, plan
+from kubetrain.operator.reconcile import Plan, claim_to_check, parse_ts, plan
 
 log = logging.getLogger("kubetrain.operator")
 
@@ -266,17 +266,34 @@ class Controller:
         if body is None:
             return None
         t0 = time.perf_counter()
-        p = self._plan(key, body)
+        claim_phase = await self._claim_phase(key, body)
+        p = self._plan(key, body, claim_phase)
         confirm = p.decision is not None and p.decision.failure_kind in CONFIRM_LIVE
         if confirm and await self._io(self.refresh_from_api, key):
-            p = self._plan(key, body)
+            p = self._plan(key, body, claim_phase)
         await self.execute(key, body, p)
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - t0)
         return p.requeue_after
 
-    def _plan(self, key: Key, body: dict[str, Any]) -> Plan:
+    def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None = None) -> Plan:
         pods = list(self.pods.get(key, {}).values())
-        return plan(body, pods, self.nodes, self.clock(), self.settings, self.progress_of(key, body))
+        return plan(body, pods, self.nodes, self.clock(), self.settings, self.progress_of(key, body), claim_phase)
+
+    async def _claim_phase(self, key: Key, body: dict[str, Any]) -> str | None:
+        """The checkpoint claim's phase ("Missing" when absent), read live only while the scheduler says
+        the job's pods wait for a volume (claims are not watched: one GET per such reconcile)."""
+        name = claim_to_check(body, list(self.pods.get(key, {}).values()), self.clock())
+        if name is None:
+            return None
+        try:
+            claim = await self._io(self.core.read_namespaced_persistent_volume_claim, name, key[0])
+        except ApiException as exc:
+            if exc.status == 404:
+                return "Missing"
+            if exc.status == 403:  # no get on claims (a trimmed Role): say what the scheduler says, no more
+                return None
+            raise
+        return (claim.status.phase if claim.status else None) or "Pending"
 
     def refresh_from_api(self, key: Key) -> bool:
         """Replace the cached pods of one job (and their nodes) with a live read; True if anything changed."""

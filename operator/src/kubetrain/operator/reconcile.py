@@ -1,6 +1,6 @@
 """One reconcile, as pure functions: observe children -> decide (shared policy) -> plan.
 
-`plan(job_body, pods, nodes, now, settings)` returns a Plan: objects to create,
+`plan(job_body, pods, nodes, now, settings, progress, claim_phase)` returns a Plan: objects to create,
 pods to delete, the ONE status to write, Events to record, and when to look
 again. The I/O layer (kubetrain.operator.k8s) carries it out; nothing here talks
 to the API server or reads a clock.
@@ -14,14 +14,31 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubetrain.core.api import CheckpointRef, Condition, TrainingJob, TrainingJobSpec, TrainingJobStatus
+from kubetrain.core.api import (
+    CHECKPOINTS_DURABLE,
+    WORKERS_BLOCKED,
+    CheckpointRef,
+    Condition,
+    TrainingJob,
+    TrainingJobSpec,
+    TrainingJobStatus,
+)
 from kubetrain.core.lifecycle import Action, Decision, History, Observed, WorkerPhase, WorkerState, decide
 from kubetrain.core.progress import Progress
 from kubetrain.core.validate import _path, _reason
 from kubetrain.operator import builders as b
+from kubetrain.operator.conditions import (
+    announce,
+    blocked_pods,
+    checkpoints_durable,
+    recheck_after,
+    waits_for_volume,
+    workers_blocked,
+)
 
 FINISHED = ("Succeeded", "Failed")
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed",
+                   CHECKPOINTS_DURABLE, WORKERS_BLOCKED)
 
 
 def ts(t: datetime) -> str:
@@ -103,6 +120,8 @@ def observe(
         stale_workers=stale,
         last_progress_time=parse_ts(status.last_progress_time),
         running_since=parse_ts(status.running_since),
+        last_checkpoint=status.last_checkpoint.step if status.last_checkpoint else None,
+        checkpoints_durable=not spec.checkpoint.ephemeral,
     )
 
 
@@ -110,9 +129,13 @@ def observe(
 
 
 def set_condition(
-    conditions: list[dict[str, Any]], type_: str, value: bool, reason: str, message: str, now: datetime
+    conditions: list[dict[str, Any]], type_: str, value: bool, reason: str, message: str, now: datetime,
+    add_false: bool = False,
 ) -> list[dict[str, Any]]:
-    """A new condition list; lastTransitionTime moves only when the status value changes."""
+    """A new condition list; lastTransitionTime moves only when the status value changes.
+
+    A condition not there yet is added when True, or when False with `add_false` (a phase condition
+    appears once it holds; CheckpointsDurable=False is news from the start)."""
     status = "True" if value else "False"
     out, found = [], False
     for c in conditions:
@@ -125,7 +148,7 @@ def set_condition(
             })
         else:
             out.append(c)
-    if not found and value:
+    if not found and (value or add_false):
         out.append({"type": type_, "status": status, "reason": reason, "message": message,
                     "lastTransitionTime": ts(now)})
     return out
@@ -181,7 +204,10 @@ def plan(
     now: datetime,
     settings: b.Settings,
     progress: Progress | None = None,
+    claim_phase: str | None = None,
 ) -> Plan:
+    """One reconcile. `claim_phase`: the checkpoint claim's phase ("Missing" if absent), when the caller
+    looked it up because pods wait for a volume (claim_to_check); None otherwise."""
     old = _status_of(body)
     old_dump = old.dump()
     out = Plan()
@@ -238,6 +264,9 @@ def plan(
         status.restart_generation = d.generation
         status.gang_created = False
         status.running_since = None
+        status.resumed_from_step = 0  # until rank 0 of the new generation reports what it loaded
+        if spec.checkpoint.ephemeral:
+            status.last_checkpoint = None  # it was in the pods being deleted
         status.last_restart_time = ts(now)
         status.last_failure_time = status.last_failure_time or ts(now)
         out.events.append(("Warning", d.reason, d.message))
@@ -248,6 +277,7 @@ def plan(
             status.gang_created = False
             status.running_since = None
             status.restart_generation += 1  # resuming starts a new gang from the latest checkpoint
+            status.resumed_from_step = 0
     elif d.action == Action.FAIL:
         status.completion_time = ts(now)
         if d.failure_kind is not None:
@@ -272,11 +302,41 @@ def plan(
         out.events.append(("Normal", d.reason, d.message))
     status.phase = d.phase  # type: ignore[assignment]
     status.reason, status.message = d.reason, d.message
-    status.conditions = conditions_for(d.phase, d.reason, d.message, [c.dump() for c in old.conditions], now)
+    conds = conditions_for(d.phase, d.reason, d.message, [x.dump() for x in old.conditions], now)
+    status.conditions = _side_conditions(job, d, current, claim_phase, conds, now, out)
     new_dump = status.dump()
     if new_dump != old_dump:
         out.status = new_dump
     return out
+
+
+def _side_conditions(
+    job: TrainingJob, d: Decision, current: list[dict[str, Any]], claim_phase: str | None,
+    conds: list[Condition], now: datetime, out: Plan,
+) -> list[Condition]:
+    """CheckpointsDurable and WorkersBlocked over the phase conditions; one Warning Event each time
+    one of them turns bad (not on every reconcile)."""
+    starting = d.action in (Action.WAIT, Action.CREATE_WORKERS)  # a gang going away is not blocked
+    blocked = blocked_pods(current, now) if starting else []
+    if starting and (wait := recheck_after(current, now)) is not None:
+        out.requeue_after = min(out.requeue_after or wait, wait)
+    raw = [x.dump() for x in conds]
+    for want in (checkpoints_durable(job), workers_blocked(job, blocked, claim_phase)):
+        if announce(raw, want):
+            out.events.append(("Warning", want.reason, want.message))
+        # CheckpointsDurable=False is there from the start; WorkersBlocked appears once it holds.
+        raw = set_condition(raw, want.type, want.value, want.reason, want.message, now,
+                            add_false=not want.bad_value)
+    return [Condition.model_validate(x) for x in raw]
+
+
+def claim_to_check(body: dict[str, Any], pods: list[dict[str, Any]], now: datetime) -> str | None:
+    """The checkpoint claim worth a live look (its phase goes to plan()): only while a pod of the job
+    is unschedulable for a volume, so the operator neither watches claims nor reads one per reconcile."""
+    if not waits_for_volume(blocked_pods(pods, now)):
+        return None
+    job, _ = _job_model(body)
+    return b.claim_name(job) if job is not None else None
 
 
 def _apply_progress(status: TrainingJobStatus, progress: Progress, now: datetime) -> None:
@@ -285,13 +345,16 @@ def _apply_progress(status: TrainingJobStatus, progress: Progress, now: datetime
     A new step is progress (lastProgressTime moves): a higher one, or any other step reported by
     the current generation -- a gang resumed from an older checkpoint re-trains steps below
     currentStep, and that is progress too, not a hang. The checkpoint is taken whenever it changed
-    (rank 0 reports the commit after the step itself).
+    (rank 0 reports the commit after the step itself). resumedFromStep is the current generation's
+    own report of the checkpoint it loaded (none: it started from scratch).
     """
     current_gen = progress.generation == status.restart_generation
     if progress.step > status.current_step or (current_gen and progress.step != status.current_step):
         status.current_step = progress.step
         status.loss = f"{progress.loss:.4f}" if progress.loss is not None else status.loss
         status.last_progress_time = ts(now)
+    if current_gen:
+        status.resumed_from_step = progress.resumed_from or 0
     ck = progress.last_checkpoint
     if ck is not None:
         ref = CheckpointRef(step=ck.step, path=ck.path, time=ck.time)

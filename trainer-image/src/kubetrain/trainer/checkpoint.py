@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,9 +21,12 @@ import torch
 import torch.distributed as dist
 
 from kubetrain.core.progress import COMMIT_MARKER, atomic_write_text, checkpoint_dirname, complete_checkpoints
+from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.engines import Engine
 
 TRAINER_STATE = "trainer.json"
+VISIBLE_WITHIN_SECONDS = 30.0
+"""How long rank 0 waits for the other ranks' files to show up (a shared file system's caches)."""
 
 
 @dataclass
@@ -77,10 +81,31 @@ def save_checkpoint(root: Path, engine: Engine, state: TrainerState, keep: int) 
         atomic_write_text(path / TRAINER_STATE, json.dumps(asdict(state), indent=1))
     dist.barrier()
     if rank == 0:
+        require_every_part(path, dist.get_world_size())
         marker = {"step": state.step, "worldSize": state.world_size, "strategy": state.strategy, "time": now_rfc3339()}
         atomic_write_text(path / COMMIT_MARKER, json.dumps(marker) + "\n")
         prune(root, keep)
     return path
+
+
+def missing_parts(path: Path, world_size: int) -> list[int]:
+    """Ranks whose RNG file (written after the rank's engine state) rank 0 cannot see in `path`."""
+    return [r for r in range(world_size) if not (path / "rng" / f"rank-{r:05d}.pt").is_file()]
+
+
+def require_every_part(path: Path, world_size: int, within: float = VISIBLE_WITHIN_SECONDS) -> None:
+    """A checkpoint is complete only with every rank's part: never commit one whose parts sit in
+    directories private to each worker (a per-pod volume), which could not be resumed from."""
+    deadline = time.monotonic() + within
+    while missing := missing_parts(path, world_size):
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                "spec.checkpoint",
+                f"{path} holds no part of rank(s) {missing[:8]} after every rank saved: the checkpoint directory "
+                "is not shared by all workers. Use a claim every worker mounts (the default, or claimName with "
+                "ReadWriteMany for several workers); checkpoint.dir must lie on it",
+            )
+        time.sleep(0.5)
 
 
 def prune(root: Path, keep: int) -> None:

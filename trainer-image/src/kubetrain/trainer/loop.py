@@ -228,7 +228,7 @@ def _train(
         info = engine.optimizer_step()
         state.step += 1
         state.samples_seen += global_batch
-        if env.fail_at is not None and env.fail_at == (rank, state.step):
+        if env.fail_at is not None and env.fail_at == (rank, state.step) and env.generation == 0:
             print(
                 f"kubetrain.trainer: injected failure at step {state.step} on rank {rank}", file=sys.stderr, flush=True
             )

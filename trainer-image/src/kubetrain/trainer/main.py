@@ -21,9 +21,9 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(levelname)s rank%(rank)s %(message)s")
     _install_rank_filter()
     if contract.RANK not in os.environ and os.environ.get(contract.PET_NPROC_PER_NODE):
-        from kubetrain.trainer.launcher import launch  # noqa: PLC0415
+        from kubetrain.core.launcher import launch  # noqa: PLC0415
 
-        return launch()
+        return launch([sys.executable, "-m", "kubetrain.trainer"])
     try:
         env = read_env()
         spec = load_spec(env.config_path)

@@ -1,0 +1,222 @@
+"""One worker's processes: procsPerWorker ranks of one command, each with the full contract env.
+
+The one per-worker launcher, used wherever a worker runs several processes:
+- a pod of the built-in trainer: `python -m kubetrain.trainer` with RANK unset calls launch();
+- a pod with a custom command (spec.command) and procsPerWorker > 1: the operator ships this
+  file and contract.py in the job's ConfigMap (FILES) and the container runs
+  `python3 /etc/kubetrain/launcher.py -- COMMAND ARGS...`, so a user's image needs python3
+  but not kubetrain. That is why this module (and contract.py) import the standard library
+  only and run on Python 3.8+;
+- the local backend (kubetrain.core.local) starts each rank itself, with child_envs() and start().
+
+Child i gets RANK = NODE_RANK x nproc + i, LOCAL_RANK = i, the other torch and torchrun
+variables (contract.torch_env) and metrics port KUBETRAIN_METRICS_PORT + i. SIGTERM/SIGINT go
+to every child (they checkpoint and exit). When a child fails the others are terminated and
+the launcher exits with the root cause (contract.root_cause: the first failure that is not a
+lost peer, exit 3, waiting up to PEER_LOST_GRACE_SECONDS for one). A command that cannot be
+started exits 127 (not found) or 126 (not executable) after one line on stderr, as a shell does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import IO, TYPE_CHECKING, Any
+
+if __package__:
+    from kubetrain.core import contract
+else:  # run as a file from the job's ConfigMap: contract.py lies beside it
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import contract  # type: ignore[no-redef]
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from types import FrameType
+
+SCRIPT = "launcher.py"
+FILES = (SCRIPT, "contract.py")
+"""What a pod needs to run this file without kubetrain installed (kubetrain.core modules)."""
+TERMINATE_GRACE_SECONDS = 30.0
+PEER_LOST_GRACE_SECONDS = 5.0
+POLL_SECONDS = 0.1
+
+
+class NotStarted:
+    """Stands in for the Popen of a command that could not be started: it has already exited."""
+
+    pid = -1
+
+    def __init__(self, returncode: int) -> None:
+        self.returncode = returncode
+
+    def poll(self) -> int:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        pass
+
+    def terminate(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
+def _get(env: Mapping[str, str], *names: str) -> str | None:
+    return next((env[n] for n in names if env.get(n)), None)
+
+
+def _int(env: Mapping[str, str], *names: str, default: int) -> int:
+    value = _get(env, *names)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{'/'.join(names)}={value!r}: not an integer") from None
+
+
+def child_envs(env: Mapping[str, str]) -> list[dict[str, str]]:
+    """The environment of every process of one worker, from the worker's (a pod's) environment."""
+    nproc = _int(env, contract.PET_NPROC_PER_NODE, contract.LOCAL_WORLD_SIZE, default=1)
+    nnodes = _int(env, contract.PET_NNODES, default=1)
+    node_rank = _int(env, contract.NODE_RANK, contract.PET_NODE_RANK, default=0)
+    addr = _get(env, contract.MASTER_ADDR, contract.PET_MASTER_ADDR) or "127.0.0.1"
+    port = _int(env, contract.MASTER_PORT, contract.PET_MASTER_PORT, default=contract.DEFAULT_MASTER_PORT)
+    base_port = _int(env, contract.METRICS_PORT, default=0)
+    out = []
+    for local_rank in range(nproc):
+        child = dict(env)
+        placement = contract.WorkerPlacement(node_rank, local_rank, nproc, nnodes)
+        child.update(contract.torch_env(placement, addr, port))
+        if base_port > 0:  # 0 leaves metrics off
+            child[contract.METRICS_PORT] = str(base_port + local_rank)
+        out.append(child)
+    return out
+
+
+def not_started(command: Sequence[str], error: OSError, path: str | None) -> tuple[int, str]:
+    """The exit code and the one-line message for a command whose exec failed, as a shell words them."""
+    name = command[0]
+    if isinstance(error, FileNotFoundError):
+        code = contract.COMMAND_NOT_FOUND_EXIT_CODE
+        found = shutil.which(name, path=path) if os.sep not in name else (name if os.path.exists(name) else None)
+        if found:  # the file is there: execve's ENOENT is about its #! interpreter
+            why = f"{found} exists but cannot be started: its #! interpreter was not found"
+        elif os.sep in name:
+            why = "no such file"
+        else:
+            why = "command not found on PATH"
+    else:
+        code = contract.COMMAND_NOT_EXECUTABLE_EXIT_CODE
+        why = f"cannot execute: {error.strerror or error}"
+    return code, f"kubetrain: {name}: {why} (exit {code})"
+
+
+def start(
+    command: Sequence[str], env: Mapping[str, str], stdout: IO[bytes] | None = None, **popen: Any
+) -> subprocess.Popen[bytes] | NotStarted:
+    """subprocess.Popen(command), or, when it cannot be started, a NotStarted (127/126) after one line
+    on `stdout` (a binary file, e.g. a rank's log) or else on stderr. No traceback for a typo."""
+    try:
+        return subprocess.Popen(list(command), env=dict(env), stdout=stdout, **popen)
+    except OSError as exc:
+        if exc.errno is None:  # not exec's failure (e.g. a stdout without a file descriptor)
+            raise
+        code, message = not_started(command, exc, env.get("PATH", os.defpath))
+        if stdout is None:
+            print(message, file=sys.stderr, flush=True)
+        else:
+            stdout.write((message + "\n").encode())
+            stdout.flush()
+        return NotStarted(code)
+
+
+def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    """Run one child per local rank until all succeed, one fails, or a stop signal has been served."""
+    envs = child_envs(os.environ if env is None else env)
+    children: list[Any] = []
+    stop: list[int] = []  # the stop signal received, if any
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        stop.append(signum)
+        for c in children:
+            if c.poll() is None:
+                c.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    for child_env in envs:
+        if stop:
+            break
+        children.append(start(command, child_env))
+        if isinstance(children[-1], NotStarted):
+            break  # every rank runs the same command: one message is enough
+    if not children:
+        return 128 + stop[0]
+    return _supervise(children, stop)
+
+
+def _supervise(children: list[Any], stop: list[int]) -> int:
+    failed: dict[int, int] = {}  # child index -> exit code, in the order the children were seen to fail
+    first_failure_at = 0.0
+    while True:
+        for i, c in enumerate(children):
+            code = c.poll()
+            if code and i not in failed:
+                failed[i] = contract.exit_code(code)
+                first_failure_at = first_failure_at or time.monotonic()
+        codes = list(failed.values())
+        running = any(c.poll() is None for c in children)
+        if not running:
+            return contract.root_cause(codes) or 0
+        # Stopping: every child got the signal and is writing its checkpoint; wait for all of them
+        # (the pod's grace period bounds it). Otherwise a failure ends the worker, except that a rank
+        # which lost its peer usually dies a moment before the rank that caused it: while that is all
+        # there is, give a sibling PEER_LOST_GRACE_SECONDS to show the real cause.
+        if codes and not stop:
+            waiting = (
+                all(f == contract.PEER_LOST_EXIT_CODE for f in codes)
+                and time.monotonic() - first_failure_at < PEER_LOST_GRACE_SECONDS
+            )
+            if not waiting:
+                _terminate(children)
+                return contract.root_cause(codes) or 1
+        time.sleep(POLL_SECONDS)
+
+
+def _terminate(children: list[Any]) -> None:
+    for c in children:
+        if c.poll() is None:
+            c.terminate()
+    deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
+    for c in children:
+        try:
+            c.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.kill()
+            c.wait()
+
+
+def main(argv: Sequence[str]) -> int:
+    """`launcher.py -- COMMAND [ARGS...]` with the worker's environment."""
+    command = list(argv[1:] if argv[:1] == ["--"] else argv)
+    if not command:
+        print("usage: python3 launcher.py -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    try:
+        return launch(command)
+    except ValueError as exc:  # a malformed contract variable
+        print(f"kubetrain launcher: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,173 @@
+"""The conditions beside the phase, as pure functions: CheckpointsDurable and WorkersBlocked.
+
+CheckpointsDurable says before a job runs whether its checkpoints survive a gang
+restart. WorkersBlocked says why a worker pod of the current generation cannot
+start, from what the kubelet (container `waiting` reasons) and the scheduler
+(`PodScheduled=False`, reason `Unschedulable`) wrote into the pod's status; the
+job waits, it does not fail over it. Each returns the condition the job should
+have (`Want`); `announce` tells whether that is news worth one Warning Event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from kubetrain.core.api import CHECKPOINTS_DURABLE, WORKERS_BLOCKED, ConditionReason, TrainingJob
+from kubetrain.operator import builders as b
+
+R = ConditionReason
+
+WAITING_REASONS: dict[str, ConditionReason] = {
+    "ErrImagePull": R.IMAGE_PULL_FAILED,
+    "ImagePullBackOff": R.IMAGE_PULL_FAILED,
+    "InvalidImageName": R.INVALID_IMAGE_NAME,
+    "CreateContainerConfigError": R.CONTAINER_CONFIG_ERROR,
+    "CreateContainerError": R.CONTAINER_CREATE_ERROR,
+}
+"""Kubelet container waiting reasons that never clear on their own (ContainerCreating does)."""
+UNSCHEDULABLE_GRACE = timedelta(seconds=10)
+"""How long a pod may be unschedulable before it counts as blocked: a claim that is still being
+provisioned, or a node that is still joining, makes the first scheduling attempts fail for a moment."""
+
+_WHAT = {
+    R.IMAGE_PULL_FAILED: "cannot pull its image",
+    R.INVALID_IMAGE_NAME: "has an invalid image name",
+    R.CONTAINER_CONFIG_ERROR: "cannot configure its container",
+    R.CONTAINER_CREATE_ERROR: "cannot create its container",
+    R.UNSCHEDULABLE: "cannot be scheduled",
+}
+
+
+@dataclass(frozen=True)
+class Want:
+    """The condition a job should have now."""
+
+    type: str
+    value: bool
+    reason: str
+    message: str
+    bad_value: bool
+    """The status that deserves a Warning Event (False for CheckpointsDurable, True for WorkersBlocked)."""
+
+
+@dataclass(frozen=True)
+class BlockedPod:
+    pod: str
+    reason: ConditionReason
+    source: str
+    """The kubelet's waiting reason (ErrImagePull, ...) or the scheduler's (Unschedulable)."""
+    message: str
+    """The kubelet's or the scheduler's own message."""
+
+
+def checkpoints_durable(job: TrainingJob) -> Want:
+    ck, name = job.spec.checkpoint, job.metadata.name
+    if ck.ephemeral:
+        return Want(
+            CHECKPOINTS_DURABLE, False, R.EPHEMERAL_CHECKPOINTS,
+            "checkpoints are kept in each worker pod's emptyDir (spec.checkpoint.ephemeral): they are lost "
+            "whenever the worker pods are deleted, so every gang restart starts over from step 0. To keep them, "
+            "set spec.checkpoint.claimName to a claim every worker can mount, or drop spec.checkpoint.ephemeral "
+            f"and the operator creates the claim {b.default_claim_name(name)}", bad_value=False,
+        )
+    if ck.claim_name:
+        return Want(CHECKPOINTS_DURABLE, True, R.USER_CLAIM,
+                    f"checkpoints are kept on the PersistentVolumeClaim {ck.claim_name} (spec.checkpoint.claimName)",
+                    bad_value=False)
+    return Want(
+        CHECKPOINTS_DURABLE, True, R.DEFAULT_CLAIM,
+        f"checkpoints are kept on the PersistentVolumeClaim {b.default_claim_name(name)} "
+        f"({ck.storage_size}, {b.claim_access_mode(job.spec)}), created for this job and deleted with it",
+        bad_value=False,
+    )
+
+
+def unschedulable_since(pod: dict[str, Any]) -> datetime | None:
+    """When the scheduler last said it found no node for the pod (None: it did not)."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            stamp = c.get("lastTransitionTime")
+            return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else datetime.min.replace(tzinfo=UTC)
+    return None
+
+
+def blocked_pod(pod: dict[str, Any], now: datetime) -> BlockedPod | None:
+    """Why a Pending pod cannot start, or None (running, finished, deleting, or just slow)."""
+    status = pod.get("status") or {}
+    if status.get("phase", "Pending") != "Pending" or pod["metadata"].get("deletionTimestamp"):
+        return None
+    name = pod["metadata"]["name"]
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason = WAITING_REASONS.get(waiting.get("reason") or "")
+        if reason is not None:
+            detail = f"container {cs.get('name')}: {waiting.get('message') or waiting['reason']}"
+            return BlockedPod(name, reason, waiting["reason"], detail)
+    since = unschedulable_since(pod)
+    if since is not None and now - since >= UNSCHEDULABLE_GRACE:
+        cond = next(c for c in status["conditions"] if c.get("type") == "PodScheduled")
+        return BlockedPod(name, R.UNSCHEDULABLE, "Unschedulable", cond.get("message") or "no node fits")
+    return None
+
+
+def _index(pod: dict[str, Any]) -> int:
+    return int((pod["metadata"].get("labels") or {}).get(b.LABEL_INDEX, "-1"))
+
+
+def blocked_pods(pods: list[dict[str, Any]], now: datetime) -> list[BlockedPod]:
+    """Every blocked pod, in worker order (so the condition's reason does not flap between reconciles)."""
+    found = (blocked_pod(p, now) for p in sorted(pods, key=_index))
+    return [x for x in found if x is not None]
+
+
+def recheck_after(pods: list[dict[str, Any]], now: datetime) -> float | None:
+    """Seconds until the first unschedulable pod's grace ends (nothing else wakes the operator then)."""
+    ends = [since + UNSCHEDULABLE_GRACE for p in pods if (since := unschedulable_since(p)) is not None]
+    later = [(e - now).total_seconds() for e in ends if e > now]
+    return min(later) + 0.5 if later else None
+
+
+def waits_for_volume(blocked: list[BlockedPod]) -> bool:
+    """The scheduler names a claim or volume as (part of) the reason no node fits."""
+    return any(x.reason == R.UNSCHEDULABLE and ("persistentvolumeclaim" in x.message.lower()
+               or "persistent volume" in x.message.lower()) for x in blocked)
+
+
+def _claim_note(name: str, phase: str) -> str:
+    if phase == "Missing":
+        return f"the checkpoint claim {name} does not exist"
+    return (f"the checkpoint claim {name} is {phase}, not bound to a volume: its StorageClass must provision it "
+            f"(`kubectl describe pvc {name}` says why); or set spec.checkpoint.claimName to a bound claim")
+
+
+def workers_blocked(job: TrainingJob, blocked: list[BlockedPod], claim_phase: str | None = None) -> Want:
+    """WorkersBlocked from the blocked pods: the first one's reason; the message covers every distinct reason.
+
+    `claim_phase` is the phase of the checkpoint claim (or "Missing") when the caller looked it up;
+    a claim not Bound while pods wait for a volume makes the reason CheckpointClaimPending.
+    """
+    if not blocked:
+        return Want(WORKERS_BLOCKED, False, R.WORKERS_STARTING, "no worker pod is blocked", bad_value=True)
+    parts: list[str] = []
+    for reason in dict.fromkeys(x.reason for x in blocked):
+        pods = [x for x in blocked if x.reason == reason]
+        more = f" (and {len(pods) - 1} more pod(s) alike)" if len(pods) > 1 else ""
+        parts.append(f"{pods[0].pod} {_WHAT[reason]}: {pods[0].message}{more}")
+    reason: str = blocked[0].reason
+    claim = b.claim_name(job)
+    if claim and claim_phase not in (None, "Bound") and waits_for_volume(blocked):
+        reason = R.CHECKPOINT_CLAIM_PENDING
+        parts.insert(0, _claim_note(claim, claim_phase))
+    message = "worker pods cannot start; the job waits: " + "; ".join(parts)
+    return Want(WORKERS_BLOCKED, True, reason, message, bad_value=True)
+
+
+def announce(conditions: list[dict[str, Any]], want: Want) -> bool:
+    """One Warning Event per distinct bad state: True when the condition turns bad or its reason changes."""
+    if want.value != want.bad_value:
+        return False
+    status = "True" if want.value else "False"
+    return not any(c.get("type") == want.type and c.get("status") == status and c.get("reason") == want.reason
+                   for c in conditions)

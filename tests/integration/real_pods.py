@@ -1,0 +1,164 @@
+"""Helpers for tests on the test cluster's real node: real pods of the images `make images` built.
+
+The real node (hack/real-node.sh) runs kubelet + containerd on this machine. Pods of a namespace
+without the kwok routing annotations (KWOK_NAMESPACE_ANNOTATIONS) land there; the trainer and
+operator images are the chart's defaults, loaded into the node's containerd by hack/images.sh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+from k8s_cluster import HACK_DIR, REPO_ROOT, kubeconfig_path, wait_for
+from kubernetes import client
+
+from kubetrain.core import api
+
+NODE_NAME = "kubetrain-node"
+TRAINER_IMAGE = "ghcr.io/kubetrain/trainer:0.1.0"
+
+
+def real_node_missing(core: client.CoreV1Api) -> str | None:
+    """Why the cluster has no Ready real node, or None."""
+    try:
+        node = core.read_node(NODE_NAME)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return "the test cluster has no real node (hack/real-node.sh check says why)"
+        raise
+    ready = [c.status for c in node.status.conditions or [] if c.type == "Ready"]
+    return None if ready == ["True"] else f"node {NODE_NAME} is not Ready"
+
+
+def build_images() -> None:
+    """hack/images.sh: builds what changed and loads it into the node (a no-op when up to date)."""
+    proc = subprocess.run(["bash", str(HACK_DIR / "images.sh")], stdout=subprocess.PIPE, stderr=None,
+                          text=True, timeout=3600, check=False)
+    if proc.returncode != 0:
+        raise AssertionError(f"hack/images.sh exited {proc.returncode}:\n{proc.stdout[-3000:]}")
+
+
+def kubectl(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig_path())}
+    proc = subprocess.run([kubectl_binary(), *args], capture_output=True, text=True, env=env, timeout=timeout,
+                          check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def kubectl_binary() -> str:
+    out = subprocess.run(["bash", "-c", f"source {HACK_DIR}/lib.sh && bin_path kubectl"], capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip()
+
+
+def quickstart(**overrides: Any) -> dict[str, Any]:
+    """examples/quickstart.yaml with `overrides` deep-merged into its spec."""
+    body = yaml.safe_load((REPO_ROOT / "examples" / "quickstart.yaml").read_text())
+    _merge(body["spec"], overrides)
+    return body
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> None:
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _merge(base[k], v)
+        else:
+            base[k] = v
+
+
+class RealJobs:
+    """TrainingJobs in one namespace whose pods run on the real node."""
+
+    def __init__(self, admin_api: client.ApiClient, namespace: str):
+        self.custom = client.CustomObjectsApi(admin_api)
+        self.core = client.CoreV1Api(admin_api)
+        self.ns = namespace
+
+    def create(self, body: dict[str, Any], name: str | None = None) -> str:
+        body = json.loads(json.dumps(body))
+        if name:
+            body["metadata"]["name"] = name
+        self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, body)
+        return str(body["metadata"]["name"])
+
+    def get(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, name)  # type: ignore[no-any-return]
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.get(name).get("status") or {})
+
+    def wait(self, name: str, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            st = self.status(name)
+            if st.get("phase") == "Failed" and "Failed" not in what:
+                raise AssertionError(f"{name} Failed: {st.get('reason')}: {st.get('message')}\n{self.describe(name)}")
+            return st if pred(st) else None
+
+        try:
+            return wait_for(check, timeout, what=f"{name}: {what}", interval=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.describe(name)}") from None
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 600) -> dict[str, Any]:
+        return self.wait(name, lambda st: st.get("phase") == phase, timeout, f"phase {phase}")
+
+    def pods(self, name: str) -> list[client.V1Pod]:
+        sel = f"kubetrain.io/job-name={name}"
+        return list(self.core.list_namespaced_pod(self.ns, label_selector=sel).items)
+
+    def log(self, pod: str, tail: int | None = None) -> str:
+        try:
+            return str(self.core.read_namespaced_pod_log(pod, self.ns, tail_lines=tail))
+        except client.ApiException as exc:
+            return f"(no log for {pod}: {exc.status} {exc.reason})"
+
+    def describe(self, name: str) -> str:
+        """Status, pods and the tail of each pod's log, for assertion messages."""
+        lines = [f"status: {json.dumps(self.status(name), indent=1)[:3000]}"]
+        for p in self.pods(name):
+            lines.append(f"--- pod {p.metadata.name} phase={p.status.phase} node={p.spec.node_name}")
+            lines.append(self.log(p.metadata.name, tail=25))
+        return "\n".join(lines)
+
+
+def wait_step(jobs: RealJobs, name: str, step: int, timeout: float = 300) -> dict[str, Any]:
+    """Until the job's last complete checkpoint is at `step` or later."""
+    return jobs.wait(name, lambda st: ((st.get("lastCheckpoint") or {}).get("step") or 0) >= step, timeout,
+                     f"a checkpoint at step >= {step}")
+
+
+def elapsed(since: float) -> float:
+    return round(time.monotonic() - since, 1)
+
+
+def pod_monitor_targets(pod_monitor: dict[str, Any], core: client.CoreV1Api, namespace: str) -> list[dict[str, Any]]:
+    """Prometheus file_sd target groups for what the chart's PodMonitor selects, the way the Prometheus
+    Operator's pod discovery does (Debian's Prometheus is built without Kubernetes discovery): running
+    pods with its matchLabels, at their pod IP and the container port it names, with its relabelings
+    (`__meta_kubernetes_pod_label_X` -> the pod's label X)."""
+    spec = pod_monitor["spec"]
+    endpoint = spec["podMetricsEndpoints"][0]
+    selector = ",".join(f"{k}={v}" for k, v in spec["selector"]["matchLabels"].items())
+    groups = []
+    for pod in core.list_namespaced_pod(namespace, label_selector=selector).items:
+        ports = [p.container_port for c in pod.spec.containers for p in c.ports or [] if p.name == endpoint["port"]]
+        if pod.status.phase != "Running" or not pod.status.pod_ip or not ports:
+            continue
+        labels = {r["targetLabel"]: pod.metadata.labels[_label_key(r["sourceLabels"][0], pod.metadata.labels)]
+                  for r in endpoint.get("relabelings", [])}
+        groups.append({"targets": [f"{pod.status.pod_ip}:{ports[0]}"], "labels": labels})
+    return groups
+
+
+def _label_key(meta_label: str, labels: dict[str, str]) -> str:
+    """The pod label a `__meta_kubernetes_pod_label_<sanitized>` source names."""
+    want = meta_label.removeprefix("__meta_kubernetes_pod_label_")
+    return next(k for k in labels if "".join(c if c.isalnum() else "_" for c in k) == want)

@@ -1,0 +1,196 @@
+"""The per-worker launcher (kubetrain.core.launcher) and how both backends use it: child envs,
+commands that cannot start, the file the operator ships in a job's ConfigMap, local command rewriting."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kubetrain.core import contract, launcher
+from kubetrain.core.api import TrainingJob
+from kubetrain.core.local import LocalRun, RunOptions, ensure_writable, worker_command
+from kubetrain.operator import builders
+
+TORCH_VARS = (
+    contract.RANK, contract.LOCAL_RANK, contract.WORLD_SIZE, contract.LOCAL_WORLD_SIZE, contract.NODE_RANK,
+    contract.PET_NNODES, contract.PET_NPROC_PER_NODE, contract.PET_NODE_RANK,
+)
+
+
+def job(**spec) -> TrainingJob:
+    return TrainingJob.model_validate({
+        "apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "ddp", "namespace": "team-a"}, "spec": spec,
+    })
+
+
+def pod_env(j: TrainingJob, index: int) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in builders.worker_env(j, index, 0) if "value" in e}
+
+
+def pod_child_envs(j: TrainingJob) -> list[dict[str, str]]:
+    return [env for i in range(j.spec.workers) for env in launcher.child_envs(pod_env(j, i))]
+
+
+def test_child_envs_of_two_pods_with_two_procs_each_get_the_whole_contract():
+    envs = pod_child_envs(job(workers=2, procsPerWorker=2, command=["python", "train.py"]))
+    assert [(e["RANK"], e["LOCAL_RANK"], e["NODE_RANK"]) for e in envs] == [
+        ("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")]
+    master = "ddp-worker-0.ddp.team-a.svc"
+    for e in envs:
+        assert (e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["PET_NNODES"], e["PET_NPROC_PER_NODE"]) == ("4", "2", "2", "2")
+        assert e["PET_NODE_RANK"] == e["NODE_RANK"]
+        assert e["MASTER_ADDR"] == e["PET_MASTER_ADDR"] == master and e["MASTER_PORT"] == e["PET_MASTER_PORT"] == "29500"
+        assert (e[contract.JOB], e[contract.CHECKPOINT_DIR], e[contract.OUTPUT_DIR]) == (
+            "ddp", "/checkpoints", "/var/run/kubetrain")
+    assert [e[contract.METRICS_PORT] for e in envs] == ["9400", "9401", "9400", "9401"]  # one pod, one IP each
+
+
+def test_local_backend_gives_every_rank_the_pods_contract(tmp_path):
+    j = job(workers=2, procsPerWorker=2, command=["python", "train.py"])
+    run = LocalRun(j, tmp_path, RunOptions(output_dir=tmp_path / "out"))
+    local = [e for n in range(2) for e in launcher.child_envs(run._worker_env(n, 1, 29999))]
+    assert [[e[v] for v in TORCH_VARS] for e in local] == [[e[v] for v in TORCH_VARS] for e in pod_child_envs(j)]
+    assert {e["MASTER_ADDR"] for e in local} == {"127.0.0.1"} and {e["MASTER_PORT"] for e in local} == {"29999"}
+    assert [e[contract.METRICS_PORT] for e in local] == ["9400", "9401", "9402", "9403"]  # one host
+    assert {e[contract.CHECKPOINT_DIR] for e in local} == {str(tmp_path / "out" / "checkpoints")}
+    assert {e[contract.RESTART_GENERATION] for e in local} == {"1"}
+
+
+def test_child_envs_of_a_pod_with_four_procs():
+    envs = launcher.child_envs({
+        "PET_NPROC_PER_NODE": "4", "PET_NNODES": "2", "NODE_RANK": "1", "PET_MASTER_ADDR": "job-worker-0",
+        "PET_MASTER_PORT": "29500", "KUBETRAIN_METRICS_PORT": "9400",
+    })
+    assert [e["RANK"] for e in envs] == ["4", "5", "6", "7"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"8"} and {e["MASTER_ADDR"] for e in envs} == {"job-worker-0"}
+    assert [e["KUBETRAIN_METRICS_PORT"] for e in envs] == ["9400", "9401", "9402", "9403"]
+
+
+def test_a_malformed_contract_variable_is_named():
+    with pytest.raises(ValueError, match="PET_NPROC_PER_NODE/LOCAL_WORLD_SIZE='two': not an integer"):
+        launcher.child_envs({"PET_NPROC_PER_NODE": "two"})
+
+
+def started(command: list[str], path: Path) -> tuple[object, str]:
+    """start() with stdout to a log file, as the local backend does; what the log then holds."""
+    log = path / "rank-0.log"
+    with log.open("wb") as out:
+        proc = launcher.start(command, {"PATH": str(path)}, stdout=out)
+    return proc, log.read_text()
+
+
+def test_a_command_not_found_exits_127_with_one_line(tmp_path):
+    proc, said = started(["no-such-command", "--flag"], tmp_path)
+    assert isinstance(proc, launcher.NotStarted) and proc.poll() == proc.wait() == 127
+    assert said == "kubetrain: no-such-command: command not found on PATH (exit 127)\n"
+    proc, said = started([str(tmp_path / "missing.sh")], tmp_path)
+    assert (proc.poll(), said) == (127, f"kubetrain: {tmp_path}/missing.sh: no such file (exit 127)\n")
+
+
+def test_a_file_that_cannot_be_executed_exits_126_or_names_its_interpreter(tmp_path):
+    plain = tmp_path / "train.sh"
+    plain.write_text("echo hi\n")
+    proc, said = started(["train.sh"], tmp_path)  # found on PATH by name, but no execute bit
+    assert (proc.poll(), said) == (126, "kubetrain: train.sh: cannot execute: Permission denied (exit 126)\n")
+    script = tmp_path / "run"
+    script.write_text("#!/no/such/interpreter\n")
+    script.chmod(0o755)
+    proc, said = started(["run"], tmp_path)
+    assert proc.poll() == 127
+    assert said == f"kubetrain: run: {script} exists but cannot be started: its #! interpreter was not found (exit 127)\n"
+
+
+def test_a_command_that_starts_is_a_popen(tmp_path):
+    proc = launcher.start([sys.executable, "-c", "import os; raise SystemExit(int(os.environ['X']))"], {"X": "5"})
+    assert isinstance(proc, subprocess.Popen) and proc.wait() == 5
+
+
+# ---------------------------------------------------------------- the file a pod runs
+
+
+@pytest.fixture
+def configmap_dir(tmp_path) -> Path:
+    """The job's ConfigMap as a pod mounts it at /etc/kubetrain."""
+    d = tmp_path / "etc-kubetrain"
+    d.mkdir()
+    j = job(workers=2, procsPerWorker=2, command=["python", "train.py"])
+    for name, text in builders.config_map(j)["data"].items():
+        (d / name).write_text(text)
+    return d
+
+
+def pod_launcher(configmap_dir: Path, *command: str, env: dict[str, str], **kw) -> subprocess.Popen:
+    """`python3 /etc/kubetrain/launcher.py -- COMMAND` with neither site-packages nor PYTHONPATH: kubetrain
+    is not importable, as in a user's own image."""
+    return subprocess.Popen(
+        [sys.executable, "-S", "-E", str(configmap_dir / launcher.SCRIPT), "--", *command],
+        env={"PATH": os.environ["PATH"], **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_the_configmap_launcher_runs_without_kubetrain_and_starts_every_rank(configmap_dir):
+    no_kubetrain = subprocess.run([sys.executable, "-S", "-E", "-c", "import kubetrain.core"], capture_output=True)
+    assert no_kubetrain.returncode != 0  # what makes this test mean something
+    env = {"PET_NPROC_PER_NODE": "2", "PET_NNODES": "2", "NODE_RANK": "1", "PET_MASTER_ADDR": "ddp-worker-0"}
+    # one write per line: the ranks share the pod's stdout
+    show = "import os, sys; sys.stdout.write('{RANK} {LOCAL_RANK} {MASTER_ADDR}\\n'.format(**os.environ))"
+    p = pod_launcher(configmap_dir, sys.executable, "-S", "-c", show, env=env)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert sorted(out.splitlines()) == ["2 0 ddp-worker-0", "3 1 ddp-worker-0"]
+
+
+def test_the_configmap_launcher_exits_127_for_a_command_not_found_without_a_traceback(configmap_dir):
+    p = pod_launcher(configmap_dir, "no-such-command", env={"PET_NPROC_PER_NODE": "2"})
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 127
+    assert err == "kubetrain: no-such-command: command not found on PATH (exit 127)\n"  # once, not per rank
+    p = pod_launcher(configmap_dir, env={})
+    assert p.communicate(timeout=60)[1].startswith("usage:") and p.returncode == 2
+
+
+def test_the_launcher_reports_the_root_cause_and_stops_the_other_ranks(configmap_dir):
+    # local rank 0 loses its peer at once (exit 3); local rank 1, the real cause, fails a moment later
+    code = ("import os, sys, time; r = int(os.environ['LOCAL_RANK']); time.sleep(0.3 * r); "
+            "sys.exit(3 if r == 0 else 7 if r == 1 else time.sleep(600))")
+    p = pod_launcher(configmap_dir, sys.executable, "-S", "-c", code, env={"PET_NPROC_PER_NODE": "3"})
+    p.communicate(timeout=60)
+    assert p.returncode == 7  # rank 2 (sleeping) was terminated, not waited for
+
+
+def test_the_launcher_forwards_sigterm_to_every_rank(configmap_dir, tmp_path):
+    code = ("import os, signal, sys, time; r = os.environ['RANK']; "
+            "signal.signal(signal.SIGTERM, lambda *_: (open(os.path.join(sys.argv[1], 'term-' + r), 'w').close(), "
+            "sys.exit(143))); open(os.path.join(sys.argv[1], 'up-' + r), 'w').close(); time.sleep(600)")
+    p = pod_launcher(configmap_dir, sys.executable, "-S", "-c", code, str(tmp_path), env={"PET_NPROC_PER_NODE": "2"})
+    deadline = time.monotonic() + 60
+    while not ((tmp_path / "up-0").exists() and (tmp_path / "up-1").exists()):
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=60)
+    assert p.returncode == 143
+    assert (tmp_path / "term-0").exists() and (tmp_path / "term-1").exists()
+
+
+# ---------------------------------------------------------------- local backend
+
+
+def test_local_python_is_the_interpreter_kubetrain_runs_under():
+    spec = job(command=["python", "train.py"], args=["--epochs", "3"]).spec
+    assert worker_command(spec, python="/venv/bin/python") == ["/venv/bin/python", "train.py", "--epochs", "3"]
+    assert worker_command(job(command=["python3", "-m", "pkg"]).spec, python="/p") == ["/p", "-m", "pkg"]
+    for command in (["python3.11", "t.py"], ["/usr/bin/python", "t.py"], ["torchrun", "t.py"]):
+        assert worker_command(job(command=command).spec, python="/p") == command
+    assert worker_command(job().spec, python="/p") == ["/p", "-m", "kubetrain.trainer"]
+
+
+def test_local_directories_exist_before_any_process_starts(tmp_path):
+    ckpt, out = tmp_path / "a" / "checkpoints", tmp_path / "out"
+    ensure_writable(ckpt, out)
+    assert ckpt.is_dir() and out.is_dir()
