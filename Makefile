@@ -16,6 +16,7 @@ help:
 	@echo "make lint        ruff"
 	@echo "make crds        regenerate crds/ (and the chart copy) from the API models"
 	@echo "make cluster-up  start the local test control plane (see docs/testing.md)"
+	@echo "make images      build the operator and trainer images into the test node (see docs/testing.md)"
 
 venv: $(STAMP)
 

@@ -1,79 +1,65 @@
-"""Build the operator image from the root Dockerfile with Debian's buildah, on a locally made base.
+"""The operator and trainer images as `make images` builds them, for the opt-in image tests.
 
-No container registry is reachable here, so `FROM python:…-slim` cannot be pulled. The build uses
-the same Dockerfile with `--build-arg PYTHON_IMAGE=localhost/kubetrain-base:bookworm`: a Debian
-bookworm rootfs made with debootstrap (python3, python3-venv, python-is-python3). The host's CA
-bundle goes into that base so pip inside the build reaches PyPI the way the host does. buildah runs
-with the vfs storage driver and chroot isolation (no daemon, no user namespaces needed).
+hack/images.sh is the one way they are built here (no registry is reachable): buildah builds the
+repository's Dockerfiles on local Debian bases and loads the result into the real node's containerd
+under the chart's default names. This module drives that script: it builds, names the images,
+inspects them in buildah's storage (`hack/images.sh buildah ...`) and runs them either as a buildah
+container (chroot, host network: reaches the test API server on loopback) or, as a pod would, from
+the node's containerd (`hack/images.sh ctr run ...`).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import tempfile
+import uuid
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BASE = "localhost/kubetrain-base:bookworm"
-OPERATOR = "localhost/kubetrain-operator:test"
-BUILDAH = ["buildah", "--storage-driver", "vfs"]
+SCRIPT = str(REPO_ROOT / "hack" / "images.sh")
+BUILDAH = ["bash", SCRIPT, "buildah"]
+CTR = ["bash", SCRIPT, "ctr"]
 
 
-def unavailable() -> str | None:
-    """Why the image cannot be built here, or None."""
-    missing = [t for t in ("buildah", "debootstrap") if shutil.which(t) is None]
-    if missing:
-        return f"{' and '.join(missing)} not installed (apt-get install buildah debootstrap)"
-    if os.geteuid() != 0:
-        return "buildah with chroot isolation and debootstrap need root here"
-    return None
-
-
-def _run(*cmd: str, timeout: float = 900) -> str:
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+def _run(*cmd: str, timeout: float = 120) -> str:
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc.stdout
 
 
-def has_image(name: str) -> bool:
-    return subprocess.run([*BUILDAH, "inspect", "--type", "image", name], capture_output=True).returncode == 0
+def unavailable() -> str | None:
+    """Why the images cannot be built here (the script's own check), or None."""
+    proc = subprocess.run(["bash", SCRIPT, "check"], capture_output=True, text=True, timeout=60, check=False)
+    return None if proc.returncode == 0 else proc.stderr.strip().splitlines()[-1]
 
 
-def ensure_base() -> None:
-    if has_image(BASE):
-        return
-    with tempfile.TemporaryDirectory(prefix="kubetrain-base-") as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        _run("debootstrap", "--variant=minbase", "--include=python3,python3-venv,python-is-python3,ca-certificates",
-             "bookworm", str(rootfs), "http://deb.debian.org/debian")
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            for f in (rootfs / junk).glob("*"):
-                if f.is_file():
-                    f.unlink()
-        shutil.copy("/etc/ssl/certs/ca-certificates.crt", rootfs / "etc/ssl/certs/ca-certificates.crt")
-        ctr = _run(*BUILDAH, "from", "scratch").strip()
-        try:
-            mnt = _run(*BUILDAH, "mount", ctr).strip()
-            _run("cp", "-a", f"{rootfs}/.", mnt)
-            _run(*BUILDAH, "config", "--env", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", ctr)
-            _run(*BUILDAH, "commit", "-q", ctr, BASE)
-        finally:
-            subprocess.run([*BUILDAH, "rm", ctr], capture_output=True)
+def names() -> dict[str, str]:
+    """{"operator": ..., "trainer": ...}: the chart's default image names the script builds."""
+    return dict(line.split() for line in _run("bash", SCRIPT, "names").splitlines())
 
 
-def build_operator() -> str:
-    """Build (layers cached between runs) and return the image name."""
-    ensure_base()
-    _run(*BUILDAH, "bud", "--isolation", "chroot", "--network", "host", "--layers",
-         "--build-arg", f"PYTHON_IMAGE={BASE}", "-f", str(REPO_ROOT / "Dockerfile"), "-t", OPERATOR, str(REPO_ROOT))
-    return OPERATOR
+def build(which: str) -> str:
+    """Build `which` (operator or trainer) and load it into the node; its name. Cached layers make
+    a rebuild without changes take seconds; the first trainer build takes several minutes."""
+    _run("bash", SCRIPT, which, timeout=3600)
+    return names()[which]
 
 
 def inspect(image: str, fmt: str) -> str:
     return _run(*BUILDAH, "inspect", "--type", "image", "--format", fmt, image).strip()
+
+
+def node_run(image: str, *cmd: str, env: dict[str, str] | None = None, mounts: dict[Path, str] | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run cmd in `image` from the node's containerd as a pod would (the image's user, entrypoint
+    replaced by cmd, host network); read-only bind mounts host path -> container path."""
+    args = [*CTR, "run", "--rm", "--net-host"]
+    for k, v in (env or {}).items():
+        args += ["--env", f"{k}={v}"]
+    for host, inside in (mounts or {}).items():
+        args += ["--mount", f"type=bind,src={host},dst={inside},options=rbind:ro"]
+    args += [image, f"kubetrain-test-{uuid.uuid4().hex[:8]}", *cmd]
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 class Container:
@@ -84,11 +70,11 @@ class Container:
         self.name = ""
 
     def __enter__(self) -> Container:
-        self.name = _run(*BUILDAH, "from", self.image).strip()
+        self.name = _run(*BUILDAH, "from", "--pull=never", self.image).strip()
         return self
 
     def __exit__(self, *_: object) -> None:
-        subprocess.run([*BUILDAH, "rm", self.name], capture_output=True)
+        subprocess.run([*BUILDAH, "rm", self.name], capture_output=True, check=False)
 
     def command(self, *cmd: str, user: str = "65532:65532", env: dict[str, str] | None = None,
                 volumes: dict[Path, str] | None = None) -> list[str]:

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# Build the operator and trainer images with buildah and load them into the real test node's
+# containerd, so pods start from them with imagePullPolicy IfNotPresent and no registry.
+#
+#   hack/images.sh [operator] [trainer]   build what changed and load it (default: both; `make images`)
+#   hack/images.sh names                  print the two image names (the chart's defaults)
+#   hack/images.sh check                  exit 0 when this machine can build them, else say what is missing
+#   hack/images.sh buildah ARG...         buildah on this script's storage (images, inspect, run, rmi)
+#   hack/images.sh ctr ARG...             ctr on the node's containerd, namespace k8s.io (images ls, run)
+#
+# Names: the chart's defaults (charts/kubetrain: image.repository:appVersion and trainerImage, the
+# latter also the operator's default trainer image), so `helm install` with default values and a
+# TrainingJob without spec.image find them on the node. The Dockerfiles are the product's own; only
+# their base images are made here, because no registry is reachable:
+#   localhost/kubetrain/base:bookworm    debootstrap --variant=minbase + python3 (3.11), python3-venv,
+#                                        python-is-python3, ca-certificates   (the operator's PYTHON_IMAGE)
+#   localhost/kubetrain/torch:<torch>    that + PyPI's torch and numpy pinned in requirements-dev.txt,
+#                                        hack/images/torch-base.Dockerfile    (the trainer's BASE_IMAGE)
+# Storage: buildah's overlay driver under $KUBETRAIN_NODE_ROOT/buildah (vfs would copy the multi-GB
+# rootfs for every layer). Layers are cached (bud --layers): with no source change a run only checks.
+# torch's wheels are kept in $KUBETRAIN_CACHE/wheels/torch-<version> (pip's HTTP cache keeps nothing
+# when a proxy strips the caching headers, as the one here does).
+# Loading: skipped when the node's image has the same image ID (config digest); otherwise skopeo
+# writes an OCI layout (uncompressed layers) whose blobs/ starts as hard links to containerd's own
+# blobs, so only new layers are written, and only those go into `ctr images import`.
+# Disk: buildah's layer cache keeps superseded images; `hack/images.sh buildah rmi --prune` frees
+# them (the next build then redoes the steps whose cache it removed).
+# Needs root, buildah, skopeo, debootstrap (for the first base) and containerd + ctr
+# (hack/node-deps.sh installs them); starts the node's containerd (hack/containerd.sh) if needed.
+set -euo pipefail
+# shellcheck source=hack/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+STORAGE_ROOT="${KUBETRAIN_NODE_ROOT}/buildah"
+BLD=(buildah --root "${STORAGE_ROOT}" --runroot "${KUBETRAIN_NODE_RUN}/buildah" --storage-driver overlay)
+WORK_TMP="${KUBETRAIN_NODE_ROOT}/tmp"  # next to containerd's content store: hard links need one filesystem
+CONTENT_BLOBS="${KUBETRAIN_NODE_ROOT}/containerd/io.containerd.content.v1.content/blobs/sha256"
+DEBIAN_MIRROR="${KUBETRAIN_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+BASE_IMAGE="localhost/kubetrain/base:bookworm"
+pin() { sed -n "s/^$1==//p" "${REPO_ROOT}/requirements-dev.txt"; }
+TORCH_VERSION="$(pin torch)"
+NUMPY_VERSION="$(pin numpy)"
+TORCH_IMAGE="localhost/kubetrain/torch:${TORCH_VERSION}"
+WHEELHOUSE="${KUBETRAIN_CACHE}/wheels/torch-${TORCH_VERSION}"
+# Build steps see the host's CA bundle (a TLS-inspecting proxy's CA included); images keep Debian's.
+CA_MOUNT=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
+
+# skopeo reads buildah's storage: `buildah push` (1.28) gzips every layer for an OCI layout, which
+# neither reuses the layers containerd has nor is quick for torch's 5 GB.
+STORAGE_REF="containers-storage:[overlay@${STORAGE_ROOT}+${KUBETRAIN_NODE_RUN}/buildah]"
+
+bld() { "${BLD[@]}" "$@"; }
+
+# qualify <ref>: the name as CRI normalises it (docker.io/ for Docker Hub names), since images
+# are looked up by that name on the node.
+qualify() {
+  local first="${1%%/*}"
+  if [[ "$1" != */* ]]; then echo "docker.io/library/$1"
+  elif [[ "$first" == *.* || "$first" == *:* || "$first" == localhost ]]; then echo "$1"
+  else echo "docker.io/$1"; fi
+}
+
+# chart_images: "<operator> <trainer>" from the chart's default values.
+chart_images() {
+  python3 - "${REPO_ROOT}/charts/kubetrain" <<'PY'
+import pathlib, re, sys
+chart = pathlib.Path(sys.argv[1])
+values, meta = (chart / "values.yaml").read_text(), (chart / "Chart.yaml").read_text()
+def value(pattern: str, text: str) -> str:
+    m = re.search(pattern, text, re.M)
+    if not m:
+        sys.exit(f"{chart}: no match for {pattern}")
+    return m.group(1)
+block = value(r"^image:\n((?:[ #].*\n)+)", values)
+tag = value(r"^  tag: \"?([^\"\s]*)\"?", block) or value(r"^appVersion: \"?([^\"\s]+)\"?", meta)
+repository = value(r"^  repository: (\S+)", block)
+print(f"{repository}:{tag}", value(r"^trainerImage: (\S+)", values))
+PY
+}
+
+TMPS=()
+cleanup() { local d; for d in "${TMPS[@]}"; do rm -rf "$d"; done; }
+trap cleanup EXIT
+new_tmp() { mkdir -p "$WORK_TMP"; TMPS+=("$(mktemp -d "${WORK_TMP}/$1.XXXXXX")"); }
+
+preflight() {
+  local problems=() tools=() pkgs=() t
+  [[ "$(id -u)" -eq 0 ]] || problems+=("root (overlay storage, chroot builds, the node's containerd socket; this is uid $(id -u))")
+  for t in buildah skopeo ctr containerd debootstrap; do
+    command -v "$t" >/dev/null || tools+=("$t")
+  done
+  # debootstrap only makes the base image: not needed once that exists.
+  if [[ " ${tools[*]} " == *" debootstrap "* && ${#problems[@]} -eq 0 && ${#tools[@]} -eq 1 ]] && has_image "$BASE_IMAGE"; then
+    tools=()
+  fi
+  for t in "${tools[@]}"; do [[ " ${pkgs[*]} " == *" ${t/ctr/containerd} "* ]] || pkgs+=("${t/ctr/containerd}"); done
+  [[ ${#tools[@]} -eq 0 ]] || problems+=("${tools[*]} (Debian packages ${pkgs[*]}; hack/node-deps.sh installs them as root)")
+  [[ ${#problems[@]} -eq 0 ]] || die "building the images needs ${problems[0]}${problems[1]:+ and ${problems[1]}}"
+}
+
+has_image() { bld inspect --type image "$1" >/dev/null 2>&1; }
+image_id() { echo "sha256:$(bld inspect --type image --format '{{.FromImageID}}' "$1")"; }
+
+# bud <name> <dockerfile> <context> [buildah bud args...]: build with cached layers and tag <name>.
+bud() {
+  local name="$1" file="$2" context="$3" start=$SECONDS
+  shift 3
+  log "building ${name} from ${file#"${REPO_ROOT}"/} ..."
+  bld bud --isolation chroot --network host --layers --pull=never "${CA_MOUNT[@]}" "$@" \
+    -f "$file" -t "$name" "$context" >&2
+  log "  ${name} is $(image_id "$name" | cut -c1-19) ($((SECONDS - start))s)"
+}
+
+# The Debian base: made once (delete it with `hack/images.sh buildah rmi` to remake it).
+build_base() {
+  local start=$SECONDS dir rootfs ctr
+  if has_image "$BASE_IMAGE"; then log "base ${BASE_IMAGE} present"; return; fi
+  new_tmp base
+  dir="${TMPS[-1]}" rootfs="${TMPS[-1]}/rootfs"
+  log "making ${BASE_IMAGE} with debootstrap from ${DEBIAN_MIRROR} (1-2 min) ..."
+  if ! debootstrap --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \
+      bookworm "$rootfs" "$DEBIAN_MIRROR" 2>&1 | tee "${dir}/debootstrap.log" \
+      | { grep --line-buffered -E 'packages\.\.\.$|system\.\.\.$|successfully|^[WE]:' || true; } >&2; then
+    tail -n 20 "${dir}/debootstrap.log" >&2
+    die "debootstrap failed (full log above: ${dir}/debootstrap.log is removed on exit)"
+  fi
+  rm -rf "${rootfs}"/var/cache/apt/archives/*.deb "${rootfs}"/var/lib/apt/lists/*
+  : > "${rootfs}/etc/resolv.conf"  # debootstrap copies the host's; runtimes mount their own
+  echo localhost > "${rootfs}/etc/hostname"
+  ctr="$(bld from scratch)"
+  cp -a "${rootfs}/." "$(bld mount "$ctr")/"
+  bld umount "$ctr" >/dev/null
+  bld config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
+    --label org.opencontainers.image.title="kubetrain local base (Debian bookworm)" "$ctr"
+  bld commit --quiet "$ctr" "$BASE_IMAGE" >/dev/null
+  bld rm "$ctr" >/dev/null
+  log "  ${BASE_IMAGE} made in $((SECONDS - start))s"
+}
+
+build_torch_base() {
+  mkdir -p "$WHEELHOUSE"
+  has_image "$TORCH_IMAGE" || log "torch base: the first build fetches ~2.5 GB of wheels into ${WHEELHOUSE} (kept) and takes ~3 min"
+  bud "$TORCH_IMAGE" "${HACK_DIR}/images/torch-base.Dockerfile" "${HACK_DIR}/images" \
+    -v "${WHEELHOUSE}:/wheels" --build-arg "BASE_IMAGE=${BASE_IMAGE}" \
+    --build-arg "TORCH_VERSION=${TORCH_VERSION}" --build-arg "NUMPY_VERSION=${NUMPY_VERSION}"
+}
+
+# node_image_id <name>: the image ID (config digest) of <name> in the node's containerd, or nothing.
+node_image_id() {
+  local manifest
+  manifest="$(ctr_node images ls | awk -v n="$1" '$1 == n {print $3}')"
+  [[ -n "$manifest" ]] || return 0
+  ctr_node content get "$manifest" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("config", {}).get("digest", ""))'
+}
+
+blob_names() { find "$1/oci/blobs/sha256" -type f -printf '%f\n' | LC_ALL=C sort; }
+
+# load_image <name>: put the buildah image <name> into the node's containerd unless it is there.
+load_image() {
+  local name="$1" id tmp start=$SECONDS new=() bytes=0
+  id="$(image_id "$name")"
+  if [[ "$(node_image_id "$name")" == "$id" ]]; then
+    log "node already has ${name} ($(cut -c1-19 <<<"$id")): not loaded"
+    return
+  fi
+  new_tmp load
+  tmp="${TMPS[-1]}"
+  mkdir -p "${tmp}/oci/blobs"
+  # skopeo's OCI-layout writer skips a blob whose file exists: start from links to containerd's.
+  if [[ -d "$CONTENT_BLOBS" ]]; then cp -al "$CONTENT_BLOBS" "${tmp}/oci/blobs/sha256"; fi
+  mkdir -p "${tmp}/oci/blobs/sha256"
+  blob_names "$tmp" > "${tmp}/had"
+  log "loading ${name} into the node's containerd ..."
+  skopeo copy --dest-oci-accept-uncompressed-layers "${STORAGE_REF}${name}" "oci:${tmp}/oci:${name}" >&2
+  mapfile -t new < <(blob_names "$tmp" | comm -13 "${tmp}/had" -)
+  [[ ${#new[@]} -eq 0 ]] || bytes="$(cd "${tmp}/oci/blobs/sha256" && du -cb "${new[@]}" | tail -n 1 | cut -f1)"
+  log "  importing ${#new[@]} new blobs ($((bytes / 1048576)) MiB) ..."
+  tar -C "${tmp}/oci" -cf - oci-layout index.json "${new[@]/#/blobs/sha256/}" | ctr_node images import - >&2
+  [[ "$(node_image_id "$name")" == "$id" ]] || die "${name}: the node's image is not ${id} after the import"
+  log "  loaded ${name} in $((SECONDS - start))s"
+}
+
+main() {
+  local want=("$@") operator trainer t start=$SECONDS
+  case "${want[0]:-}" in
+    check) preflight; return ;;
+    buildah) exec "${BLD[@]}" "${want[@]:1}" ;;
+    ctr) ctr_node "${want[@]:1}"; return ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; return ;;
+  esac
+  read -r operator trainer < <(chart_images)
+  operator="$(qualify "$operator")" trainer="$(qualify "$trainer")"
+  if [[ "${want[0]:-}" == names ]]; then printf 'operator %s\ntrainer %s\n' "$operator" "$trainer"; return; fi
+  [[ ${#want[@]} -gt 0 ]] || want=(operator trainer)
+  for t in "${want[@]}"; do
+    [[ "$t" == operator || "$t" == trainer ]] || die "unknown image '$t' (operator, trainer, names, buildah ...)"
+  done
+  preflight
+  bash "${HACK_DIR}/containerd.sh" start >/dev/null
+  build_base
+  for t in "${want[@]}"; do
+    case "$t" in
+      operator) bud "$operator" "${REPO_ROOT}/Dockerfile" "$REPO_ROOT" --build-arg "PYTHON_IMAGE=${BASE_IMAGE}"
+                load_image "$operator" ;;
+      trainer) build_torch_base
+               bud "$trainer" "${REPO_ROOT}/trainer-image/Dockerfile" "$REPO_ROOT" --build-arg "BASE_IMAGE=${TORCH_IMAGE}"
+               load_image "$trainer" ;;
+    esac
+  done
+  log "images ready on the node in $((SECONDS - start))s: ${want[*]}"
+}
+
+main "$@"

@@ -1,0 +1,214 @@
+"""Real pods: the trainer image on the test cluster's real node (kubelet + containerd), driven by
+the operator, with checkpoints on a claim from the cluster's default StorageClass.
+
+What only real pods show: rendezvous through the headless Service's DNS name, SIGTERM from a pod
+deletion, the progress annotation written with the pod's own ServiceAccount token through the
+`kubernetes` Service, a gang restart that finds the previous generation's checkpoints on the claim,
+and a pull failure reported by the kubelet.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import helm_tool as ht
+import pytest
+import yaml
+from k8s_cluster import REPO_ROOT, kubeconfig_path
+from kubernetes import client
+from real_pods import NODE_NAME, TRAINER_IMAGE, RealJobs, elapsed, kubectl, quickstart, wait_step
+
+pytestmark = pytest.mark.integration
+
+# fp32 and more steps than the quickstart: slow enough to interrupt, exact enough to compare.
+RESUMABLE = {"precision": "fp32", "maxSteps": 120, "checkpoint": {"everySteps": 10, "keep": 3},
+             "restartPolicy": {"backoffLimit": 3, "backoffSeconds": 1}}
+
+
+@pytest.fixture(scope="module")
+def operator(crd: None, real_node: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ht.OperatorProcess]:
+    """The operator from this checkout, cluster-wide, putting the real trainer image into pods."""
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with ht.OperatorProcess(kubeconfig_path(), log, trainer_image=TRAINER_IMAGE) as op:
+        yield op
+
+
+@pytest.fixture
+def jobs(admin_api: client.ApiClient, real_namespace: str, operator: ht.OperatorProcess) -> RealJobs:
+    return RealJobs(admin_api, real_namespace)
+
+
+def losses(log: str) -> list[float]:
+    """The loss values rank 0 logged, in order."""
+    return [float(m) for m in re.findall(r"loss[= :]+([0-9]+\.[0-9]+)", log)]
+
+
+def test_quickstart_unchanged_trains_on_real_pods(jobs: RealJobs, real_namespace: str) -> None:
+    start = time.monotonic()
+    kubectl("apply", "-n", real_namespace, "-f", str(REPO_ROOT / "examples" / "quickstart.yaml"))
+    st = jobs.wait_phase("quickstart", "Succeeded", timeout=900)
+    print(f"quickstart Succeeded in {elapsed(start)} s: step {st.get('currentStep')}, loss {st.get('loss')}")
+    assert st["currentStep"] == 60 and st.get("restartCount", 0) == 0
+    assert st.get("resumedFromStep", 0) == 0
+    assert (st.get("lastCheckpoint") or {}).get("step") == 60
+    pod = jobs.core.read_namespaced_pod("quickstart-worker-0", real_namespace)
+    assert pod.spec.node_name == NODE_NAME
+    seen = losses(jobs.log("quickstart-worker-0"))
+    assert len(seen) >= 2 and seen[-1] < 0.8 * seen[0], f"loss did not fall: {seen}"
+    # The quickstart checkpoints onto a claim of the cluster's default StorageClass, not an emptyDir.
+    claim = jobs.core.read_namespaced_persistent_volume_claim("quickstart-checkpoints", real_namespace)
+    assert claim.status.phase == "Bound" and claim.spec.access_modes == ["ReadWriteMany"]
+    assert any(v.persistent_volume_claim and v.persistent_volume_claim.claim_name == "quickstart-checkpoints"
+               for v in pod.spec.volumes)
+
+
+def _cli(*args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "kubetrain.core", *args], capture_output=True, text=True,
+                          timeout=60, env={"KUBECONFIG": str(kubeconfig_path()), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_status_and_logs_come_from_the_real_pods(jobs: RealJobs, real_namespace: str) -> None:
+    """Rank 0 reports progress with its pod's own ServiceAccount token through the `kubernetes` Service."""
+    name = jobs.create(quickstart(**RESUMABLE), name="report")
+    wait_step(jobs, name, 20)
+    status = _cli("status", name, "-n", real_namespace)
+    assert re.search(r"step\s*:?\s*\d+", status, re.I) and re.search(r"loss", status, re.I), status
+    logs = _cli("logs", name, "-n", real_namespace, "--tail", "50")
+    assert "step" in logs and "loss" in logs, logs
+    annotation = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace).metadata.annotations
+    record = json.loads(annotation["kubetrain.io/progress"])
+    assert record["step"] >= 20
+    jobs.wait_phase(name, "Succeeded")
+
+
+def _reference_loss(tmp_path: Path, body: dict[str, Any]) -> float:
+    """The same manifest, uninterrupted, through the local backend (same trainer code and torch)."""
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(body))
+    (tmp_path / "data").symlink_to(REPO_ROOT / "examples" / "data")
+    summary = tmp_path / "summary.json"
+    proc = subprocess.run([sys.executable, "-m", "kubetrain.core", "run", str(tmp_path / "job.yaml"), "--fresh",
+                           "-q", "--output-dir", str(tmp_path / "run"), "--summary-json", str(summary)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(summary.read_text())
+    assert result["restarts"] == 0
+    return float(result["final_loss"])
+
+
+@pytest.mark.parametrize("how", ["force-delete", "exit-137"])
+def test_killed_worker_resumes_from_the_claim(jobs: RealJobs, real_namespace: str, tmp_path: Path,
+                                              how: str) -> None:
+    body = quickstart(**RESUMABLE)
+    if how == "exit-137":  # rank 2 (worker 1's only process) exits 137 at step 35, once
+        body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "1:35"}]
+    name = jobs.create(body, name=f"resume-{how}")
+    if how == "force-delete":
+        wait_step(jobs, name, 30)
+        kubectl("delete", "pod", "-n", real_namespace, f"{name}-worker-1", "--grace-period=0", "--force")
+    st = jobs.wait_phase(name, "Succeeded", timeout=900)
+    resumed = st.get("resumedFromStep", 0)
+    print(f"{how}: restarts {st['restartCount']}, resumed from step {resumed}, final loss {st.get('loss')}")
+    assert st["restartCount"] == 1 and resumed >= 30, jobs.describe(name)
+    reference = _reference_loss(tmp_path, body)
+    final = float(st["loss"])
+    print(f"{how}: final loss {final!r} (resumed) vs {reference!r} (uninterrupted, local)")
+    assert math.isclose(final, reference, rel_tol=1e-5), (final, reference)
+
+
+def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJobs, real_namespace: str) -> None:
+    name = jobs.create(quickstart(**{**RESUMABLE, "checkpoint": {"everySteps": 1000}}), name="graceful")
+    jobs.wait(name, lambda st: st.get("currentStep", 0) >= 15, 300, "step >= 15")
+    kubectl("delete", "pod", "-n", real_namespace, f"{name}-worker-0", "--wait=false")
+    st = jobs.wait(name, lambda s: s.get("restartGeneration", 0) >= 1 and s.get("resumedFromStep", 0) > 0, 300,
+                   "the next generation resumed")
+    resumed = st["resumedFromStep"]
+    # Not a periodic checkpoint (every 1000 steps): the one worker 0 wrote on SIGTERM, at its current step.
+    assert 15 <= resumed < 120 and resumed % 1000 != 0
+    st = jobs.wait_phase(name, "Succeeded")
+    assert st["resumedFromStep"] == resumed and st["restartCount"] == 1
+
+
+def test_missing_image_is_reported_within_60s(jobs: RealJobs) -> None:
+    name = jobs.create(quickstart(image="ghcr.io/kubetrain/no-such-image:0"), name="noimage")
+    start = time.monotonic()
+    st = jobs.wait(name, lambda s: any(c.get("type") == "WorkersBlocked" and c.get("status") == "True"
+                                       and c.get("reason") == "ImagePullFailed"
+                                       for c in s.get("conditions") or []), 60, "WorkersBlocked: ImagePullFailed")
+    cond = next(c for c in st["conditions"] if c["type"] == "WorkersBlocked")
+    print(f"pull failure reported after {elapsed(start)} s: {cond['reason']}: {cond['message']}")
+    assert "noimage-worker-" in cond["message"] and "no-such-image" in cond["message"]
+    events = jobs.core.list_namespaced_event(jobs.ns, field_selector=f"involvedObject.name={name}").items
+    assert [e.message for e in events if e.reason == "ImagePullFailed" and e.type == "Warning"]
+
+
+def test_prometheus_scrapes_workers_on_their_pod_ips_as_the_podmonitor_selects(
+        jobs: RealJobs, real_namespace: str, tmp_path: Path) -> None:
+    import prom_server as ps
+    from real_pods import pod_monitor_targets
+
+    monitor = ht.find(ht.render(set_values={"metrics.podMonitor.enabled": True}), "PodMonitor")
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    targets = tmp_path / "targets.json"
+    targets.write_text("[]")
+    scrape = {"job_name": monitor["metadata"]["name"], "honor_labels": endpoint["honorLabels"],
+              "metrics_path": endpoint["path"], "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}
+    try:
+        prom = ps.Prometheus(tmp_path, [scrape]).__enter__()
+    except ps.PrometheusUnavailable as exc:
+        pytest.skip(f"no Prometheus: {exc}")
+    try:
+        name = jobs.create(quickstart(**RESUMABLE), name="scraped")
+        query = f'kubetrain_trainer_step{{trainingjob="{name}"}}'
+
+        def scraped() -> bool:
+            targets.write_text(json.dumps(pod_monitor_targets(monitor, jobs.core, real_namespace)))
+            return len(prom.finite(query)) == 2
+
+        jobs.wait(name, lambda _: scraped(), 300, "both workers scraped")
+        ips = {p.status.pod_ip for p in jobs.pods(name)}
+        series = prom.finite(query)
+        print("scraped:", [(s["metric"]["instance"], s["value"][1]) for s in series], "pod IPs:", ips)
+        assert {s["metric"]["instance"].rsplit(":", 1)[0] for s in series} == ips
+        assert all(s["metric"]["job"] == name for s in series)  # honorLabels keeps the workers' own job label
+        jobs.wait_phase(name, "Succeeded")
+    finally:
+        prom.__exit__()
+
+
+def test_deepspeed_zero3_on_real_pods(jobs: RealJobs) -> None:
+    body = quickstart(strategy="deepspeed", deepspeed={"zeroStage": 3}, precision="fp32", maxSteps=30,
+                      checkpoint={"everySteps": 10})
+    body["spec"].pop("fsdp", None)
+    name = jobs.create(body, name="zero3")
+    st = jobs.wait_phase(name, "Succeeded", timeout=900)
+    assert st["currentStep"] == 30 and (st.get("lastCheckpoint") or {}).get("step") == 30
+    seen = losses(jobs.log(f"{name}-worker-0"))
+    assert seen and seen[-1] < seen[0], seen
+
+
+def test_custom_command_two_by_two_on_real_pods(jobs: RealJobs, real_namespace: str) -> None:
+    """spec.command with procsPerWorker 2: the launcher from the job's ConfigMap starts 2 ranks per pod."""
+    script = (REPO_ROOT / "tests" / "e2e" / "ddp_script.py").read_text()
+    jobs.core.create_namespaced_config_map(real_namespace, client.V1ConfigMap(
+        metadata=client.V1ObjectMeta(name="ddp-script"), data={"ddp_script.py": script}))
+    body = quickstart(procsPerWorker=2, command=["python", "/scripts/ddp_script.py"], args=["4", "1"],
+                      podTemplate={"spec": {"volumes": [{"name": "scripts", "configMap": {"name": "ddp-script"}}],
+                                            "containers": [{"name": "trainer", "volumeMounts": [
+                                                {"name": "scripts", "mountPath": "/scripts"}]}]}})
+    name = jobs.create(body, name="custom")
+    st = jobs.wait_phase(name, "Succeeded", timeout=900)
+    assert st.get("restartCount", 0) == 0
+    logs = jobs.log(f"{name}-worker-0") + jobs.log(f"{name}-worker-1")
+    ranks = sorted(set(re.findall(r"start rank=(\d)", logs)))
+    assert ranks == ["0", "1", "2", "3"], logs[-3000:]
+    assert "snapshot epoch=4" in logs and logs.count("done rank=") == 4, logs[-3000:]

@@ -1,0 +1,52 @@
+"""hack/images.sh (`make images`) without building anything: the names it builds are the ones the
+chart and the operator use by default, and a machine that cannot build says what it lacks.
+
+The builds themselves are tested, opt-in, by tests/integration/test_helm_image.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubetrain.operator.builders import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "hack" / "images.sh"
+
+
+def _script(*args: str, user: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*(user or []), "bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def test_images_are_the_chart_and_operator_defaults() -> None:
+    values = yaml.safe_load((REPO / "charts/kubetrain/values.yaml").read_text())
+    chart = yaml.safe_load((REPO / "charts/kubetrain/Chart.yaml").read_text())
+    proc = _script("names")
+    assert proc.returncode == 0, proc.stderr
+    names = dict(line.split() for line in proc.stdout.splitlines())
+    operator = f"{values['image']['repository']}:{values['image']['tag'] or chart['appVersion']}"
+    assert names == {"operator": operator, "trainer": values["trainerImage"]}
+    assert names["trainer"] == Settings().trainer_image
+    # Fully qualified, as CRI looks images up (it would turn `kubetrain/x` into docker.io/kubetrain/x).
+    assert all("." in n.split("/")[0] for n in names.values())
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root to drop to another uid")
+def test_non_root_is_told_what_is_missing() -> None:
+    proc = _script("check", user=["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+    assert proc.returncode == 1
+    assert "building the images needs root" in proc.stderr
+    assert "uid 65534" in proc.stderr
+
+
+def test_unknown_image_is_refused() -> None:
+    proc = _script("operater")
+    assert proc.returncode == 1
+    assert "unknown image 'operater'" in proc.stderr
