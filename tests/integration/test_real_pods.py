@@ -212,3 +212,13 @@ def test_custom_command_two_by_two_on_real_pods(jobs: RealJobs, real_namespace: 
     ranks = sorted(set(re.findall(r"start rank=(\d)", logs)))
     assert ranks == ["0", "1", "2", "3"], logs[-3000:]
     assert "snapshot epoch=4" in logs and logs.count("done rank=") == 4, logs[-3000:]
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_a_command_that_cannot_be_found_fails_at_once_with_127(jobs: RealJobs, procs: int) -> None:
+    """procsPerWorker 1: runc cannot exec it (StartError); 2: the launcher cannot. Both are exit 127,
+    a permanent failure: no gang restart."""
+    name = jobs.create(quickstart(command=["no-such-command"], procsPerWorker=procs), name=f"nocmd-{procs}")
+    st = jobs.wait_phase(name, "Failed", timeout=180)
+    print(f"procs {procs}: {st['reason']}: {st['message']}")
+    assert st.get("restartCount", 0) == 0 and "127" in st["message"], st

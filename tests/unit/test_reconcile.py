@@ -3,13 +3,14 @@
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.progress import CheckpointRecord, Progress
 from kubetrain.operator import builders as b
 from kubetrain.operator.controller import namespace_terminating
-from kubetrain.operator.reconcile import claim_to_check, plan, set_condition
+from kubetrain.operator.reconcile import claim_to_check, container_exit_code, plan, set_condition
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = b.Settings(trainer_image="trainer:test")
@@ -318,3 +319,14 @@ def test_gang_restart_names_the_checkpoint_it_restarts_from():
     assert "lastCheckpoint" not in eph.status  # it was in the pods being deleted
     none = plan(body(status={k: v for k, v in st.items() if k != "lastCheckpoint"}, **spec), failed, {}, T0, S)
     assert "from step 0: no complete checkpoint yet" in none.status["message"]
+
+
+@pytest.mark.parametrize(("message", "code"), [
+    ('failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create failed: '
+     'unable to start container process: exec: "no-such-command": executable file not found in $PATH: unknown', 127),
+    ('... exec: "/opt/train.sh": permission denied: unknown', 126),
+    ("failed to create containerd task: context deadline exceeded", 128),
+])
+def test_a_command_the_runtime_cannot_start_exits_like_a_shell(message, code):
+    assert container_exit_code({"exitCode": 128, "reason": "StartError", "message": message}) == code
+    assert container_exit_code({"exitCode": 137, "reason": "Error"}) == 137

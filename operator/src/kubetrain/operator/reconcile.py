@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kubetrain.core import contract
 from kubetrain.core.api import (
     CHECKPOINTS_DURABLE,
     WORKERS_BLOCKED,
@@ -89,12 +90,25 @@ def worker_state(index: int, pod: dict[str, Any] | None, created: bool, nodes: d
         for cs in status.get("containerStatuses") or []:
             term = (cs.get("state") or {}).get("terminated") or {}
             if cs.get("name") == b.CONTAINER and term:
-                code = term.get("exitCode")
+                code = container_exit_code(term)
                 if term.get("reason") == "OOMKilled":
                     reason = "OOMKilled"
         return WorkerState(index, WorkerPhase.FAILED, exit_code=code, reason=reason)
     wp = WorkerPhase.RUNNING if phase == "Running" else WorkerPhase.PENDING
     return WorkerState(index, wp, node_not_ready_since=node_since)
+
+
+def container_exit_code(terminated: dict[str, Any]) -> int | None:
+    """The container's exit code, as a shell would give it for a command the runtime could not start:
+    runc reports such a container as StartError with 128, and 128 alone would count as retryable."""
+    if terminated.get("reason") == "StartError":
+        message = terminated.get("message") or ""
+        if "executable file not found" in message or "no such file or directory" in message:
+            return contract.COMMAND_NOT_FOUND_EXIT_CODE
+        if "permission denied" in message:
+            return contract.COMMAND_NOT_EXECUTABLE_EXIT_CODE
+    code = terminated.get("exitCode")
+    return int(code) if code is not None else None
 
 
 def is_ready(pod: dict[str, Any]) -> bool:
