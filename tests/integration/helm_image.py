@@ -1,4 +1,4 @@
-"""The operator and trainer images as `make images` builds them, for the opt-in image tests.
+"""The operator and trainer images as `make images` builds them, for the image tests.
 
 hack/images.sh is the one way they are built here (no registry is reachable): buildah builds the
 repository's Dockerfiles on local Debian bases and loads the result into the real node's containerd

@@ -4,9 +4,9 @@ the operator inside it runs a TrainingJob to Running on the test cluster under t
 identity. The trainer image runs as uid 1000 in /workspace with torch, DeepSpeed and the trainer,
 ships the example data, and trains the quickstart (one worker, a few steps) as a pod would start it.
 
-Opt-in: KUBETRAIN_IMAGE_TESTS=1 (needs root and the packages `hack/images.sh check` names; the
-first operator build takes ~1.5 min on 2 cores, the first trainer build ~8 min with torch's wheels;
-later runs reuse buildah's layer cache and take seconds).
+They run wherever the real node does (the `real_node` fixture has built and loaded the images;
+the first build takes ~7 min on 2 cores with torch's wheels, later ones seconds) and skip with
+the reason elsewhere, never under CI=true.
 """
 
 from __future__ import annotations
@@ -31,23 +31,14 @@ from kubetrain.core import contract
 pytestmark = pytest.mark.integration
 
 
-def _build(which: str) -> str:
-    if os.environ.get("KUBETRAIN_IMAGE_TESTS") != "1":
-        pytest.skip("image build tests are opt-in (minutes the first time): KUBETRAIN_IMAGE_TESTS=1")
-    why = hi.unavailable()
-    if why:
-        pytest.skip(f"cannot build images here: {why}")
-    return hi.build(which)
+@pytest.fixture(scope="module")
+def image(real_node: None) -> str:
+    return hi.build("operator")  # up to date: the real_node fixture built it
 
 
 @pytest.fixture(scope="module")
-def image() -> str:
-    return _build("operator")
-
-
-@pytest.fixture(scope="module")
-def trainer_image() -> str:
-    return _build("trainer")
+def trainer_image(real_node: None) -> str:
+    return hi.build("trainer")
 
 
 def test_image_metadata_and_user(image: str) -> None:

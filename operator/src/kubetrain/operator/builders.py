@@ -305,22 +305,63 @@ def worker_pod(
     labels = {LABEL_INDEX: str(index), LABEL_GENERATION: str(generation), LABEL_ROLE: "worker"}
     if spec.scheduling.queue:
         labels[QUEUE_LABEL] = spec.scheduling.queue
+    claim = claim_name(job)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",  # kubetrain restarts the whole gang, never one container
+        "hostname": worker_name(name, index),
+        "subdomain": service_name(name),
+        "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+        "containers": [_worker_container(job, index, generation, settings)],
+        "volumes": _worker_volumes(job, claim),
+    }
+    sched = spec.scheduling
+    optional = {
+        "nodeSelector": sched.node_selector,
+        "tolerations": sched.tolerations,
+        "affinity": sched.affinity,
+        "priorityClassName": sched.priority_class_name,
+        "schedulerName": sched.scheduler_name or ("volcano" if sched.gang == "volcano" else None),
+    }
+    pod_spec.update({k: v for k, v in optional.items() if v})
+    user_spec = (spec.pod_template or {}).get("spec") or {}
+    if claim and "securityContext" not in user_spec:  # a user's securityContext is theirs alone, not merged with ours
+        # A fresh volume is root-owned: the group lets the non-root trainer write it; OnRootMismatch spares
+        # a recursive chown of every checkpoint at each gang restart.
+        pod_spec["securityContext"] = {"fsGroup": TRAINER_GID, "fsGroupChangePolicy": "OnRootMismatch"}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": _worker_meta(job, index, generation, labels, owner),
+           "spec": pod_spec}
+    if spec.pod_template:
+        pod = merge(pod, {k: v for k, v in spec.pod_template.items() if k in ("metadata", "spec")})
+        pod["metadata"]["labels"].update({k: v for k, v in labels.items()} | {LABEL_JOB: name})
+        pod["metadata"]["name"] = worker_name(name, index)
+    return pod
+
+
+def _worker_meta(job: TrainingJob, index: int, generation: int, labels: dict[str, str],
+                 owner: dict[str, Any] | None) -> dict[str, Any]:
+    name = job.metadata.name
     meta = _meta(job, worker_name(name, index), owner, **labels)
-    fabric = FABRICS[spec.fabric]
     meta["annotations"] = {
         "kubetrain.io/restart-generation": str(generation),
-        **(fabric.annotations or {}),
+        **(FABRICS[job.spec.fabric].annotations or {}),
     }
-    if spec.scheduling.gang != "none":
+    if job.spec.scheduling.gang != "none":
         meta["annotations"]["scheduling.k8s.io/group-name"] = name
         meta["labels"]["scheduling.x-k8s.io/pod-group"] = name
-    claim = claim_name(job)
-    volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": config_name(name)}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.resources.shm_size}},
+    return meta
+
+
+def _worker_volumes(job: TrainingJob, claim: str | None) -> list[dict[str, Any]]:
+    return [
+        {"name": "config", "configMap": {"name": config_name(job.metadata.name)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.spec.resources.shm_size}},
         {"name": "checkpoints", **({"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}})},
         {"name": "output", "emptyDir": {}},
     ]
+
+
+def _worker_container(job: TrainingJob, index: int, generation: int, settings: Settings) -> dict[str, Any]:
+    spec = job.spec
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image or settings.trainer_image,
@@ -343,36 +384,10 @@ def worker_pod(
         container["command"] = command
     if args:
         container["args"] = args
-    if fabric.capabilities:
-        container["securityContext"] = {"capabilities": {"add": list(fabric.capabilities)}}
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",  # kubetrain restarts the whole gang, never one container
-        "hostname": worker_name(name, index),
-        "subdomain": service_name(name),
-        "terminationGracePeriodSeconds": settings.termination_grace_seconds,
-        "containers": [container],
-        "volumes": volumes,
-    }
-    sched = spec.scheduling
-    optional = {
-        "nodeSelector": sched.node_selector,
-        "tolerations": sched.tolerations,
-        "affinity": sched.affinity,
-        "priorityClassName": sched.priority_class_name,
-        "schedulerName": sched.scheduler_name or ("volcano" if sched.gang == "volcano" else None),
-    }
-    pod_spec.update({k: v for k, v in optional.items() if v})
-    user_spec = (spec.pod_template or {}).get("spec") or {}
-    if claim and "securityContext" not in user_spec:  # a user's securityContext is theirs alone, not merged with ours
-        # A fresh volume is root-owned: the group lets the non-root trainer write it; OnRootMismatch spares
-        # a recursive chown of every checkpoint at each gang restart.
-        pod_spec["securityContext"] = {"fsGroup": TRAINER_GID, "fsGroupChangePolicy": "OnRootMismatch"}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
-    if spec.pod_template:
-        pod = merge(pod, {k: v for k, v in spec.pod_template.items() if k in ("metadata", "spec")})
-        pod["metadata"]["labels"].update({k: v for k, v in labels.items()} | {LABEL_JOB: name})
-        pod["metadata"]["name"] = worker_name(name, index)
-    return pod
+    capabilities = FABRICS[spec.fabric].capabilities
+    if capabilities:
+        container["securityContext"] = {"capabilities": {"add": list(capabilities)}}
+    return container
 
 
 _MERGE_BY_NAME = {"containers", "initContainers", "volumes", "env", "volumeMounts", "ports"}
