@@ -242,3 +242,13 @@ def test_progress_role_binding_names_the_workers_service_account():
     assert b.progress_role_binding(own)["subjects"][0]["name"] == "trainer"
     assert b.worker_pod(own, 0, 0, b.Settings())["spec"]["serviceAccountName"] == "trainer"
     assert b.progress_role_binding(job(progressReporting=False)) is None
+
+
+def test_checkpoint_dir_is_where_pods_mount_the_claim():
+    """A checkpoint.dir of the user's must not bypass the claim: the volume is mounted there."""
+    job = TrainingJob.model_validate({"metadata": {"name": "j", "namespace": "ns"},
+                                      "spec": {"workers": 2, "checkpoint": {"dir": "/ckpt/run1"}}})
+    pod = b.worker_pod(job, 0, 0, b.Settings())
+    c = pod["spec"]["containers"][0]
+    assert {"name": "checkpoints", "mountPath": "/ckpt/run1"} in c["volumeMounts"]
+    assert {"name": contract.CHECKPOINT_DIR, "value": "/ckpt/run1"} in c["env"]

@@ -169,7 +169,8 @@ class CheckpointSpec(_Model):
     on_sigterm: bool = True
     """Save a checkpoint when a worker is asked to stop (preemption, node drain, Ctrl-C)."""
     dir: str | None = None
-    """Checkpoint directory. Default: `<output dir>/checkpoints` locally, `/checkpoints` in pods."""
+    """Checkpoint directory. Default: `<output dir>/checkpoints` locally, `/checkpoints` in pods. In pods the
+    checkpoint volume (the claim, or the emptyDir when ephemeral) is mounted here."""
     claim_name: str | None = None
     """An existing PersistentVolumeClaim mounted at /checkpoints in every worker pod instead of the one the operator creates. With more than one worker it must be ReadWriteMany (unless every worker lands on one node)."""
     storage_size: str = Field(DEFAULT_CHECKPOINT_STORAGE, pattern=QUANTITY_PATTERN)

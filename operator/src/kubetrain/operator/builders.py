@@ -74,6 +74,11 @@ def claim_access_mode(spec: TrainingJobSpec) -> str:
     return spec.checkpoint.access_mode or ("ReadWriteOnce" if spec.workers == 1 else "ReadWriteMany")
 
 
+def checkpoint_mount(spec: TrainingJobSpec) -> str:
+    """Where pods mount the checkpoint volume: checkpoint.dir when set, so that it always lies on the claim."""
+    return spec.checkpoint.dir or CHECKPOINT_MOUNT
+
+
 def progress_rbac_name(job: str) -> str:
     return f"{job}-progress"
 
@@ -278,7 +283,7 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
             job=name,
             namespace=ns,
             config_path=f"{CONFIG_MOUNT}/config.json",
-            checkpoint_dir=CHECKPOINT_MOUNT,
+            checkpoint_dir=checkpoint_mount(spec),
             output_dir=OUTPUT_MOUNT,
             restart_generation=generation,
             metrics_port=spec.metrics_port,
@@ -374,7 +379,7 @@ def _worker_container(job: TrainingJob, index: int, generation: int, settings: S
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "checkpoints", "mountPath": CHECKPOINT_MOUNT},
+            {"name": "checkpoints", "mountPath": checkpoint_mount(spec)},
             {"name": "output", "mountPath": OUTPUT_MOUNT},
         ],
         "resources": _resources(spec),
