@@ -39,7 +39,7 @@ stop() {  # stop <component>...: TERM them together, KILL what is left after 10 
 
 # Clients first (all at once), then the API server, then its storage.
 # The real node first, while the API server can still see its pods go.
-if [[ -d "${D}/node" ]]; then "${HACK_DIR}/real-node.sh" down; fi
+if [[ -d "${D}/node" ]]; then "${HACK_DIR}/real-node.sh" down || log "real node teardown incomplete; see above"; fi
 stop kwok kube-scheduler kube-controller-manager
 stop kube-apiserver
 stop etcd

@@ -18,7 +18,4 @@ log "installing ${want[*]} (Debian packages)"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${want[@]}" >/dev/null
-# The package starts a system containerd on the default socket; the node runs its own.
-if pgrep -x containerd >/dev/null && [[ -S /run/containerd/containerd.sock ]] && command -v systemctl >/dev/null; then
-  systemctl disable --now containerd >/dev/null 2>&1 || true
-fi
+# A system containerd the package may start keeps its own socket and root; the node never uses it.

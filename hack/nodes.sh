@@ -35,7 +35,7 @@ manifest() {  # manifest <first> <count>: a v1 List of Nodes <first>..<first+cou
     printf '    annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}\n'
     printf '    labels: {type: kwok, kubernetes.io/hostname: %s%d, kubernetes.io/os: linux, kubernetes.io/arch: amd64}\n' "$PREFIX" "$i"
     # With a real node in the cluster, only pods that tolerate this come here (see docs/testing.md).
-    [[ "${KUBETRAIN_NODE_TAINT:-0}" == 0 ]] \
+    [[ "${TAINT:-0}" == 0 ]] \
       || printf '  spec:\n    taints: [{key: kwok.x-k8s.io/node, value: fake, effect: NoSchedule}]\n'
     printf '  status:\n    capacity: {%s}\n    allocatable: {%s}\n' "$res" "$res"
   done
@@ -48,6 +48,11 @@ ready_count() {  # fake nodes whose Ready condition is True (one LIST, no per-no
 
 case "${1:-}" in
   create)
+    # Tainted whenever the cluster has a real node (cluster-up says so; a later create looks).
+    TAINT="${KUBETRAIN_NODE_TAINT:-}"
+    if [[ -z "${TAINT}" ]]; then
+      if kubectl get node -l kubetrain.io/node=real -o name 2>/dev/null | grep -q .; then TAINT=1; else TAINT=0; fi
+    fi
     count="${2:-4}" chunk=100 start=$SECONDS
     log "creating ${count} fake nodes ${PREFIX}N: ${GPUS} nvidia.com/gpu, ${RDMA} rdma/ib, ${CPU} cpu, ${MEMORY} memory"
     # kubectl sends one request per object: apply chunks of 100 in parallel.

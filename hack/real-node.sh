@@ -72,9 +72,30 @@ table ip ${NFT_TABLE} {
 EOF
 }
 
+# The kubelet's own iptables chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY, ...): the jumps to them
+# first, then the chains. Only KUBE-* chains: nothing else of the host's rules is touched.
+kubelet_chains_down() {
+  local cmd t c rule
+  for cmd in iptables ip6tables; do
+    command -v "$cmd" >/dev/null || continue
+    for t in filter nat mangle; do
+      local chains=()
+      mapfile -t chains < <("$cmd" -t "$t" -S 2>/dev/null | awk '/^-N KUBE-/{print $2}')
+      [[ ${#chains[@]} -gt 0 ]] || continue
+      for c in "${chains[@]}"; do
+        "$cmd" -t "$t" -S 2>/dev/null | grep -E -- "-j ${c}( |$)" | sed 's/^-A /-D /' \
+          | while read -r rule; do eval "$cmd -t $t $rule" 2>/dev/null || true; done
+      done
+      for c in "${chains[@]}"; do "$cmd" -t "$t" -F "$c" 2>/dev/null || true; done
+      for c in "${chains[@]}"; do "$cmd" -t "$t" -X "$c" 2>/dev/null || true; done
+    done
+  done
+}
+
 net_down() {
   local t
   for t in "ip ${NFT_TABLE}" "ip kube-proxy" "ip6 kube-proxy"; do nft delete table $t 2>/dev/null || true; done
+  kubelet_chains_down
   ip link del "$NODE_BRIDGE" 2>/dev/null || true
   if [[ -f "${N}/sysctl.saved" ]]; then
     while IFS='=' read -r k v; do [[ -z "$v" ]] || sysctl -qw "$k=$v" 2>/dev/null || true; done < "${N}/sysctl.saved"
@@ -130,12 +151,17 @@ stop_procs() {
   for p in "${PROCS[@]}"; do
     [[ -f "${N}/${p}.pid" ]] || continue
     pid="$(cat "${N}/${p}.pid")"
+    rm -f "${N}/${p}.pid"
+    # A pid file can outlive its process (a crash, a reboot): signal only the program we started.
+    pid_alive "$pid" && [[ "$(basename "$(readlink "/proc/${pid}/exe" 2>/dev/null)")" == "$(proc_binary "$p")" ]] \
+      || continue
     kill -- "-${pid}" 2>/dev/null || kill "$pid" 2>/dev/null || true
     for _ in $(seq 50); do pid_alive "$pid" || break; sleep 0.1; done
     pid_alive "$pid" && kill -9 -- "-${pid}" 2>/dev/null || true
-    rm -f "${N}/${p}.pid"
   done
 }
+
+proc_binary() { if [[ "$1" == apiserver-forward ]]; then echo socat; else echo "$1"; fi; }
 
 # ----------------------------------------------------------------- images
 import_small_images() {  # the pod sandbox and the volume helper: built here, no registry
@@ -375,7 +401,7 @@ down() {
   if [[ -S "$CONTAINERD_SOCK" ]]; then remove_pods; fi
   remove_pod_leftovers
   "${HACK_DIR}/containerd.sh" stop
-  rm -rf --one-file-system "$KUBELET_ROOT" "$VOLUMES"
+  rm -rf --one-file-system "$KUBELET_ROOT" "$VOLUMES" || log "left behind: a mount under ${KUBELET_ROOT}"
   net_down
   # The kubelet also writes here whatever --root-dir says.
   rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null || true

@@ -27,12 +27,6 @@ def _run(*cmd: str, timeout: float = 120) -> str:
     return proc.stdout
 
 
-def unavailable() -> str | None:
-    """Why the images cannot be built here (the script's own check), or None."""
-    proc = subprocess.run(["bash", SCRIPT, "check"], capture_output=True, text=True, timeout=60, check=False)
-    return None if proc.returncode == 0 else proc.stderr.strip().splitlines()[-1]
-
-
 def names() -> dict[str, str]:
     """{"operator": ..., "trainer": ...}: the chart's default image names the script builds."""
     return dict(line.split() for line in _run("bash", SCRIPT, "names").splitlines())
@@ -84,6 +78,3 @@ class Container:
         for host, inside in (volumes or {}).items():
             args += ["-v", f"{host}:{inside}:ro"]
         return [*args, self.name, "--", *cmd]
-
-    def run(self, *cmd: str, **kw: object) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.command(*cmd, **kw), capture_output=True, text=True, timeout=120)  # type: ignore[arg-type]

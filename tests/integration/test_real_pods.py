@@ -135,8 +135,10 @@ def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJob
     st = jobs.wait(name, lambda s: s.get("restartGeneration", 0) >= 1 and s.get("resumedFromStep", 0) > 0, 300,
                    "the next generation resumed")
     resumed = st["resumedFromStep"]
-    # Not a periodic checkpoint (every 1000 steps): the one worker 0 wrote on SIGTERM, at its current step.
-    assert 15 <= resumed < 120 and resumed % 1000 != 0
+    # With checkpoints every 1000 steps the only one before step 120 is the one written on SIGTERM, at the
+    # step the gang had reached (>= 15 when the pod was deleted); generation 1 resumed from exactly it.
+    assert 15 <= resumed < 120
+    assert (st.get("lastCheckpoint") or {}).get("step") == resumed, st
     st = jobs.wait_phase(name, "Succeeded")
     assert st["resumedFromStep"] == resumed and st["restartCount"] == 1
 
@@ -225,3 +227,14 @@ def test_a_command_that_cannot_be_found_fails_at_once_with_127(jobs: RealJobs, p
     st = jobs.wait_phase(name, "Failed", timeout=180)
     print(f"procs {procs}: {st['reason']}: {st['message']}")
     assert st.get("restartCount", 0) == 0 and "127" in st["message"], st
+
+
+def test_ephemeral_checkpoints_with_two_workers_train_and_say_so(jobs: RealJobs) -> None:
+    """Each pod keeps its own part in its emptyDir: the job runs, and says from the start that a
+    gang restart would begin again at step 0."""
+    name = jobs.create(quickstart(checkpoint={"ephemeral": True, "everySteps": 20}), name="ephemeral")
+    st = jobs.wait_phase(name, "Succeeded", timeout=600)
+    cond = next(c for c in st["conditions"] if c["type"] == "CheckpointsDurable")
+    assert (cond["status"], cond["reason"]) == ("False", "EphemeralCheckpoints")
+    assert st["currentStep"] == 60
+    assert not jobs.core.list_namespaced_persistent_volume_claim(jobs.ns).items

@@ -1,7 +1,7 @@
 """hack/images.sh (`make images`) without building anything: the names it builds are the ones the
 chart and the operator use by default, and a machine that cannot build says what it lacks.
 
-The builds themselves are tested, opt-in, by tests/integration/test_helm_image.py.
+The builds themselves are tested by tests/integration/test_helm_image.py wherever the real node runs.
 """
 
 from __future__ import annotations

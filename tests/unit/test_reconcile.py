@@ -326,6 +326,8 @@ def test_gang_restart_names_the_checkpoint_it_restarts_from():
      'unable to start container process: exec: "no-such-command": executable file not found in $PATH: unknown', 127),
     ('... exec: "/opt/train.sh": permission denied: unknown', 126),
     ("failed to create containerd task: context deadline exceeded", 128),
+    ('runc create failed: unable to start container process: error during container init: error mounting '
+     '"/data/x" to rootfs at "/data": no such file or directory: unknown', 128),  # a mount, not the command
 ])
 def test_a_command_the_runtime_cannot_start_exits_like_a_shell(message, code):
     assert container_exit_code({"exitCode": 128, "reason": "StartError", "message": message}) == code

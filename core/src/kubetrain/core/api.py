@@ -172,7 +172,7 @@ class CheckpointSpec(_Model):
     """Checkpoint directory. Default: `<output dir>/checkpoints` locally, `/checkpoints` in pods. In pods the
     checkpoint volume (the claim, or the emptyDir when ephemeral) is mounted here."""
     claim_name: str | None = None
-    """An existing PersistentVolumeClaim mounted at /checkpoints in every worker pod instead of the one the operator creates. With more than one worker it must be ReadWriteMany (unless every worker lands on one node)."""
+    """An existing PersistentVolumeClaim mounted at the checkpoint directory (`dir`, default /checkpoints) in every worker pod instead of the one the operator creates. With more than one worker it must be ReadWriteMany (unless every worker lands on one node)."""
     storage_size: str = Field(DEFAULT_CHECKPOINT_STORAGE, pattern=QUANTITY_PATTERN)
     """Size of the claim `<job>-checkpoints` that the operator creates, owned by the job and deleted with it, when neither claimName nor ephemeral is set."""
     storage_class_name: str | None = None

@@ -16,8 +16,6 @@ from pydantic import ValidationError
 
 from kubetrain.core import contract
 from kubetrain.core.api import (
-    CHECKPOINTS_DURABLE,
-    WORKERS_BLOCKED,
     CheckpointRef,
     Condition,
     TrainingJob,
@@ -38,8 +36,6 @@ from kubetrain.operator.conditions import (
 )
 
 FINISHED = ("Succeeded", "Failed")
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed",
-                   CHECKPOINTS_DURABLE, WORKERS_BLOCKED)
 
 
 def ts(t: datetime) -> str:
@@ -103,9 +99,10 @@ def container_exit_code(terminated: dict[str, Any]) -> int | None:
     runc reports such a container as StartError with 128, and 128 alone would count as retryable."""
     if terminated.get("reason") == "StartError":
         message = terminated.get("message") or ""
-        if "executable file not found" in message or "no such file or directory" in message:
+        exec_failed = 'exec: "' in message  # runc could not exec the command (not a mount or workingDir)
+        if exec_failed and ("executable file not found" in message or "no such file or directory" in message):
             return contract.COMMAND_NOT_FOUND_EXIT_CODE
-        if "permission denied" in message:
+        if exec_failed and "permission denied" in message:
             return contract.COMMAND_NOT_EXECUTABLE_EXIT_CODE
     code = terminated.get("exitCode")
     return int(code) if code is not None else None

@@ -65,8 +65,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save_checkpoint(root: Path, engine: Engine, state: TrainerState, keep: int) -> Path:
-    """Collective: every rank calls it. Returns the committed directory."""
+def save_checkpoint(root: Path, engine: Engine, state: TrainerState, keep: int, shared: bool = True) -> Path:
+    """Collective: every rank calls it. Returns the committed directory. `shared`: the directory is
+    one for all workers, so rank 0 requires every rank's part in it before committing."""
     rank = dist.get_rank()
     path = root / checkpoint_dirname(state.step)
     if rank == 0:
@@ -81,7 +82,8 @@ def save_checkpoint(root: Path, engine: Engine, state: TrainerState, keep: int) 
         atomic_write_text(path / TRAINER_STATE, json.dumps(asdict(state), indent=1))
     dist.barrier()
     if rank == 0:
-        require_every_part(path, dist.get_world_size())
+        if shared:
+            require_every_part(path, dist.get_world_size())
         marker = {"step": state.step, "worldSize": state.world_size, "strategy": state.strategy, "time": now_rfc3339()}
         atomic_write_text(path / COMMIT_MARKER, json.dumps(marker) + "\n")
         prune(root, keep)

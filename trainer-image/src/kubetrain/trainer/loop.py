@@ -274,7 +274,9 @@ def _train(
         if due:
             t1 = time.perf_counter()
             state.checkpoints = sorted(set(state.checkpoints) | {state.step})
-            path = save_checkpoint(ckpt_root, engine, state, spec.checkpoint.keep)
+            # Ephemeral checkpoints sit in each pod's own directory: nothing to require of the others.
+            path = save_checkpoint(ckpt_root, engine, state, spec.checkpoint.keep,
+                                   shared=not spec.checkpoint.ephemeral)
             save_seconds = time.perf_counter() - t1
             metrics.checkpoint_save_seconds.labels(**metrics.labels).set(save_seconds)
             metrics.checkpoints.labels(**metrics.labels).inc()
