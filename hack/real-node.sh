@@ -84,7 +84,7 @@ kubelet_chains_down() {
       [[ ${#chains[@]} -gt 0 ]] || continue
       for c in "${chains[@]}"; do
         "$cmd" -t "$t" -S 2>/dev/null | grep -E -- "-j ${c}( |$)" | sed 's/^-A /-D /' \
-          | while read -r rule; do eval "$cmd -t $t $rule" 2>/dev/null || true; done
+          | while read -r rule; do eval "$cmd -t $t $rule" 2>/dev/null || true; done || true
       done
       for c in "${chains[@]}"; do "$cmd" -t "$t" -F "$c" 2>/dev/null || true; done
       for c in "${chains[@]}"; do "$cmd" -t "$t" -X "$c" 2>/dev/null || true; done
@@ -167,11 +167,11 @@ proc_binary() { if [[ "$1" == apiserver-forward ]]; then echo socat; else echo "
 import_small_images() {  # the pod sandbox and the volume helper: built here, no registry
   local tmp
   tmp="$(mktemp -d)"
-  if ! ctr_node images ls -q | grep -qxF "$PAUSE_IMAGE"; then
+  if ! ctr_node images ls -q | grep -xF "$PAUSE_IMAGE" >/dev/null; then
     python3 "${HACK_DIR}/oci-image.py" "${tmp}/pause.tar" "$PAUSE_IMAGE" --entrypoint /pause "/pause=$(bin_path pause)"
     ctr_node images import --base-name "${PAUSE_IMAGE%:*}" "${tmp}/pause.tar" >/dev/null
   fi
-  if ! ctr_node images ls -q | grep -qxF "$HELPER_IMAGE"; then
+  if ! ctr_node images ls -q | grep -xF "$HELPER_IMAGE" >/dev/null; then
     (cd "$tmp" && apt-get download -qq busybox-static >/dev/null && dpkg -x busybox-static_*.deb bb)
     local links=() a
     for a in sh mkdir rm rmdir chmod ls cat test; do links+=("/bin/${a}@busybox"); done

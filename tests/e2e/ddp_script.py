@@ -120,8 +120,13 @@ def main() -> None:
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=False, sampler=DistributedSampler(dataset))
     snapshot_path = os.path.join(os.environ["KUBETRAIN_CHECKPOINT_DIR"], "snapshot.pt")
     Trainer(model, loader, optimizer, args.save_every, snapshot_path).train(args.total_epochs)
+    dist.barrier()
     dist.destroy_process_group()
     say(f"done rank={os.environ['RANK']}")
+    # torch 2.13's gloo can abort in interpreter teardown after a clean destroy ("terminate called
+    # without an active exception", exit 134) when peers exit at the same moment; a finished rank
+    # leaves without that teardown, as many training scripts do.
+    os._exit(0)
 
 
 if __name__ == "__main__":

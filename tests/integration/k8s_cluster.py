@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from kubetrain.core import api
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HACK_DIR = REPO_ROOT / "hack"
 
@@ -332,7 +334,7 @@ def kwok_job(name: str, spec: dict[str, Any] | None = None, namespace: str | Non
     if "ephemeral" not in checkpoint and "claimName" not in checkpoint:
         spec["checkpoint"] = {**checkpoint, **KWOK_CHECKPOINT}  # kwok pods have no storage
     metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
-    return {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "metadata": metadata, "spec": spec}
+    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": spec}
 
 
 def fake_node_manifest(

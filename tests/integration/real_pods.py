@@ -19,9 +19,10 @@ from k8s_cluster import HACK_DIR, REPO_ROOT, kubeconfig_path, wait_for
 from kubernetes import client
 
 from kubetrain.core import api
+from kubetrain.operator.builders import Settings
 
 NODE_NAME = "kubetrain-node"
-TRAINER_IMAGE = "ghcr.io/kubetrain/trainer:0.1.0"
+TRAINER_IMAGE = Settings().trainer_image  # the chart's default, the name hack/images.sh loads
 
 
 def real_node_missing(core: client.CoreV1Api) -> str | None:
