@@ -12,7 +12,8 @@
 #   KUBETRAIN_NODES (4) and the node shape, see hack/nodes.sh
 #   KUBETRAIN_REAL_NODE (auto)  1: also run the real node (hack/real-node.sh: kubelet, containerd,
 #                          CoreDNS, a volume provisioner); 0: kwok nodes only; auto: 1 where this
-#                          machine can (root, containerd, ...), and always under CI=true
+#                          machine can (root, containerd, ...), and always under CI=true. The
+#                          Debian packages (hack/node-deps.sh) are installed with 1 or under CI only
 #   KUBETRAIN_AUDIT_POLICY (unset)  an audit policy file: kube-apiserver then writes JSON audit
 #                          events to $KUBETRAIN_CLUSTER_DIR/logs/audit.log (bench/compare.py counts requests with it)
 #
