@@ -19,7 +19,7 @@ from k8s_cluster import HACK_DIR, REPO_ROOT, kubeconfig_path, wait_for
 from kubernetes import client
 
 from kubetrain.core import api
-from kubetrain.operator.builders import Settings
+from kubetrain.operator.builders import Settings, merge
 
 NODE_NAME = "kubetrain-node"
 TRAINER_IMAGE = Settings().trainer_image  # the chart's default, the name hack/images.sh loads
@@ -63,16 +63,8 @@ def kubectl_binary() -> str:
 def quickstart(**overrides: Any) -> dict[str, Any]:
     """examples/quickstart.yaml with `overrides` deep-merged into its spec."""
     body = yaml.safe_load((REPO_ROOT / "examples" / "quickstart.yaml").read_text())
-    _merge(body["spec"], overrides)
+    body["spec"] = merge(body["spec"], overrides)
     return body
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> None:
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _merge(base[k], v)
-        else:
-            base[k] = v
 
 
 class RealJobs:
