@@ -95,7 +95,8 @@ def operator_scenario(admin: client.ApiClient, ns: str, op: ht.OperatorProcess) 
         fail_pod(core, ns, running_pods(0)[0].metadata.name, 137, "OOMKilled")
         wait_for(lambda: status().get("restartCount") == 1 and status().get("phase") == "Running"
                  and running_pods(1), 90, what="prom Running again after the gang restart")
-        for pod in running_pods(1):
+        # Highest rank first: once worker 0 exits 0 the job is Succeeded and cleanPodPolicy deletes the rest.
+        for pod in sorted(running_pods(1), key=lambda p: p.metadata.name, reverse=True):
             succeed_pod(core, ns, pod.metadata.name)
         wait_for(lambda: status().get("phase") == "Succeeded", 60, what="prom Succeeded")
     except AssertionError as exc:
