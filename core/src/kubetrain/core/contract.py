@@ -8,6 +8,7 @@ torchrun's `PET_*` names are set too so that `torchrun` inside a pod needs no fl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -63,6 +64,17 @@ PROGRESS_FILE = "progress.json"
 PROGRESS_ANNOTATION = "kubetrain.io/progress"
 """The same record (JSON) as an annotation on worker 0's pod: rank 0 patches its own pod
 (kubetrain.trainer.pod_progress) and the operator reads it for status and hang detection."""
+
+
+def format_time(t: datetime, micros: bool = False) -> str:
+    """A UTC timestamp as Kubernetes writes it (RFC 3339, `Z`); `micros` for a Lease's MicroTime."""
+    t = t.astimezone(UTC) if t.tzinfo else t
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micros else "%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """The inverse of format_time (any RFC 3339 form); None for an empty value."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
 def exit_code(returncode: int) -> int:
