@@ -55,6 +55,14 @@ def test_single_process_worker_gets_its_rank():
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "0", "2")
 
 
+def test_worker_env_is_the_contracts_torch_env_of_the_whole_worker():
+    for procs in (1, 4):
+        env = env_of(b.worker_pod(job(workers=2, procsPerWorker=procs, command=["./train"]), 1, 0, b.Settings()))
+        placement = contract.WorkerPlacement.worker(1, procs, 2)
+        expected = contract.torch_env(placement, "llm-worker-0.llm.team-a.svc", contract.DEFAULT_MASTER_PORT)
+        assert {k: env.get(k) for k in expected} == expected
+
+
 def test_fabric_profile_adds_resources_caps_env_and_user_overrides_win():
     j = job(workers=2, fabric="efa", resources={"gpusPerWorker": 8, "extra": {"vpc.amazonaws.com/efa": "32"}},
             env=[{"name": "FI_PROVIDER", "value": "tcp"}, {"name": "MY_VAR", "value": "1"}])

@@ -72,6 +72,17 @@ def test_child_envs_of_a_pod_with_four_procs():
     assert [e["KUBETRAIN_METRICS_PORT"] for e in envs] == ["9400", "9401", "9402", "9403"]
 
 
+def test_torch_env_of_a_whole_worker_leaves_the_ranks_to_its_launcher_unless_it_is_one_process():
+    whole = contract.torch_env(contract.WorkerPlacement.worker(1, 2, 3), "m", 29500)
+    procs = [contract.torch_env(contract.WorkerPlacement(1, i, 2, 3), "m", 29500) for i in range(2)]
+    assert contract.RANK not in whole and contract.LOCAL_RANK not in whole
+    assert [(p[contract.RANK], p[contract.LOCAL_RANK]) for p in procs] == [("2", "0"), ("3", "1")]
+    per_rank = (contract.RANK, contract.LOCAL_RANK)
+    assert all({k: v for k, v in p.items() if k not in per_rank} == whole for p in procs)
+    single = contract.torch_env(contract.WorkerPlacement.worker(2, 1, 3), "m", 29500)
+    assert (single[contract.RANK], single[contract.LOCAL_RANK], single[contract.WORLD_SIZE]) == ("2", "0", "3")
+
+
 def test_a_malformed_contract_variable_is_named():
     with pytest.raises(ValueError, match="PET_NPROC_PER_NODE/LOCAL_WORLD_SIZE='two': not an integer"):
         launcher.child_envs({"PET_NPROC_PER_NODE": "two"})

@@ -20,6 +20,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from kubetrain.core import contract
+
 GROUP = "kubetrain.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -30,7 +32,21 @@ SHORT_NAMES = ["tj", "tjob"]
 
 Strategy = Literal["ddp", "fsdp", "deepspeed"]
 Precision = Literal["fp32", "bf16", "fp16"]
-Phase = Literal["Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+
+
+class Phase(enum.StrEnum):
+    """A TrainingJob's status.phase."""
+
+    PENDING = "Pending"
+    CREATED = "Created"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+FINISHED_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
 AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
 
 DEFAULT_CHECKPOINT_STORAGE = "10Gi"
@@ -207,7 +223,8 @@ class RestartPolicySpec(_Model):
     """Delay before the first restart; doubles after each restart."""
     max_backoff_seconds: float = Field(300.0, ge=0)
     """Upper bound of the restart delay."""
-    permanent_exit_codes: list[int] = Field(default_factory=lambda: [2, 126, 127])
+    permanent_exit_codes: list[int] = Field(default_factory=lambda: [
+        contract.CONFIG_ERROR_EXIT_CODE, contract.COMMAND_NOT_EXECUTABLE_EXIT_CODE, contract.COMMAND_NOT_FOUND_EXIT_CODE])
     """Worker exit codes that fail the job at once (configuration errors). Every other non-zero exit, signal, eviction or lost node restarts the gang."""
     progress_deadline_seconds: int | None = Field(None, ge=1)
     """Restart the gang when rank 0 reports no new step for this long (hang detection). Unset disables it."""
@@ -428,7 +445,7 @@ class CheckpointRef(_Model):
 class TrainingJobStatus(_Model):
     """Observed state of a TrainingJob, written by the operator."""
 
-    phase: Phase = "Pending"
+    phase: Phase = Phase.PENDING
     """Pending, Created, Running, Restarting, Suspended, Succeeded or Failed."""
     conditions: list[Condition] = Field(default_factory=list)
     """Conditions with reasons and messages."""

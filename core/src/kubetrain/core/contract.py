@@ -1,14 +1,20 @@
-"""The worker environment contract, defined once for both backends.
+"""The worker contract, defined once for both backends: what the operator, the local
+backend, the in-pod launcher and the trainer must agree on.
 
-Every worker process (built-in trainer or a user's own script) gets these
-variables from the operator (pod env) or the local backend (process env).
-torchrun's `PET_*` names are set too so that `torchrun` inside a pod needs no flags.
+Every worker process (built-in trainer or a user's own script) gets the variables below
+from the operator (pod env) or the local backend (process env), built by torch_env() and
+kubetrain_env() only. torchrun's `PET_*` names are set too so that `torchrun` inside a pod
+needs no flags. Also here: the worker pods' labels and annotations, the exit codes with a
+meaning, and the timestamp format.
+
+This file is shipped in a job's ConfigMap beside launcher.py and runs in a user's image:
+standard library only, Python 3.8+ (hence timezone.utc, not datetime.UTC).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,6 +54,27 @@ POD_NAMESPACE = "KUBETRAIN_POD_NAMESPACE"
 """This worker's namespace (Downward API `metadata.namespace`); only in pods."""
 
 DEFAULT_MASTER_PORT = 29500
+
+# Worker pods: labels, annotations and the container, as the operator writes them and the CLI reads them.
+LABEL_JOB = "kubetrain.io/job-name"
+LABEL_INDEX = "kubetrain.io/replica-index"
+LABEL_GENERATION = "kubetrain.io/restart-generation"
+LABEL_ROLE = "kubetrain.io/role"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+"""Kueue's LocalQueue label (scheduling.queue)."""
+GANG_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+"""The coscheduling plugin's pod-group label (scheduling.gang)."""
+GANG_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+"""Volcano's pod-group annotation (scheduling.gang)."""
+GENERATION_ANNOTATION = "kubetrain.io/restart-generation"
+CONTAINER = "trainer"
+"""The worker container's name (its logs, its exit code)."""
+
+CONFIG_ERROR_EXIT_CODE = 2
+"""A bad job config or environment (the trainer's ConfigError): permanent by default (restartPolicy)."""
+SIGTERM_EXIT_CODE = 143
+"""A worker stopped by SIGTERM after writing its checkpoint (128 + 15, as a container runtime reports it)."""
 FAIL_AT_EXIT_CODE = 137
 """Exit code of an injected failure: the same as a SIGKILLed container, so it is retryable."""
 PEER_LOST_EXIT_CODE = 3
@@ -68,7 +95,7 @@ PROGRESS_ANNOTATION = "kubetrain.io/progress"
 
 def format_time(t: datetime, micros: bool = False) -> str:
     """A UTC timestamp as Kubernetes writes it (RFC 3339, `Z`); `micros` for a Lease's MicroTime."""
-    t = t.astimezone(UTC) if t.tzinfo else t
+    t = t.astimezone(timezone.utc) if t.tzinfo else t  # noqa: UP017 - Python 3.8+ (see above)
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micros else "%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -90,16 +117,23 @@ def root_cause(codes: Sequence[int]) -> int | None:
 
 @dataclass(frozen=True)
 class WorkerPlacement:
-    """Where one process sits in the gang."""
+    """Where one process, or one whole worker (local_rank None), sits in the gang."""
 
     node_rank: int
-    local_rank: int
+    local_rank: int | None
+    """None: the worker as a whole, as its pod's env sees it; its launcher gives each process its own."""
     procs_per_worker: int
     workers: int
 
+    @classmethod
+    def worker(cls, node_rank: int, procs_per_worker: int, workers: int) -> WorkerPlacement:
+        """A whole worker: a single process is itself the rank (local rank 0); several get theirs from the launcher."""
+        return cls(node_rank, 0 if procs_per_worker == 1 else None, procs_per_worker, workers)
+
     @property
-    def rank(self) -> int:
-        return self.node_rank * self.procs_per_worker + self.local_rank
+    def rank(self) -> int | None:
+        """The global rank; None for a whole worker of several processes."""
+        return None if self.local_rank is None else self.node_rank * self.procs_per_worker + self.local_rank
 
     @property
     def world_size(self) -> int:
@@ -107,15 +141,15 @@ class WorkerPlacement:
 
 
 def torch_env(placement: WorkerPlacement, master_addr: str, master_port: int) -> dict[str, str]:
-    """torch.distributed and torchrun variables for one process."""
-    return {
+    """torch.distributed and torchrun variables: the one place they are built, for a pod (a whole worker),
+    a local worker, and each process the launcher starts. RANK and LOCAL_RANK only when the placement
+    has a local rank: a worker of several processes leaves them to its launcher."""
+    env = {
         MASTER_ADDR: master_addr,
         MASTER_PORT: str(master_port),
         WORLD_SIZE: str(placement.world_size),
-        RANK: str(placement.rank),
-        LOCAL_RANK: str(placement.local_rank),
-        LOCAL_WORLD_SIZE: str(placement.procs_per_worker),
         NODE_RANK: str(placement.node_rank),
+        LOCAL_WORLD_SIZE: str(placement.procs_per_worker),
         PET_NNODES: str(placement.workers),
         PET_NPROC_PER_NODE: str(placement.procs_per_worker),
         PET_NODE_RANK: str(placement.node_rank),
@@ -123,6 +157,10 @@ def torch_env(placement: WorkerPlacement, master_addr: str, master_port: int) ->
         PET_MASTER_PORT: str(master_port),
         "PYTHONUNBUFFERED": "1",
     }
+    if placement.local_rank is not None:
+        env[RANK] = str(placement.rank)
+        env[LOCAL_RANK] = str(placement.local_rank)
+    return env
 
 
 def kubetrain_env(

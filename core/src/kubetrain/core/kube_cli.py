@@ -15,11 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetrain.core.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
-
-LABEL_JOB = "kubetrain.io/job-name"
-LABEL_INDEX = "kubetrain.io/replica-index"
-LABEL_GENERATION = "kubetrain.io/restart-generation"
-CONTAINER = "trainer"
+from kubetrain.core.contract import CONTAINER, LABEL_GENERATION, LABEL_INDEX, LABEL_JOB, parse_time
 
 
 class CliError(Exception):
@@ -60,9 +56,10 @@ def _api_error(exc: Exception, what: str) -> CliError:
 
 
 def _age(ts: str | None, now: datetime) -> str:
-    if not ts:
+    then = parse_time(ts)
+    if then is None:
         return "-"
-    seconds = int((now - datetime.fromisoformat(ts.replace("Z", "+00:00"))).total_seconds())
+    seconds = int((now - then).total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"

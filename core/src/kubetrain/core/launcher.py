@@ -9,12 +9,14 @@ The one per-worker launcher, used wherever a worker runs several processes:
   only and run on Python 3.8+;
 - the local backend (kubetrain.core.local) starts each rank itself, with child_envs() and start().
 
-Child i gets RANK = NODE_RANK x nproc + i, LOCAL_RANK = i, the other torch and torchrun
-variables (contract.torch_env) and metrics port KUBETRAIN_METRICS_PORT + i. SIGTERM/SIGINT go
-to every child (they checkpoint and exit). When a child fails the others are terminated and
-the launcher exits with the root cause (contract.root_cause: the first failure that is not a
-lost peer, exit 3, waiting up to PEER_LOST_GRACE_SECONDS for one). A command that cannot be
-started exits 127 (not found) or 126 (not executable) after one line on stderr, as a shell does.
+Child i gets the worker's environment with the torch and torchrun variables of local rank i
+(RANK = NODE_RANK x nproc + i, LOCAL_RANK = i), built by contract.torch_env (their one builder)
+from the placement read back from the worker's environment, and metrics port
+KUBETRAIN_METRICS_PORT + i. SIGTERM/SIGINT go to every child (they checkpoint and exit). When
+a child fails the others are terminated and the launcher exits with the root cause
+(contract.root_cause: the first failure that is not a lost peer, exit 3, waiting up to
+PEER_LOST_GRACE_SECONDS for one). A command that cannot be started exits 127 (not found) or
+126 (not executable) after one line on stderr, as a shell does.
 """
 
 from __future__ import annotations
@@ -93,9 +95,8 @@ def child_envs(env: Mapping[str, str]) -> list[dict[str, str]]:
     base_port = _int(env, contract.METRICS_PORT, default=0)
     out = []
     for local_rank in range(nproc):
-        child = dict(env)
         placement = contract.WorkerPlacement(node_rank, local_rank, nproc, nnodes)
-        child.update(contract.torch_env(placement, addr, port))
+        child = {**env, **contract.torch_env(placement, addr, port)}
         if base_port > 0:  # 0 leaves metrics off
             child[contract.METRICS_PORT] = str(base_port + local_rank)
         out.append(child)

@@ -20,17 +20,19 @@ from typing import Any
 
 from kubetrain.core import contract, launcher
 from kubetrain.core.api import API_VERSION, KIND, TrainingJob, TrainingJobSpec
+from kubetrain.core.contract import (  # also read as builders.LABEL_JOB etc. by the operator's other modules
+    CONTAINER,
+    LABEL_GENERATION,
+    LABEL_INDEX,
+    LABEL_JOB,
+    LABEL_ROLE,
+    QUEUE_LABEL,
+)
 
-LABEL_JOB = "kubetrain.io/job-name"
-LABEL_INDEX = "kubetrain.io/replica-index"
-LABEL_GENERATION = "kubetrain.io/restart-generation"
-LABEL_ROLE = "kubetrain.io/role"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GPU_RESOURCE = "nvidia.com/gpu"
 CHECKPOINT_MOUNT = "/checkpoints"
 CONFIG_MOUNT = "/etc/kubetrain"
 OUTPUT_MOUNT = "/var/run/kubetrain"
-CONTAINER = "trainer"
 SIGTERM_CHECKPOINT_GRACE = 300
 TRAINER_GID = 1000
 """The trainer image's group (trainer-image/Dockerfile: USER 1000:1000): fsGroup of the checkpoint claim."""
@@ -104,7 +106,7 @@ def _meta(job: TrainingJob, name: str, owner: dict[str, Any] | None, **labels: s
     meta: dict[str, Any] = {
         "name": name,
         "namespace": job.metadata.namespace,
-        "labels": {LABEL_JOB: job.metadata.name, "app.kubernetes.io/managed-by": "kubetrain", **labels},
+        "labels": {LABEL_JOB: job.metadata.name, contract.LABEL_MANAGED_BY: "kubetrain", **labels},
     }
     if owner is not None:
         meta["ownerReferences"] = [owner]
@@ -267,18 +269,9 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
     """The contract env of one worker pod, then the fabric's, then the user's (theirs win, none dropped)."""
     spec, name, ns = job.spec, job.metadata.name, job.metadata.namespace or "default"
     master = f"{worker_name(name, 0)}.{service_name(name)}.{ns}.svc"
+    placement = contract.WorkerPlacement.worker(index, spec.procs, spec.workers)
     values = {
-        contract.MASTER_ADDR: master,
-        contract.MASTER_PORT: str(contract.DEFAULT_MASTER_PORT),
-        contract.WORLD_SIZE: str(spec.world_size),
-        contract.NODE_RANK: str(index),
-        contract.LOCAL_WORLD_SIZE: str(spec.procs),
-        contract.PET_NNODES: str(spec.workers),
-        contract.PET_NPROC_PER_NODE: str(spec.procs),
-        contract.PET_NODE_RANK: str(index),
-        contract.PET_MASTER_ADDR: master,
-        contract.PET_MASTER_PORT: str(contract.DEFAULT_MASTER_PORT),
-        "PYTHONUNBUFFERED": "1",
+        **contract.torch_env(placement, master, contract.DEFAULT_MASTER_PORT),
         **contract.kubetrain_env(
             job=name,
             namespace=ns,
@@ -289,9 +282,6 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
             metrics_port=spec.metrics_port,
         ),
     }
-    if spec.procs == 1:  # one process per pod: it is the rank itself; otherwise the launcher sets them per process
-        values[contract.RANK] = str(index)
-        values[contract.LOCAL_RANK] = "0"
     values.update(FABRICS[spec.fabric].env)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
     if spec.progress_reporting:  # the pod's own identity, for rank 0's progress annotation (Downward API)
@@ -347,12 +337,12 @@ def _worker_meta(job: TrainingJob, index: int, generation: int, labels: dict[str
     name = job.metadata.name
     meta = _meta(job, worker_name(name, index), owner, **labels)
     meta["annotations"] = {
-        "kubetrain.io/restart-generation": str(generation),
+        contract.GENERATION_ANNOTATION: str(generation),
         **(FABRICS[job.spec.fabric].annotations or {}),
     }
     if job.spec.scheduling.gang != "none":
-        meta["annotations"]["scheduling.k8s.io/group-name"] = name
-        meta["labels"]["scheduling.x-k8s.io/pod-group"] = name
+        meta["annotations"][contract.GANG_GROUP_ANNOTATION] = name
+        meta["labels"][contract.GANG_GROUP_LABEL] = name
     return meta
 
 

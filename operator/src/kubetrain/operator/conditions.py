@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubetrain.core.api import CHECKPOINTS_DURABLE, WORKERS_BLOCKED, ConditionReason, TrainingJob
+from kubetrain.core.contract import parse_time
 from kubetrain.operator import builders as b
 
 R = ConditionReason
@@ -88,8 +89,7 @@ def unschedulable_since(pod: dict[str, Any]) -> datetime | None:
     """When the scheduler last said it found no node for the pod (None: it did not)."""
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
-            stamp = c.get("lastTransitionTime")
-            return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else datetime.min.replace(tzinfo=UTC)
+            return parse_time(c.get("lastTransitionTime")) or datetime.min.replace(tzinfo=UTC)
     return None
 
 
