@@ -1,5 +1,6 @@
-"""The shared lifecycle policy, table-driven. `now` is always passed in."""
+"""The lifecycle policies (decide), table-driven. `now` is always passed in."""
 
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -9,13 +10,27 @@ from kubetrain.core.api import TrainingJobSpec
 from kubetrain.core.lifecycle import (
     Action,
     FailureKind,
-    History,
-    Observed,
     WorkerPhase,
     WorkerState,
     backoff_seconds,
-    decide,
 )
+from kubetrain.core.lifecycle import JobView as Observed
+from kubetrain.core.lifecycle import decide as decide_policy
+
+
+@dataclass(frozen=True)
+class History:
+    """The remembered part of the job's view, given apart from the workers to keep the tables short."""
+
+    restart_count: int = 0
+    start_time: datetime | None = None
+    last_restart_time: datetime | None = None
+
+
+def decide(s: TrainingJobSpec, obs: Observed, h: History, now: datetime):
+    return decide_policy(s, replace(obs, restart_count=h.restart_count, start_time=h.start_time,
+                                    last_restart_time=h.last_restart_time), now)
+
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 R, S, F, M, P = WorkerPhase.RUNNING, WorkerPhase.SUCCEEDED, WorkerPhase.FAILED, WorkerPhase.MISSING, WorkerPhase.PENDING

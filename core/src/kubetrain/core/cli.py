@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from kubetrain.core import __version__, kube_cli
+from kubetrain.core.api import Phase
 from kubetrain.core.validate import ManifestError, load_documents, load_job, problems_of
 
 
@@ -64,6 +65,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from kubetrain.core.lifecycle import Reason
     from kubetrain.core.local import LocalRun, LocalRunError, RunOptions
 
     manifest = Path(args.file)
@@ -108,7 +110,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary.phase == "Failed":
         print(f"  {summary.message}", file=sys.stderr)
     print(f"summary: {opts.summary_json or Path(summary.output_dir) / 'summary.json'}")
-    return {"Succeeded": 0, "Suspended": 130}.get(summary.phase, 1)
+    if summary.phase == Phase.SUSPENDED:  # suspend: true ends at once (0); Ctrl-C ends as a shell says (130)
+        return 130 if summary.reason == Reason.INTERRUPTED else 0
+    return 0 if summary.phase == Phase.SUCCEEDED else 1
 
 
 def parser() -> argparse.ArgumentParser:

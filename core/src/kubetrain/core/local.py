@@ -3,9 +3,9 @@
 Each worker (a pod on Kubernetes) is a group of `procsPerWorker` processes of the
 same command a pod runs (the built-in trainer, or spec.command), one per rank, with
 the environment a pod's launcher gives them (kubetrain.core.launcher.child_envs). The
-supervisor loop observes them, asks the shared lifecycle policy
-(kubetrain.core.lifecycle.decide) what to do, and does it: start a generation,
-kill and restart the whole gang from the latest checkpoint, succeed or fail.
+supervisor loop observes them, steps the shared lifecycle (kubetrain.core.lifecycle.step)
+and carries out its effects: start a generation, stop and restart the whole gang from
+the latest checkpoint, succeed, fail, or end at once for a suspended job.
 """
 
 from __future__ import annotations
@@ -25,8 +25,21 @@ from pathlib import Path
 from typing import IO, Any
 
 from kubetrain.core import contract, launcher
-from kubetrain.core.api import TrainingJob, TrainingJobSpec
-from kubetrain.core.lifecycle import Action, Decision, History, Observed, WorkerPhase, WorkerState, decide
+from kubetrain.core.api import FINISHED_PHASES, CheckpointRef, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
+from kubetrain.core.lifecycle import (
+    Action,
+    CreateWorkers,
+    Decision,
+    DeleteWorkers,
+    Observed,
+    Reason,
+    RecordEvent,
+    Scope,
+    Transition,
+    WorkerPhase,
+    WorkerState,
+    step,
+)
 from kubetrain.core.progress import Progress, complete_checkpoints, read_progress
 
 PYTHON_WORDS = ("python", "python3")
@@ -203,7 +216,11 @@ def progress_text(p: Progress | None, gen: int, restarts: int, started: float, b
 
 
 class LocalRun:
-    """Supervise one TrainingJob as local processes until it succeeds, fails or is stopped."""
+    """Supervise one TrainingJob as local processes until it succeeds, fails, is suspended or is stopped.
+
+    An adapter of the lifecycle, as the operator is: observe the processes -> lifecycle.step -> carry
+    out its effects. The job's status lives in memory here as it lives in the API server there.
+    """
 
     def __init__(self, job: TrainingJob, manifest_dir: Path, opts: RunOptions):
         self.job = job
@@ -212,17 +229,15 @@ class LocalRun:
         self.spec = resolve_spec(job, manifest_dir, opts)
         self.out = opts.output_dir.resolve()
         self.config_path = self.out / "config.json"
-        self.status = StatusLine(sys.stderr, opts.quiet)
-        self.history = History()
+        self.line = StatusLine(sys.stderr, opts.quiet)
+        self.job_status = TrainingJobStatus()
         self.gen: Generation | None = None
-        self.failures: dict[str, int] = {}
         self.resumed_from: list[int] = []
         self.stop_requested = False
-        self.last_step = (0, None)  # (step, when it was first seen)
 
     # ------------------------------------------------------------------ processes
 
-    def _start_generation(self, number: int, now: datetime) -> None:
+    def _start_generation(self, number: int, indices: tuple[int, ...], now: datetime) -> None:
         spec = self.spec
         port = free_port()
         logs = self.out / "logs" / f"gen-{number}"
@@ -234,7 +249,7 @@ class LocalRun:
             self.resumed_from.append(base_step)
         command = worker_command(spec)
         procs = []
-        for node_rank in range(spec.workers):
+        for node_rank in indices:
             for child_env in launcher.child_envs(self._worker_env(node_rank, number, port)):
                 rank = int(child_env[contract.RANK])
                 log = open(logs / f"rank-{rank}.log", "wb")  # noqa: SIM115 - closed in _stop_all
@@ -244,7 +259,6 @@ class LocalRun:
                 )
                 procs.append(Proc(rank, node_rank, popen, log))
         self.gen = Generation(number, procs, now, time.monotonic(), base_step)
-        self.last_step = (0, None)
 
     def _worker_env(self, node_rank: int, number: int, port: int) -> dict[str, str]:
         """One worker's environment, as a pod's: launcher.child_envs() makes each rank's from it."""
@@ -298,68 +312,62 @@ class LocalRun:
 
     # ------------------------------------------------------------------ observe
 
-    def _last_checkpoint(self) -> int | None:
-        """Step of the newest complete checkpoint. Local checkpoints live in one directory that outlives
-        every generation, so Observed.checkpoints_durable keeps its default (spec.checkpoint.ephemeral is for pods)."""
+    def _last_checkpoint(self) -> CheckpointRef | None:
+        """The newest complete checkpoint. Local checkpoints live in one directory that outlives every
+        generation, so Observed.checkpoints_durable keeps its default (spec.checkpoint.ephemeral is for pods)."""
         done = complete_checkpoints(Path(self.spec.checkpoint.dir or ""))
-        return done[-1][0] if done else None
+        return CheckpointRef(step=done[-1][0], path=str(done[-1][1])) if done else None
 
-    def observe(self, now: datetime) -> Observed:
-        if self.gen is None:
-            number = self.history.restart_count
-            workers = tuple(WorkerState(i, WorkerPhase.MISSING, created=False) for i in range(self.spec.workers))
-            return Observed(generation=number, workers=workers, last_checkpoint=self._last_checkpoint())
-        workers = []
-        for node_rank in range(self.spec.workers):
-            group = [p for p in self.gen.procs if p.node_rank == node_rank]
-            codes = [p.popen.poll() for p in group]
-            failed = [contract.exit_code(c) for c in codes if c is not None and c != 0]
-            if failed:
-                workers.append(WorkerState(node_rank, WorkerPhase.FAILED, exit_code=contract.root_cause(failed)))
-            elif all(c == 0 for c in codes):
-                workers.append(WorkerState(node_rank, WorkerPhase.SUCCEEDED, exit_code=0))
-            else:
-                workers.append(WorkerState(node_rank, WorkerPhase.RUNNING))
-        progress = read_progress(self.out)
-        if progress is not None and progress.generation == self.gen.number and progress.step > self.last_step[0]:
-            self.last_step = (progress.step, now)
+    def _worker_state(self, node_rank: int) -> WorkerState:
+        """A process group as the lifecycle sees a pod: failed with the root cause, succeeded, or running."""
+        group = [p for p in self.gen.procs if p.node_rank == node_rank] if self.gen else []
+        codes = [p.popen.poll() for p in group]
+        failed = [contract.exit_code(c) for c in codes if c is not None and c != 0]
+        if failed:
+            return WorkerState(node_rank, WorkerPhase.FAILED, exit_code=contract.root_cause(failed))
+        if all(c == 0 for c in codes):
+            return WorkerState(node_rank, WorkerPhase.SUCCEEDED, exit_code=0)
+        return WorkerState(node_rank, WorkerPhase.RUNNING)
+
+    def observe(self) -> Observed:
+        gen, current = self.gen, self.job_status.restart_generation
+        ranks = sorted({p.node_rank for p in gen.procs}) if gen is not None and gen.number == current else []
         return Observed(
-            generation=self.gen.number,
-            workers=tuple(workers),
-            last_progress_time=self.last_step[1],
-            running_since=self.gen.started,
-            last_checkpoint=self._last_checkpoint(),
+            workers=tuple(self._worker_state(i) for i in ranks),
+            stale_workers=len(gen.procs) if gen is not None and gen.number != current else 0,
+            progress=read_progress(self.out),
+            checkpoint=self._last_checkpoint(),
         )
 
     # ------------------------------------------------------------------ act
 
-    def act(self, d: Decision, now: datetime) -> bool:
-        """Carry out one decision; True when the run is over."""
-        if d.action == Action.CREATE_WORKERS:
-            if self.history.start_time is None:
-                self.history = History(start_time=now)
-            self._start_generation(d.generation, now)
-            if d.generation > 0:
-                self.status.say(f"generation {d.generation} started ({self.spec.world_size} processes)")
-        elif d.action == Action.RESTART_GANG:
-            kind = d.failure_kind.value if d.failure_kind else "Unknown"
-            self.failures[kind] = self.failures.get(kind, 0) + 1
-            self.status.say(f"restarting: {d.message}")
+    def carry_out(self, t: Transition, now: datetime) -> None:
+        """Every effect of one lifecycle step: events are told first, then processes start or stop."""
+        for effect in t.effects:
+            if isinstance(effect, RecordEvent):
+                self._tell(effect, t.decision)
+        for effect in t.effects:
+            if isinstance(effect, CreateWorkers):
+                self._start_generation(effect.generation, effect.indices, now)
+            elif isinstance(effect, DeleteWorkers):
+                self._delete(effect.scope, t.decision)
+            # DeleteJob: a local run keeps its output directory; it ends when the job finishes.
+
+    def _tell(self, event: RecordEvent, d: Decision | None) -> None:
+        if d is not None and d.action == Action.RESTART_GANG:
+            self.line.say(f"restarting: {event.message}")
+        else:
+            self.line.say(f"{event.reason}: {event.message}")
+
+    def _delete(self, scope: Scope, d: Decision | None) -> None:
+        """Stop the workers in scope. Processes that exited stay exited, so every scope stops what still runs;
+        Stale only when this generation is an older one."""
+        if self.gen is None or (scope == Scope.STALE and self.gen.number == self.job_status.restart_generation):
+            return
+        if d is not None:
             self._tail_failed_logs(d.failed_workers)
-            self._stop_all(KILL_GRACE_SECONDS)
-            self.gen = None
-            self.history = History(
-                restart_count=self.history.restart_count + 1,
-                start_time=self.history.start_time,
-                last_restart_time=now,
-            )
-        elif d.action in (Action.SUCCEED, Action.FAIL):
-            if d.failure_kind is not None:
-                self.failures[d.failure_kind.value] = self.failures.get(d.failure_kind.value, 0) + 1
-                self._tail_failed_logs(d.failed_workers)
-            self._stop_all(KILL_GRACE_SECONDS)
-            return True
-        return False
+        self._stop_all(KILL_GRACE_SECONDS)
+        self.gen = None
 
     def _tail_failed_logs(self, workers: tuple[int, ...]) -> None:
         if self.gen is None:
@@ -368,80 +376,89 @@ class LocalRun:
             if p.node_rank in workers and p.popen.poll() not in (None, 0):
                 p.log.flush()
                 lines = Path(p.log.name).read_text(errors="replace").splitlines()[-8:]
-                self.status.say(f"--- last lines of rank {p.rank} ({p.log.name}) ---")
+                self.line.say(f"--- last lines of rank {p.rank} ({p.log.name}) ---")
                 for line in lines:
-                    self.status.say("  " + line)
+                    self.line.say("  " + line)
 
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> Summary:
         t0 = time.monotonic()
         note = prepare_output_dir(self.spec, self.opts)
-        spec = self.spec
-        self.status.say(
-            f"kubetrain: running TrainingJob {self.name!r} locally: {spec.workers} worker(s) x "
-            f"{spec.procs} process(es), strategy {spec.strategy}, precision {spec.precision}, {spec.max_steps} steps"
-        )
-        if note:
-            self.status.say(note)
-        self.status.say(f"output: {self.out} (logs/, checkpoints/, progress.json)")
-        if spec.checkpoint.ephemeral:
-            self.status.say("checkpoint.ephemeral applies to pods only: local checkpoints survive restarts")
-        ports = f"{spec.metrics_port}-{spec.metrics_port + spec.world_size - 1}"
-        self.status.say(f"metrics: http://127.0.0.1:{ports}/metrics (one port per rank, Prometheus format)")
+        self._say_start(note)
         previous = signal.signal(signal.SIGINT, self._on_interrupt)
         previous_term = signal.signal(signal.SIGTERM, self._on_interrupt)
         try:
-            final = self._loop(t0)
+            self._loop(t0)
         finally:
             signal.signal(signal.SIGINT, previous)
             signal.signal(signal.SIGTERM, previous_term)
-        summary = self._summary(final, time.monotonic() - t0)
+            self._stop_all(KILL_GRACE_SECONDS)  # processes never outlive the run, whatever cleanPodPolicy says
+        summary = self._summary(time.monotonic() - t0)
         (self.out / "summary.json").write_text(summary.to_json())
         if self.opts.summary_json:
             Path(self.opts.summary_json).parent.mkdir(parents=True, exist_ok=True)
             Path(self.opts.summary_json).write_text(summary.to_json())
         return summary
 
+    def _say_start(self, note: str | None) -> None:
+        spec = self.spec
+        self.line.say(
+            f"kubetrain: running TrainingJob {self.name!r} locally: {spec.workers} worker(s) x "
+            f"{spec.procs} process(es), strategy {spec.strategy}, precision {spec.precision}, {spec.max_steps} steps"
+        )
+        if note:
+            self.line.say(note)
+        self.line.say(f"output: {self.out} (logs/, checkpoints/, progress.json)")
+        if spec.checkpoint.ephemeral:
+            self.line.say("checkpoint.ephemeral applies to pods only: local checkpoints survive restarts")
+        ports = f"{spec.metrics_port}-{spec.metrics_port + spec.world_size - 1}"
+        self.line.say(f"metrics: http://127.0.0.1:{ports}/metrics (one port per rank, Prometheus format)")
+
     def _on_interrupt(self, signum: int, frame: Any) -> None:
         self.stop_requested = True
 
-    def _loop(self, t0: float) -> Decision:
-        while True:
+    def _loop(self, t0: float) -> None:
+        """Step the lifecycle until the job is finished or suspended (nothing left running), or Ctrl-C."""
+        while not self.stop_requested:
             now = now_utc()
-            if self.stop_requested:
-                self.status.say("stopping: asking workers to checkpoint and exit (Ctrl-C again is ignored) ...")
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                self._stop_all(STOP_GRACE_SECONDS)
-                return Decision(Action.SUSPEND, "Suspended", "Interrupted", "stopped by the user; run again to resume")
-            d = decide(self.spec, self.observe(now), self.history, now)
-            if self.act(d, now):
-                return d
-            g = self.gen
-            mono = time.monotonic()
-            line = progress_text(
-                read_progress(self.out) if g else None, d.generation, self.history.restart_count,
-                g.started_monotonic if g else t0, g.base_step if g else 0, mono,
-            )
-            self.status.show(line, mono)
+            t = step(self.spec, self.job_status, self.observe(), now)
+            self.job_status = t.status
+            self.carry_out(t, now)
+            if t.status.phase in FINISHED_PHASES or (t.status.phase == Phase.SUSPENDED and self.gen is None):
+                return
+            self._show(t0)
             time.sleep(self.opts.poll_seconds)
+        self.line.say("stopping: asking workers to checkpoint and exit (Ctrl-C again is ignored) ...")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._stop_all(STOP_GRACE_SECONDS)
+        self.job_status = self.job_status.model_copy(update={
+            "phase": Phase.SUSPENDED, "reason": Reason.INTERRUPTED, "message": "stopped by the user; run again to resume"})
 
-    def _summary(self, final: Decision, wall: float) -> Summary:
-        p = read_progress(self.out) or Progress()
+    def _show(self, t0: float) -> None:
+        g, mono = self.gen, time.monotonic()
+        line = progress_text(
+            read_progress(self.out) if g else None, self.job_status.restart_generation, self.job_status.restart_count,
+            g.started_monotonic if g else t0, g.base_step if g else 0, mono,
+        )
+        self.line.show(line, mono)
+
+    def _summary(self, wall: float) -> Summary:
+        p, st = read_progress(self.out) or Progress(), self.job_status
         return Summary(
             name=self.name,
-            phase=final.phase,
-            reason=final.reason,
-            message=final.message,
+            phase=st.phase,
+            reason=st.reason,
+            message=st.message,
             steps=p.step,
             max_steps=self.spec.max_steps,
             initial_loss=p.initial_loss,
             final_loss=p.loss,
-            restarts=self.history.restart_count,
+            restarts=st.restart_count,
             tokens_per_second=p.tokens_per_second,
             checkpoints=list(p.checkpoints),
             resumed_from=self.resumed_from,
-            failures=self.failures,
+            failures=dict(st.failures),
             wall_seconds=round(wall, 2),
             output_dir=str(self.out),
             world_size=self.spec.world_size,

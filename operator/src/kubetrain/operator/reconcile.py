@@ -1,28 +1,41 @@
-"""One reconcile, as pure functions: observe children -> decide (shared policy) -> plan.
+"""One reconcile, as pure functions: observe the pods -> lifecycle.step -> a Plan of API calls.
 
 `plan(job_body, pods, nodes, now, settings, progress, claim_phase)` returns a Plan: objects to create,
-pods to delete, the ONE status to write, Events to record, and when to look
-again. The I/O layer (kubetrain.operator.k8s) carries it out; nothing here talks
-to the API server or reads a clock.
+pods to delete, the ONE status to write, Events to record, and when to look again. The lifecycle
+(kubetrain.core.lifecycle.step) decides and keeps the status; this module only turns pods into
+observations and effects into Kubernetes objects. The I/O layer carries the Plan out; nothing here
+talks to the API server or reads a clock.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from kubetrain.core import contract
-from kubetrain.core.api import (
-    CheckpointRef,
-    Condition,
-    TrainingJob,
-    TrainingJobSpec,
-    TrainingJobStatus,
+from kubetrain.core.api import Condition, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
+from kubetrain.core.contract import format_time
+from kubetrain.core.lifecycle import (
+    Action,
+    CreateWorkers,
+    Decision,
+    DeleteJob,
+    DeleteWorkers,
+    Effect,
+    Observed,
+    Reason,
+    RecordEvent,
+    Scope,
+    Transition,
+    WorkerPhase,
+    WorkerState,
+    phase_conditions,
+    set_condition,
+    step,
 )
-from kubetrain.core.lifecycle import Action, Decision, History, Observed, WorkerPhase, WorkerState, decide
 from kubetrain.core.progress import Progress
 from kubetrain.core.validate import _path, _reason
 from kubetrain.operator import builders as b
@@ -35,15 +48,7 @@ from kubetrain.operator.conditions import (
     workers_blocked,
 )
 
-FINISHED = ("Succeeded", "Failed")
-
-
-def ts(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_ts(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+__all__ = ["Plan", "claim_to_check", "container_exit_code", "plan", "set_condition"]
 
 
 @dataclass
@@ -70,10 +75,8 @@ def pod_generation(pod: dict[str, Any]) -> int:
     return int(_pod_labels(pod).get(b.LABEL_GENERATION, "-1"))
 
 
-def worker_state(index: int, pod: dict[str, Any] | None, created: bool, nodes: dict[str, datetime | None]) -> WorkerState:
-    """A Pod (or its absence) as the lifecycle policy sees it."""
-    if pod is None:
-        return WorkerState(index, WorkerPhase.MISSING, created=created)
+def worker_state(index: int, pod: dict[str, Any], nodes: dict[str, datetime | None]) -> WorkerState:
+    """A Pod as the lifecycle sees it."""
     status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
     node_since = nodes.get(pod.get("spec", {}).get("nodeName") or "")
@@ -116,69 +119,21 @@ def is_ready(pod: dict[str, Any]) -> bool:
 
 
 def observe(
-    spec: TrainingJobSpec,
-    status: TrainingJobStatus,
-    pods: list[dict[str, Any]],
-    nodes: dict[str, datetime | None],
+    spec: TrainingJobSpec, status: TrainingJobStatus, pods: list[dict[str, Any]],
+    nodes: dict[str, datetime | None], progress: Progress | None,
 ) -> Observed:
     gen = status.restart_generation
-    current = {int(_pod_labels(p).get(b.LABEL_INDEX, "-1")): p for p in pods if pod_generation(p) == gen}
-    stale = sum(1 for p in pods if pod_generation(p) != gen)
-    workers = tuple(worker_state(i, current.get(i), status.gang_created, nodes) for i in range(spec.workers))
+    current = {_index(p): p for p in pods if pod_generation(p) == gen}
     return Observed(
-        generation=gen,
-        workers=workers,
-        stale_workers=stale,
-        last_progress_time=parse_ts(status.last_progress_time),
-        running_since=parse_ts(status.running_since),
-        last_checkpoint=status.last_checkpoint.step if status.last_checkpoint else None,
+        workers=tuple(worker_state(i, pod, nodes) for i, pod in sorted(current.items()) if 0 <= i < spec.workers),
+        stale_workers=sum(1 for p in pods if pod_generation(p) != gen),
+        progress=progress,
         checkpoints_durable=not spec.checkpoint.ephemeral,
     )
 
 
-# --------------------------------------------------------------------------- status
-
-
-def set_condition(
-    conditions: list[dict[str, Any]], type_: str, value: bool, reason: str, message: str, now: datetime,
-    add_false: bool = False,
-) -> list[dict[str, Any]]:
-    """A new condition list; lastTransitionTime moves only when the status value changes.
-
-    A condition not there yet is added when True, or when False with `add_false` (a phase condition
-    appears once it holds; CheckpointsDurable=False is news from the start)."""
-    status = "True" if value else "False"
-    out, found = [], False
-    for c in conditions:
-        if c.get("type") == type_:
-            found = True
-            changed = c.get("status") != status
-            out.append({
-                "type": type_, "status": status, "reason": reason, "message": message,
-                "lastTransitionTime": ts(now) if changed else c.get("lastTransitionTime", ts(now)),
-            })
-        else:
-            out.append(c)
-    if not found and (value or add_false):
-        out.append({"type": type_, "status": status, "reason": reason, "message": message,
-                    "lastTransitionTime": ts(now)})
-    return out
-
-
-def conditions_for(
-    phase: str, reason: str, message: str, conditions: list[dict[str, Any]], now: datetime
-) -> list[Condition]:
-    """Created stays True once set; the phase's own condition is True, the other phase conditions False."""
-    conds = list(conditions)
-    if phase == "Created":
-        conds = set_condition(conds, "Created", True, reason, message, now)
-    elif phase not in ("Pending", "Suspended"):
-        conds = set_condition(conds, "Created", True, "GangCreated", "worker pods created", now)
-    for t in ("Running", "Restarting", "Suspended", "Succeeded", "Failed"):
-        was_true = any(c.get("type") == t and c.get("status") == "True" for c in conds)
-        if t == phase or was_true:
-            conds = set_condition(conds, t, t == phase, reason, message, now)
-    return [Condition.model_validate(c) for c in conds]
+def _index(pod: dict[str, Any]) -> int:
+    return int(_pod_labels(pod).get(b.LABEL_INDEX, "-1"))
 
 
 # --------------------------------------------------------------------------- plan
@@ -220,105 +175,74 @@ def plan(
     """One reconcile. `claim_phase`: the checkpoint claim's phase ("Missing" if absent), when the caller
     looked it up because pods wait for a volume (claim_to_check); None otherwise."""
     old = _status_of(body)
-    old_dump = old.dump()
-    out = Plan()
     job, problems = _job_model(body)
     if job is None:
-        if old.phase != "Failed":
-            message = "invalid spec: " + "; ".join(problems)
-            new = old.model_copy(update={"phase": "Failed", "reason": "InvalidSpec", "message": message,
-                                         "completion_time": ts(now)})
-            new.conditions = conditions_for("Failed", "InvalidSpec", message, [c.dump() for c in old.conditions], now)
-            out.status = new.dump()
-            out.events.append(("Warning", "InvalidSpec", message))
-        return out
-    spec = job.spec
-    owner = b.owner_reference(body)
+        return _invalid(old, problems, now)
     ours = [p for p in pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
-
-    if old.phase in FINISHED:
-        return _finished(job, body, old, ours, now, out)
-
-    status = old.model_copy(deep=True)
-    status.max_steps = spec.max_steps
-    status.workers_total = spec.workers
-    status.observed_generation = int(body.get("metadata", {}).get("generation") or 0)
-    if progress is not None:
-        _apply_progress(status, progress, now)
-
-    observed = observe(spec, status, ours, nodes)
-    history = History(
-        restart_count=status.restart_count,
-        start_time=parse_ts(status.start_time),
-        last_restart_time=parse_ts(status.last_restart_time),
-    )
-    d = decide(spec, observed, history, now)
-    out.decision = d
-    out.requeue_after = d.requeue_after
-    current = [p for p in ours if pod_generation(p) == observed.generation]
-
-    if d.action == Action.CREATE_WORKERS:
-        if status.start_time is None:
-            status.start_time = ts(now)
-        out.create.extend(_shared_children(job, owner))
-        present = {int(_pod_labels(p).get(b.LABEL_INDEX, "-1")) for p in current}
-        out.create.extend(
-            b.worker_pod(job, i, d.generation, settings, owner) for i in range(spec.workers) if i not in present
-        )
-        status.gang_created = True  # written after the creates succeed (the I/O layer writes status last)
-        out.requeue_after = 2.0
-    elif d.action == Action.RESTART_GANG:
-        out.delete_pods = _alive(ours)
-        kind = d.failure_kind.value if d.failure_kind else "Unknown"
-        status.failures = {**status.failures, kind: status.failures.get(kind, 0) + 1}
-        status.restart_count += 1
-        status.restart_generation = d.generation
-        status.gang_created = False
-        status.running_since = None
-        status.resumed_from_step = 0  # until rank 0 of the new generation reports what it loaded
-        if spec.checkpoint.ephemeral:
-            status.last_checkpoint = None  # it was in the pods being deleted
-        status.last_restart_time = ts(now)
-        status.last_failure_time = status.last_failure_time or ts(now)
-        out.events.append(("Warning", d.reason, d.message))
-    elif d.action in (Action.DELETE_STALE, Action.SUSPEND):
-        suspend = d.action == Action.SUSPEND
-        out.delete_pods = _alive([p for p in ours if suspend or pod_generation(p) != observed.generation])
-        if suspend and status.gang_created:
-            status.gang_created = False
-            status.running_since = None
-            status.restart_generation += 1  # resuming starts a new gang from the latest checkpoint
-            status.resumed_from_step = 0
-    elif d.action == Action.FAIL:
-        status.completion_time = ts(now)
-        if d.failure_kind is not None:
-            kind = d.failure_kind.value
-            status.failures = {**status.failures, kind: status.failures.get(kind, 0) + 1}
-        out.delete_pods = _clean(spec, ours)
-        out.events.append(("Warning", d.reason, d.message))
-    elif d.action == Action.SUCCEED:
-        status.completion_time = ts(now)
-        out.delete_pods = _clean(spec, ours)
-        out.events.append(("Normal", "Succeeded", d.message))
-
-    ready = sum(1 for p in current if is_ready(p))
-    if d.action in (Action.RESTART_GANG, Action.SUSPEND):
-        ready = 0
-    status.workers_ready = ready
-    status.workers_summary = f"{ready}/{spec.workers}"
-    if d.action == Action.WAIT and d.phase == "Running" and status.running_since is None:
-        status.running_since = ts(now)
-        status.last_failure_time = None
-    if d.phase != old.phase and d.action not in (Action.RESTART_GANG, Action.FAIL, Action.SUCCEED):
-        out.events.append(("Normal", d.reason, d.message))
-    status.phase = d.phase  # type: ignore[assignment]
-    status.reason, status.message = d.reason, d.message
-    conds = conditions_for(d.phase, d.reason, d.message, [x.dump() for x in old.conditions], now)
-    status.conditions = _side_conditions(job, d, current, claim_phase, conds, now, out)
-    new_dump = status.dump()
-    if new_dump != old_dump:
-        out.status = new_dump
+    t = step(job.spec, old, observe(job.spec, old, ours, nodes, progress), now)
+    out = Plan(requeue_after=t.requeue_after, decision=t.decision)
+    for effect in t.effects:
+        _translate(effect, job, body, ours, t, settings, out)
+    if t.decision is not None:
+        status = _presented(job, body, ours, t, claim_phase, now, out)
+        if status != old.dump():
+            out.status = status
     return out
+
+
+def _invalid(old: TrainingJobStatus, problems: list[str], now: datetime) -> Plan:
+    """A spec the API server accepted but the model refuses: Failed once, with every problem named."""
+    out = Plan()
+    if old.phase != Phase.FAILED:
+        message = "invalid spec: " + "; ".join(problems)
+        new = old.model_copy(update={"phase": Phase.FAILED, "reason": Reason.INVALID_SPEC, "message": message,
+                                     "completion_time": format_time(now)})
+        new.conditions = phase_conditions(Phase.FAILED, Reason.INVALID_SPEC, message,
+                                          [c.dump() for c in old.conditions], now)
+        out.status = new.dump()
+        out.events.append(("Warning", Reason.INVALID_SPEC, message))
+    return out
+
+
+def _translate(
+    effect: Effect, job: TrainingJob, body: dict[str, Any], ours: list[dict[str, Any]], t: Transition,
+    settings: b.Settings, out: Plan,
+) -> None:
+    """One lifecycle effect as Kubernetes objects to create or delete."""
+    if isinstance(effect, CreateWorkers):
+        owner = b.owner_reference(body)
+        out.create.extend(_shared_children(job, owner))
+        out.create.extend(b.worker_pod(job, i, effect.generation, settings, owner) for i in effect.indices)
+    elif isinstance(effect, DeleteWorkers):
+        out.delete_pods.extend(_alive(_in_scope(effect.scope, ours, t.status.restart_generation)))
+    elif isinstance(effect, RecordEvent):
+        out.events.append((effect.type, effect.reason, effect.message))
+    elif isinstance(effect, DeleteJob):
+        out.delete_job = True
+
+
+def _in_scope(scope: Scope, pods: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
+    if scope == Scope.STALE:
+        return [p for p in pods if pod_generation(p) != generation]
+    if scope == Scope.UNFINISHED:
+        return [p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running", None)]
+    return pods
+
+
+def _presented(
+    job: TrainingJob, body: dict[str, Any], ours: list[dict[str, Any]], t: Transition, claim_phase: str | None,
+    now: datetime, out: Plan,
+) -> dict[str, Any]:
+    """The lifecycle's status plus what only pods tell: readiness, and the side conditions."""
+    d, status = t.decision, t.status.model_copy(deep=True)
+    assert d is not None
+    status.observed_generation = int(body.get("metadata", {}).get("generation") or 0)
+    current = [p for p in ours if pod_generation(p) == d.generation]
+    gone = d.action in (Action.RESTART_GANG, Action.SUSPEND)
+    status.workers_ready = 0 if gone else sum(1 for p in current if is_ready(p))
+    status.workers_summary = f"{status.workers_ready}/{job.spec.workers}"
+    status.conditions = _side_conditions(job, d, current, claim_phase, status.conditions, now, out)
+    return status.dump()
 
 
 def _side_conditions(
@@ -350,29 +274,6 @@ def claim_to_check(body: dict[str, Any], pods: list[dict[str, Any]], now: dateti
     return b.claim_name(job) if job is not None else None
 
 
-def _apply_progress(status: TrainingJobStatus, progress: Progress, now: datetime) -> None:
-    """Rank 0's report (worker 0 of the current generation) into status.
-
-    A new step is progress (lastProgressTime moves): a higher one, or any other step reported by
-    the current generation -- a gang resumed from an older checkpoint re-trains steps below
-    currentStep, and that is progress too, not a hang. The checkpoint is taken whenever it changed
-    (rank 0 reports the commit after the step itself). resumedFromStep is the current generation's
-    own report of the checkpoint it loaded (none: it started from scratch).
-    """
-    current_gen = progress.generation == status.restart_generation
-    if progress.step > status.current_step or (current_gen and progress.step != status.current_step):
-        status.current_step = progress.step
-        status.loss = f"{progress.loss:.4f}" if progress.loss is not None else status.loss
-        status.last_progress_time = ts(now)
-    if current_gen:
-        status.resumed_from_step = progress.resumed_from or 0
-    ck = progress.last_checkpoint
-    if ck is not None:
-        ref = CheckpointRef(step=ck.step, path=ck.path, time=ck.time)
-        if status.last_checkpoint != ref:
-            status.last_checkpoint = ref
-
-
 def _shared_children(job: TrainingJob, owner: dict[str, Any]) -> list[dict[str, Any]]:
     objs = [b.headless_service(job, owner), b.config_map(job, owner)]
     for optional in (b.checkpoint_claim(job, owner), b.pod_group(job, owner),
@@ -385,27 +286,4 @@ def _shared_children(job: TrainingJob, owner: dict[str, Any]) -> list[dict[str, 
 def _alive(pods: list[dict[str, Any]]) -> list[str]:
     """Names of the pods not already being deleted."""
     return [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
-
-
-def _clean(spec: TrainingJobSpec, pods: list[dict[str, Any]]) -> list[str]:
-    """Pods to delete when the job finishes, per cleanPodPolicy."""
-    if spec.clean_pod_policy == "None":
-        return []
-    if spec.clean_pod_policy == "All":
-        return _alive(pods)
-    return _alive([p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running", None)])
-
-
-def _finished(job: TrainingJob, body: dict[str, Any], old: TrainingJobStatus, pods, now: datetime, out: Plan) -> Plan:
-    """A finished job: apply cleanPodPolicy to leftovers, then the TTL. Never create anything again."""
-    out.delete_pods = _clean(job.spec, pods)
-    ttl = job.spec.ttl_seconds_after_finished
-    done = parse_ts(old.completion_time)
-    if ttl is not None and done is not None:
-        expires = done + timedelta(seconds=ttl)
-        if now >= expires:
-            out.delete_job = True
-            out.events.append(("Normal", "TTLExpired", f"deleting the job {ttl}s after it finished"))
-        else:
-            out.requeue_after = (expires - now).total_seconds()
-    return out
+parse_ts = contract.parse_time  # TEMP until controller.py uses contract.parse_time

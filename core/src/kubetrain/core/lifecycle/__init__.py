@@ -1,0 +1,47 @@
+"""The lifecycle: one state machine that both backends drive.
+
+`step(spec, status, observed, now)` takes what a backend observed about the current gang (worker
+states, rank 0's progress) and the job's status, and returns the new status and the effects to
+carry out (create workers, delete workers, record an Event, delete the job). It never reads a
+clock or does I/O; the Kubernetes operator and the local process backend only translate effects
+into API calls or process signals.
+
+Rules (the same everywhere; one function each in `policies`):
+- Any worker failure -- non-zero exit, deletion, eviction, a node NotReady past its grace, no
+  progress for progressDeadlineSeconds -- restarts the WHOLE gang from the latest complete
+  checkpoint, once per failure: every old worker is gone before the next generation starts. The
+  messages name that checkpoint's step, or why there is none (restart_origin).
+- An exit code listed in restartPolicy.permanentExitCodes fails the job at once.
+- Restarts back off exponentially; restartPolicy.backoffLimit caps their count.
+- activeDeadlineSeconds fails a job that has been active too long.
+- suspend deletes every worker; resuming starts a new generation from the latest checkpoint.
+- Success: worker 0 (rank 0) exited 0 (it does so only after the final checkpoint).
+- A finished job: cleanPodPolicy, then ttlSecondsAfterFinished.
+"""
+
+from kubetrain.core.lifecycle.machine import finished, step, view
+from kubetrain.core.lifecycle.model import (
+    Action,
+    CreateWorkers,
+    Decision,
+    DeleteJob,
+    DeleteWorkers,
+    Effect,
+    FailureKind,
+    Observed,
+    Reason,
+    RecordEvent,
+    Scope,
+    Transition,
+    WorkerPhase,
+    WorkerState,
+)
+from kubetrain.core.lifecycle.policies import JobView, backoff_seconds, classify, decide, restart_origin
+from kubetrain.core.lifecycle.status import phase_conditions, set_condition, take_progress
+
+__all__ = [
+    "Action", "CreateWorkers", "Decision", "DeleteJob", "DeleteWorkers", "Effect", "FailureKind", "JobView",
+    "Observed", "Reason", "RecordEvent", "Scope", "Transition", "WorkerPhase", "WorkerState", "backoff_seconds",
+    "classify", "decide", "finished", "phase_conditions", "restart_origin", "set_condition", "step",
+    "take_progress", "view",
+]

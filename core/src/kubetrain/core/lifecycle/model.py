@@ -1,0 +1,156 @@
+"""The lifecycle's vocabulary: what a backend observes, what the policies decide, what a backend carries out."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from kubetrain.core.api import CheckpointRef, Phase, TrainingJobStatus
+from kubetrain.core.progress import Progress
+
+
+class WorkerPhase(enum.StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    MISSING = "Missing"
+    """Not present: never created in this generation, or deleted."""
+
+
+class FailureKind(enum.StrEnum):
+    EXIT_CODE = "ExitCode"
+    PERMANENT_EXIT_CODE = "PermanentExitCode"
+    DELETED = "Deleted"
+    EVICTED = "Evicted"
+    OOM_KILLED = "OOMKilled"
+    NODE_LOST = "NodeLost"
+    NO_PROGRESS = "NoProgress"
+
+
+class Reason(enum.StrEnum):
+    """status.reason and Event reasons. A gang restart's reason is its FailureKind."""
+
+    SUSPENDED = "Suspended"
+    INTERRUPTED = "Interrupted"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    DELETING_OLD_GENERATION = "DeletingOldGeneration"
+    SUCCEEDED = "Succeeded"
+    PERMANENT_ERROR = "PermanentError"
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+    BACKOFF_WAIT = "BackoffWait"
+    CREATING_WORKERS = "CreatingWorkers"
+    ALL_WORKERS_RUNNING = "AllWorkersRunning"
+    WAITING_FOR_WORKERS = "WaitingForWorkers"
+    GANG_CREATED = "GangCreated"
+    TTL_EXPIRED = "TTLExpired"
+    INVALID_SPEC = "InvalidSpec"
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """One worker (pod or local process group) of the current generation."""
+
+    index: int
+    phase: WorkerPhase
+    exit_code: int | None = None
+    reason: str | None = None
+    """Backend reason: Evicted, OOMKilled, Deleted, ... (None for a plain exit)."""
+    created: bool = True
+    """False when this worker was never created in this generation."""
+    node_not_ready_since: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a backend sees now. `workers` lists the workers of the current generation (status.restartGeneration)
+    that exist; the lifecycle counts every other index as missing."""
+
+    workers: tuple[WorkerState, ...] = ()
+    stale_workers: int = 0
+    """Workers of older generations still present (being deleted)."""
+    progress: Progress | None = None
+    """Rank 0's newest progress record, if any."""
+    checkpoint: CheckpointRef | None = None
+    """The newest complete checkpoint the backend finds itself (the local backend reads the directory)."""
+    checkpoints_durable: bool = True
+    """Checkpoints survive the workers (False: they die with the pods, spec.checkpoint.ephemeral)."""
+
+
+class Action(enum.StrEnum):
+    CREATE_WORKERS = "CreateWorkers"
+    """Create the missing workers of `generation`."""
+    WAIT = "Wait"
+    """Nothing to do; look again after `requeue_after` seconds at the latest."""
+    RESTART_GANG = "RestartGang"
+    """Delete every worker; the next generation is `generation`, started after `requeue_after`."""
+    DELETE_STALE = "DeleteStale"
+    """Old-generation workers still exist: delete them and wait before creating new ones."""
+    SUSPEND = "Suspend"
+    """Delete every worker and report Suspended."""
+    SUCCEED = "Succeed"
+    FAIL = "Fail"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One policy's verdict."""
+
+    action: Action
+    phase: Phase
+    reason: str
+    message: str = ""
+    generation: int = 0
+    requeue_after: float | None = None
+    failure_kind: FailureKind | None = None
+    failed_workers: tuple[int, ...] = field(default_factory=tuple)
+
+
+class Scope(enum.StrEnum):
+    """Which workers a DeleteWorkers removes."""
+
+    ALL = "All"
+    STALE = "Stale"
+    """Those of older generations."""
+    UNFINISHED = "Unfinished"
+    """Those still pending or running (cleanPodPolicy Running)."""
+
+
+@dataclass(frozen=True)
+class CreateWorkers:
+    generation: int
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DeleteWorkers:
+    scope: Scope
+
+
+@dataclass(frozen=True)
+class RecordEvent:
+    type: str
+    """Normal or Warning."""
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """The finished job's TTL expired."""
+
+
+Effect = CreateWorkers | DeleteWorkers | RecordEvent | DeleteJob
+
+
+@dataclass(frozen=True)
+class Transition:
+    """step()'s answer: the new status, what to carry out (in order), when to look again."""
+
+    status: TrainingJobStatus
+    effects: tuple[Effect, ...] = ()
+    requeue_after: float | None = None
+    decision: Decision | None = None
+    """The policy's verdict (None for a finished job)."""
+

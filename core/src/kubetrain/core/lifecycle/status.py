@@ -1,0 +1,83 @@
+"""Status bookkeeping shared by both backends: rank 0's progress and the phase conditions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from kubetrain.core.api import CheckpointRef, Condition, Phase, TrainingJobStatus
+from kubetrain.core.contract import format_time
+from kubetrain.core.lifecycle.model import Observed, Reason
+
+PHASE_CONDITIONS = (Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED)
+"""Phases with a condition of their own (Created is kept True once the gang exists)."""
+
+
+def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) -> None:
+    """Rank 0's report, and any checkpoint the backend found itself, into status.
+
+    A new step is progress (lastProgressTime moves): a higher one, or any other step reported by
+    the current generation -- a gang resumed from an older checkpoint re-trains steps below
+    currentStep, and that is progress too, not a hang. The checkpoint is taken whenever it changed
+    (rank 0 reports the commit after the step itself). resumedFromStep is the current generation's
+    own report of the checkpoint it loaded (none: it started from scratch).
+    """
+    progress = observed.progress
+    if progress is not None:
+        current_gen = progress.generation == status.restart_generation
+        if progress.step > status.current_step or (current_gen and progress.step != status.current_step):
+            status.current_step = progress.step
+            status.loss = f"{progress.loss:.4f}" if progress.loss is not None else status.loss
+            status.last_progress_time = format_time(now)
+        if current_gen:
+            status.resumed_from_step = progress.resumed_from or 0
+        ck = progress.last_checkpoint
+        if ck is not None:
+            ref = CheckpointRef(step=ck.step, path=ck.path, time=ck.time)
+            if status.last_checkpoint != ref:
+                status.last_checkpoint = ref
+    found = observed.checkpoint
+    if found is not None and (status.last_checkpoint is None or status.last_checkpoint.step < found.step):
+        status.last_checkpoint = found
+
+
+def set_condition(
+    conditions: list[dict[str, Any]], type_: str, value: bool, reason: str, message: str, now: datetime,
+    add_false: bool = False,
+) -> list[dict[str, Any]]:
+    """A new condition list; lastTransitionTime moves only when the status value changes.
+
+    A condition not there yet is added when True, or when False with `add_false` (a phase condition
+    appears once it holds; CheckpointsDurable=False is news from the start)."""
+    status = "True" if value else "False"
+    out, found = [], False
+    for c in conditions:
+        if c.get("type") == type_:
+            found = True
+            changed = c.get("status") != status
+            out.append({
+                "type": type_, "status": status, "reason": reason, "message": message,
+                "lastTransitionTime": format_time(now) if changed else c.get("lastTransitionTime", format_time(now)),
+            })
+        else:
+            out.append(c)
+    if not found and (value or add_false):
+        out.append({"type": type_, "status": status, "reason": reason, "message": message,
+                    "lastTransitionTime": format_time(now)})
+    return out
+
+
+def phase_conditions(
+    phase: str, reason: str, message: str, conditions: list[dict[str, Any]], now: datetime
+) -> list[Condition]:
+    """Created stays True once set; the phase's own condition is True, the other phase conditions False."""
+    conds = list(conditions)
+    if phase == Phase.CREATED:
+        conds = set_condition(conds, Phase.CREATED, True, reason, message, now)
+    elif phase not in (Phase.PENDING, Phase.SUSPENDED):
+        conds = set_condition(conds, Phase.CREATED, True, Reason.GANG_CREATED, "worker pods created", now)
+    for t in PHASE_CONDITIONS:
+        was_true = any(c.get("type") == t and c.get("status") == "True" for c in conds)
+        if t == phase or was_true:
+            conds = set_condition(conds, t, t == phase, reason, message, now)
+    return [Condition.model_validate(c) for c in conds]

@@ -1,0 +1,215 @@
+"""lifecycle.step: the whole transition (new status + effects), one table per policy. `now` is passed in."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from kubetrain.core.api import CheckpointRef, Phase, TrainingJobSpec, TrainingJobStatus
+from kubetrain.core.contract import format_time
+from kubetrain.core.lifecycle import (
+    Action,
+    CreateWorkers,
+    DeleteJob,
+    DeleteWorkers,
+    Observed,
+    Reason,
+    RecordEvent,
+    Scope,
+    WorkerPhase,
+    WorkerState,
+    step,
+)
+from kubetrain.core.progress import CheckpointRecord, Progress
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+R, S, F, P = WorkerPhase.RUNNING, WorkerPhase.SUCCEEDED, WorkerPhase.FAILED, WorkerPhase.PENDING
+
+
+def spec(**kw) -> TrainingJobSpec:
+    base = {"workers": 2, "maxSteps": 100,
+            "restartPolicy": {"backoffLimit": 2, "backoffSeconds": 4, "maxBackoffSeconds": 10}}
+    return TrainingJobSpec.model_validate({**base, **kw})
+
+
+def running(**kw) -> TrainingJobStatus:
+    base = {"phase": "Running", "gangCreated": True, "startTime": format_time(T0), "runningSince": format_time(T0)}
+    return TrainingJobStatus.model_validate({**base, **kw})
+
+
+def workers(*phases, codes=None) -> Observed:
+    codes = codes or {}
+    return Observed(workers=tuple(WorkerState(i, ph, exit_code=codes.get(i)) for i, ph in enumerate(phases)))
+
+
+def kinds(effects) -> list[type]:
+    return [type(e) for e in effects]
+
+
+# --------------------------------------------------------------------------- start
+
+
+def test_start_creates_every_worker_and_remembers_the_start_time():
+    t = step(spec(), TrainingJobStatus(), Observed(), T0)
+    assert t.effects[0] == CreateWorkers(0, (0, 1))
+    assert t.effects[1] == RecordEvent("Normal", Reason.CREATING_WORKERS, t.status.message)
+    assert (t.status.phase, t.status.gang_created, t.status.start_time) == (Phase.CREATED, True, format_time(T0))
+    assert (t.status.max_steps, t.status.workers_total, t.requeue_after) == (100, 2, 2.0)
+    assert [c.type for c in t.status.conditions] == ["Created"]
+
+
+def test_start_creates_only_the_missing_workers():
+    st = TrainingJobStatus.model_validate({"phase": "Created", "startTime": format_time(T0)})
+    t = step(spec(workers=3), st, Observed(workers=(WorkerState(1, P),)), T0)
+    assert t.effects == (CreateWorkers(0, (0, 2)),)  # same phase: no second Event
+
+
+def test_all_running_sets_running_since_once_and_clears_the_failure_time():
+    st = TrainingJobStatus.model_validate({"phase": "Created", "gangCreated": True, "lastFailureTime": "x"})
+    t = step(spec(), st, workers(R, R), T0)
+    assert (t.status.phase, t.status.running_since, t.status.last_failure_time) == (Phase.RUNNING, format_time(T0), None)
+    later = step(spec(), t.status, workers(R, R), T0 + timedelta(seconds=5))
+    assert later.status.running_since == format_time(T0) and later.effects == ()
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def test_a_new_step_is_progress_and_a_checkpoint_is_taken():
+    ck = CheckpointRecord(step=40, path="/c/40", time="t")
+    p = Progress(step=42, loss=1.25, generation=0, last_checkpoint=ck, resumed_from=0)
+    t = step(spec(), running(), Observed(workers=workers(R, R).workers, progress=p), T0)
+    assert (t.status.current_step, t.status.loss, t.status.last_progress_time) == (42, "1.2500", format_time(T0))
+    assert t.status.last_checkpoint == CheckpointRef(step=40, path="/c/40", time="t")
+    same = step(spec(), t.status, Observed(workers=workers(R, R).workers, progress=p), T0 + timedelta(seconds=9))
+    assert same.status.last_progress_time == format_time(T0)  # the same step again is not progress
+
+
+def test_a_checkpoint_found_by_the_backend_counts_when_newer():
+    found = CheckpointRef(step=50, path="/c/50")
+    t = step(spec(), running(lastCheckpoint={"step": 40}), Observed(workers=workers(R, R).workers, checkpoint=found), T0)
+    assert t.status.last_checkpoint == found
+    older = step(spec(), t.status, Observed(workers=workers(R, R).workers, checkpoint=CheckpointRef(step=10)), T0)
+    assert older.status.last_checkpoint == found
+
+
+# --------------------------------------------------------------------------- restart / backoff / permanent
+
+
+def test_restart_deletes_every_worker_counts_the_failure_and_starts_a_new_generation():
+    st = running(lastCheckpoint={"step": 40}, resumedFromStep=20)
+    t = step(spec(), st, workers(R, F, codes={1: 137}), T0)
+    assert kinds(t.effects) == [DeleteWorkers, RecordEvent]
+    assert t.effects[0] == DeleteWorkers(Scope.ALL) and t.effects[1].type == "Warning"
+    assert "from the checkpoint at step 40" in t.effects[1].message
+    s = t.status
+    assert (s.phase, s.reason, s.restart_count, s.restart_generation) == (Phase.RESTARTING, "ExitCode", 1, 1)
+    assert (s.gang_created, s.running_since, s.resumed_from_step, s.failures) == (False, None, 0, {"ExitCode": 1})
+    assert (s.last_restart_time, s.last_failure_time, s.last_checkpoint.step) == (format_time(T0), format_time(T0), 40)
+    assert t.requeue_after == 4.0
+
+
+def test_next_generation_waits_for_its_backoff_then_starts():
+    t = step(spec(), running(), workers(R, F, codes={1: 137}), T0)
+    wait = step(spec(), t.status, Observed(), T0 + timedelta(seconds=1))
+    assert (wait.decision.reason, wait.effects, wait.requeue_after) == (Reason.BACKOFF_WAIT, (), pytest.approx(3.0))
+    go = step(spec(), wait.status, Observed(), T0 + timedelta(seconds=4))
+    assert go.effects == (CreateWorkers(1, (0, 1)),) and go.status.gang_created
+
+
+def test_ephemeral_checkpoints_are_forgotten_with_the_gang():
+    t = step(spec(checkpoint={"ephemeral": True}), running(lastCheckpoint={"step": 40}),
+             Observed(workers=workers(R, F, codes={1: 1}).workers, checkpoints_durable=False), T0)
+    assert t.status.last_checkpoint is None and "checkpoints are ephemeral" in t.status.message
+
+
+def test_permanent_exit_code_fails_counts_and_cleans_up():
+    t = step(spec(), running(), workers(R, F, codes={1: 127}), T0)
+    assert (t.status.phase, t.status.reason, t.status.completion_time) == (Phase.FAILED, "PermanentError", format_time(T0))
+    assert t.status.failures == {"PermanentExitCode": 1}
+    assert t.effects == (DeleteWorkers(Scope.UNFINISHED), RecordEvent("Warning", "PermanentError", t.status.message))
+
+
+def test_backoff_limit_fails_the_job():
+    t = step(spec(), running(restartCount=2, restartGeneration=2), workers(F, R, codes={0: 1}), T0)
+    assert (t.status.phase, t.status.reason, t.status.restart_count) == (Phase.FAILED, "BackoffLimitExceeded", 2)
+
+
+def test_no_progress_restarts_the_gang():
+    s = spec(restartPolicy={"progressDeadlineSeconds": 60})
+    t = step(s, running(), workers(R, R), T0 + timedelta(seconds=60))
+    assert (t.decision.action, t.status.reason, t.status.failures) == (Action.RESTART_GANG, "NoProgress", {"NoProgress": 1})
+
+
+def test_node_lost_past_its_grace_restarts_the_gang():
+    obs = Observed(workers=(WorkerState(0, R), WorkerState(1, R, node_not_ready_since=T0)))
+    s = spec(restartPolicy={"nodeNotReadyGraceSeconds": 30})
+    assert step(s, running(), obs, T0 + timedelta(seconds=29)).decision.action == Action.WAIT
+    assert step(s, running(), obs, T0 + timedelta(seconds=30)).status.reason == "NodeLost"
+
+
+def test_a_worker_gone_after_creation_restarts_the_gang():
+    t = step(spec(), running(), Observed(workers=(WorkerState(0, R),)), T0)
+    assert (t.decision.action, t.status.reason) == (Action.RESTART_GANG, "Deleted")
+
+
+# --------------------------------------------------------------------------- deadline / stale / suspend / success
+
+
+def test_active_deadline_fails_the_job():
+    t = step(spec(activeDeadlineSeconds=10), running(), workers(R, R), T0 + timedelta(seconds=10))
+    assert (t.status.phase, t.status.reason) == (Phase.FAILED, Reason.DEADLINE_EXCEEDED)
+    assert t.effects[0] == DeleteWorkers(Scope.UNFINISHED)
+
+
+def test_old_generation_is_deleted_before_anything_else():
+    t = step(spec(), running(restartGeneration=1, gangCreated=False), Observed(stale_workers=2), T0)
+    assert t.effects[0] == DeleteWorkers(Scope.STALE) and t.requeue_after == 1.0
+
+
+def test_suspend_deletes_the_gang_and_resuming_starts_a_new_generation():
+    t = step(spec(suspend=True), running(), workers(R, R), T0)
+    assert t.effects[0] == DeleteWorkers(Scope.ALL)
+    assert (t.status.phase, t.status.restart_generation, t.status.gang_created) == (Phase.SUSPENDED, 1, False)
+    idle = step(spec(suspend=True), t.status, Observed(), T0)
+    assert idle.effects == () and idle.status.phase == Phase.SUSPENDED
+    resumed = step(spec(), idle.status, Observed(), T0)
+    assert resumed.effects[0] == CreateWorkers(1, (0, 1)) and resumed.status.restart_count == 0
+
+
+def test_a_job_created_suspended_never_starts_a_worker():
+    t = step(spec(suspend=True), TrainingJobStatus(), Observed(), T0)
+    assert t.effects == (RecordEvent("Normal", Reason.SUSPENDED, "job is suspended"),)
+    assert (t.status.phase, t.status.start_time) == (Phase.SUSPENDED, None)
+
+
+def test_success_of_worker_0_finishes_the_job():
+    t = step(spec(), running(), workers(S, R), T0)
+    assert (t.status.phase, t.status.completion_time) == (Phase.SUCCEEDED, format_time(T0))
+    assert t.effects == (DeleteWorkers(Scope.UNFINISHED), RecordEvent("Normal", "Succeeded", "worker 0 finished training"))
+
+
+@pytest.mark.parametrize(("policy", "effects"), [("All", [DeleteWorkers(Scope.ALL)]),
+                                                  ("Running", [DeleteWorkers(Scope.UNFINISHED)]), ("None", [])])
+def test_clean_pod_policy_decides_what_a_finished_job_deletes(policy, effects):
+    t = step(spec(cleanPodPolicy=policy), running(), workers(S, R), T0)
+    assert list(t.effects[:-1]) == effects
+
+
+# --------------------------------------------------------------------------- finished: TTL / clean-up
+
+
+def test_finished_job_keeps_its_status_and_expires_after_its_ttl():
+    done = TrainingJobStatus.model_validate({"phase": "Succeeded", "completionTime": format_time(T0)})
+    s = spec(ttlSecondsAfterFinished=60)
+    early = step(s, done, workers(S, R), T0 + timedelta(seconds=20))
+    assert early.status is done and early.decision is None
+    assert (early.effects, early.requeue_after) == ((DeleteWorkers(Scope.UNFINISHED),), 40.0)
+    late = step(s, done, Observed(), T0 + timedelta(seconds=60))
+    assert kinds(late.effects) == [DeleteWorkers, DeleteJob, RecordEvent]
+    assert late.effects[2].reason == Reason.TTL_EXPIRED
+
+
+def test_finished_job_without_ttl_is_never_deleted_or_restarted():
+    done = TrainingJobStatus.model_validate({"phase": "Failed", "completionTime": format_time(T0)})
+    t = step(spec(), done, workers(F, F, codes={0: 1, 1: 1}), T0 + timedelta(days=9))
+    assert t.effects == (DeleteWorkers(Scope.UNFINISHED),) and t.requeue_after is None

@@ -1,0 +1,82 @@
+"""The local backend carries out every lifecycle action, with real (tiny) worker processes."""
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from kubetrain.core.api import Phase, TrainingJob
+from kubetrain.core.lifecycle import Action, CreateWorkers, DeleteJob, Transition, step
+from kubetrain.core.local import LocalRun, RunOptions
+
+GEN0_FAILS = "import os, sys; sys.exit({code} if os.environ['KUBETRAIN_RESTART_GENERATION'] == '0' else 0)"
+
+
+def job(command: str, **spec) -> TrainingJob:
+    return TrainingJob.model_validate({
+        "apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"},
+        "spec": {"workers": 2, "maxSteps": 1, "command": ["python", "-c", command],
+                 "restartPolicy": {"backoffSeconds": 0, "backoffLimit": 2}, **spec}})
+
+
+def local(tmp_path: Path, command: str, **spec) -> LocalRun:
+    return LocalRun(job(command, **spec), tmp_path, RunOptions(output_dir=tmp_path / "out", poll_seconds=0.05,
+                                                                quiet=True))
+
+
+def alive(run: LocalRun) -> list[int]:
+    return [p.rank for p in run.gen.procs if p.popen.poll() is None] if run.gen else []
+
+
+def test_suspended_manifest_ends_at_once_without_starting_a_worker(tmp_path):
+    s = local(tmp_path, "pass", suspend=True).run()
+    assert (s.phase, s.reason, s.restarts) == ("Suspended", "Suspended", 0)
+    assert not (tmp_path / "out" / "logs").exists()
+
+
+def test_create_then_succeed(tmp_path):
+    s = local(tmp_path, "pass").run()
+    assert (s.phase, s.reason, s.restarts) == ("Succeeded", "Succeeded", 0)
+    assert sorted(p.name for p in (tmp_path / "out" / "logs" / "gen-0").iterdir()) == ["rank-0.log", "rank-1.log"]
+
+
+def test_restart_gang_then_succeed(tmp_path):
+    s = local(tmp_path, GEN0_FAILS.format(code=1)).run()
+    assert (s.phase, s.restarts, s.failures) == ("Succeeded", 1, {"ExitCode": 1})  # one failure, one restart
+    assert (tmp_path / "out" / "logs" / "gen-1").is_dir()
+
+
+def test_permanent_exit_code_fails(tmp_path):
+    s = local(tmp_path, GEN0_FAILS.format(code=2)).run()
+    assert (s.phase, s.reason, s.restarts, s.failures) == ("Failed", "PermanentError", 0, {"PermanentExitCode": 1})
+
+
+def test_wait_while_running_then_suspend_stops_the_gang(tmp_path):
+    run = local(tmp_path, "import time; time.sleep(60)")
+    now = datetime.now(UTC)
+    for _ in range(3):  # create, Running (an Event), then wait on a running gang
+        t = step(run.spec, run.job_status, run.observe(), now)
+        run.job_status = t.status
+        run.carry_out(t, now)
+    assert t.decision.action == Action.WAIT and t.effects == () and alive(run) == [0, 1]
+    run.spec = run.spec.model_copy(update={"suspend": True})
+    t = step(run.spec, run.job_status, run.observe(), now)
+    run.carry_out(t, now)
+    assert (t.decision.action, t.status.phase, run.gen) == (Action.SUSPEND, Phase.SUSPENDED, None)
+
+
+def test_stale_generation_is_stopped_before_the_next_starts(tmp_path):
+    run = local(tmp_path, "import time; time.sleep(60)")
+    now = datetime.now(UTC)
+    run.carry_out(Transition(run.job_status, (CreateWorkers(0, (0, 1)),)), now)
+    procs = list(run.gen.procs)
+    run.job_status = run.job_status.model_copy(update={"restart_generation": 1, "phase": Phase.RESTARTING})
+    t = step(run.spec, run.job_status, run.observe(), now)
+    run.carry_out(t, now)
+    assert t.decision.action == Action.DELETE_STALE and run.gen is None
+    assert all(p.popen.poll() is not None for p in procs)
+
+
+def test_delete_job_keeps_the_local_output(tmp_path):
+    run = local(tmp_path, "pass")
+    (tmp_path / "out").mkdir()
+    run.carry_out(Transition(run.job_status, (DeleteJob(),)), datetime.now(UTC))
+    assert (tmp_path / "out").is_dir()
