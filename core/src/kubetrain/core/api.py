@@ -15,17 +15,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from kubetrain.core import contract
 
-GROUP = "kubetrain.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "TrainingJob"
+GROUP: Final = "kubetrain.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = "kubetrain.io/v1alpha1"  # GROUP/VERSION, written out so the type is the literal
+KIND: Final = "TrainingJob"
 PLURAL = "trainingjobs"
 SINGULAR = "trainingjob"
 SHORT_NAMES = ["tj", "tjob"]

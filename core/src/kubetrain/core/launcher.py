@@ -33,7 +33,7 @@ if __package__:
     from kubetrain.core import contract
 else:  # run as a file from the job's ConfigMap: contract.py lies beside it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import contract  # type: ignore[no-redef]
+    import contract
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

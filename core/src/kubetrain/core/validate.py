@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from kubetrain.core.api import API_VERSION, KIND, TrainingJob
 
@@ -45,7 +46,7 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return out or "(root)"
 
 
-def _reason(err: dict[str, Any]) -> str:
+def _reason(err: ErrorDetails) -> str:
     kind = err["type"]
     ctx = err.get("ctx") or {}
     simple = {
