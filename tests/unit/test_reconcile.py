@@ -9,7 +9,7 @@ from kubernetes.client.exceptions import ApiException
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.progress import CheckpointRecord, Progress
 from kubetrain.operator import builders as b
-from kubetrain.operator.controller import namespace_terminating
+from kubetrain.operator.apply import namespace_terminating
 from kubetrain.operator.reconcile import claim_to_check, container_exit_code, plan, set_condition
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -151,10 +151,10 @@ def workers_blocked(job: TrainingJob, blocked: list[BlockedPod], claim_phase: st
     if not blocked:
         return Want(WORKERS_BLOCKED, False, R.WORKERS_STARTING, "no worker pod is blocked", bad_value=True)
     parts: list[str] = []
-    for reason in dict.fromkeys(x.reason for x in blocked):
-        pods = [x for x in blocked if x.reason == reason]
+    for kind in dict.fromkeys(x.reason for x in blocked):
+        pods = [x for x in blocked if x.reason == kind]
         more = f" (and {len(pods) - 1} more pod(s) alike)" if len(pods) > 1 else ""
-        parts.append(f"{pods[0].pod} {_WHAT[reason]}: {pods[0].message}{more}")
+        parts.append(f"{pods[0].pod} {_WHAT[kind]}: {pods[0].message}{more}")
     reason: str = blocked[0].reason
     claim = b.claim_name(job)
     if claim and claim_phase not in (None, "Bound") and waits_for_volume(blocked):

@@ -1,11 +1,8 @@
 """kopf wiring: thin handlers that feed the controller's caches. All logic lives elsewhere.
 
-Run with `python -m kubetrain.operator` (or `kopf run -m kubetrain.operator.handlers`).
-Environment: KUBETRAIN_TRAINER_IMAGE, KUBETRAIN_NAMESPACE (watch one namespace;
-default all), KUBETRAIN_METRICS_PORT (default 8080), KUBETRAIN_CREATE_PARALLELISM,
-KUBETRAIN_RECONCILE_WORKERS,
-KUBETRAIN_LEADER_ELECT (a "namespace/name" Lease: reconcile only while holding it),
-KUBETRAIN_LEADER_ID (this replica's identity in the Lease).
+Run with `python -m kubetrain.operator` (__main__.py): it builds the OperatorSettings once and
+hands them to kopf as `memo` (an OperatorMemo); startup() adds the Controller to it, and kopf
+passes that memo (a shallow copy per object, sharing both) to every handler.
 """
 
 from __future__ import annotations
@@ -13,24 +10,34 @@ from __future__ import annotations
 import copy
 import os
 import signal
-import socket
-import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 from kubernetes import client, config
 from prometheus_client import start_http_server
 
-from kubetrain.core import api
-from kubetrain.operator import builders as b
+from kubetrain.core import api, contract
 from kubetrain.operator.controller import Controller
 from kubetrain.operator.leader import LeaderElector
+from kubetrain.operator.settings import OperatorSettings
 
-STATE: dict[str, Controller] = {}
+API_CALLS_OUTSIDE_POOL = 8
+"""Connections beyond the applier's pool: leader election's calls run on threads of their own."""
 
 
-def controller() -> Controller:
-    return STATE["controller"]
+@dataclass
+class OperatorMemo:
+    """kopf's `memo`: the settings from __main__, and what startup() builds from them."""
+
+    settings: OperatorSettings
+    controller: Controller | None = None
+    elector: LeaderElector | None = None
+
+    def running(self) -> Controller:
+        if self.controller is None:  # kopf runs the startup handlers before it starts watching
+            raise RuntimeError("a watch event before the operator's startup handler ran")
+        return self.controller
 
 
 def _api_client(pool_size: int) -> client.ApiClient:
@@ -63,33 +70,21 @@ class _NoDiffBase(kopf.DiffBaseStorage):
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any) -> None:
     settings.posting.enabled = False  # we record our own Events with reasons
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.persistence.finalizer = "kubetrain.io/operator"
     settings.persistence.diffbase_storage = _NoDiffBase()
-    image = os.environ.get("KUBETRAIN_TRAINER_IMAGE", b.Settings.trainer_image)
-    parallelism = int(os.environ.get("KUBETRAIN_CREATE_PARALLELISM", "32"))
-    ctl = Controller(
-        _api_client(parallelism + 8),  # headroom for calls outside the I/O pool (leader election)
-        b.Settings(trainer_image=image),
-        create_parallelism=parallelism,
-        workers=int(os.environ.get("KUBETRAIN_RECONCILE_WORKERS", "16")),
-    )
-    STATE["controller"] = ctl
-    port = int(os.environ.get("KUBETRAIN_METRICS_PORT", "8080"))
-    if port:
-        start_http_server(port)
-    lease = os.environ.get("KUBETRAIN_LEADER_ELECT")
-    await ctl.start(os.environ.get("KUBETRAIN_NAMESPACE") or None, leader_election=bool(lease))
-    if lease:
-        namespace, _, name = lease.rpartition("/")
-        identity = os.environ.get("KUBETRAIN_LEADER_ID") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        elector = LeaderElector(ctl.api_client, namespace or "default", name, identity,
-                                on_start=ctl.start_leading, on_stop=lambda: _lost_lease(ctl))
-        STATE["elector"] = elector
-        elector.start()
+    ours = memo.settings
+    ctl = Controller(_api_client(ours.create_parallelism + API_CALLS_OUTSIDE_POOL), ours)
+    memo.controller = ctl
+    if ours.metrics_port:
+        start_http_server(ours.metrics_port)
+    await ctl.start()
+    if ours.leader_election is not None:
+        memo.elector = LeaderElector(ctl.api_client, ours.leader_election,
+                                     on_start=ctl.start_leading, on_stop=lambda: _lost_lease(ctl))
+        memo.elector.start()
 
 
 def _lost_lease(ctl: Controller) -> None:
@@ -99,23 +94,23 @@ def _lost_lease(ctl: Controller) -> None:
 
 
 @kopf.on.cleanup()
-async def cleanup(**_: Any) -> None:
-    if "elector" in STATE:
-        await STATE.pop("elector").release()
-    if "controller" in STATE:
-        await STATE.pop("controller").stop()
+async def cleanup(memo: OperatorMemo, **_: Any) -> None:
+    if memo.elector is not None:
+        await memo.elector.release()
+    if memo.controller is not None:
+        await memo.controller.stop()
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-def job_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
-    controller().job_event(event.get("type"), copy.deepcopy(dict(body)))
+def job_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+    memo.running().job_event(event.get("type"), copy.deepcopy(dict(body)))
 
 
-@kopf.on.event("", "v1", "pods", labels={b.LABEL_JOB: kopf.PRESENT})
-def pod_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
-    controller().pod_event(event.get("type"), copy.deepcopy(dict(body)))
+@kopf.on.event("", "v1", "pods", labels={contract.LABEL_JOB: kopf.PRESENT})
+def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+    memo.running().pod_event(event.get("type"), copy.deepcopy(dict(body)))
 
 
 @kopf.on.event("", "v1", "nodes")
-def node_event(event: dict[str, Any], body: kopf.Body, **_: Any) -> None:
-    controller().node_event(event.get("type"), dict(body))
+def node_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+    memo.running().node_event(event.get("type"), dict(body))

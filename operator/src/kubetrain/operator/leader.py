@@ -7,6 +7,21 @@ assumed), or at once when the holder released it on a clean shutdown. A holder t
 within `renew_deadline` seconds stops acting and exits, so two replicas never reconcile together.
 
 `next_step` is the pure decision; `LeaderElector` does the I/O.
+
+Why not `kubernetes.leaderelection` (the Python client's port of client-go's elector):
+- It blocks: its `LeaderElection.run()` loops with `time.sleep` and runs `onstarted_leading` in a
+  thread of its own, while the operator is one asyncio loop (kopf, the work queue); every callback
+  would have to hop threads. Here the loop is a task and only the two Lease calls use a thread.
+- It cannot release: `run()` has no stop and nothing gives the Lease back, so after a rollout or a
+  drain the standby waits a whole `leaseDuration`. `LeaderElector.release()` empties the holder on
+  SIGTERM and the standby takes over on its next round (tests/integration/test_rbac_chart.py).
+- Its `LeaseLock` calls `client.CoordinationV1Api()` on the default configuration, not on the
+  operator's ApiClient (its kubeconfig, its connection pool).
+- It measures expiry with `time.time()` (a wall-clock step moves it) and writes `acquireTime` and
+  `renewTime` from a local, naive `datetime.fromtimestamp`; it never counts `leaseTransitions`.
+- Its decision is interleaved with the reads and writes in `try_acquire_or_renew`, so it can only
+  be tested against an API server; `next_step` and `lease_body` are tested as pure functions
+  (tests/unit/test_leader.py).
 """
 
 from __future__ import annotations
@@ -23,6 +38,9 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from kubetrain.core import contract
+from kubetrain.operator.settings import LeaderElection
 
 log = logging.getLogger("kubetrain.operator")
 
@@ -69,7 +87,7 @@ def next_step(lease: dict[str, Any] | None, seen: Observation | None, identity: 
 def lease_body(lease: dict[str, Any] | None, action: Action, identity: str, duration: int,
                now: datetime) -> dict[str, Any]:
     """The Lease to write for CREATE, ACQUIRE or RENEW (metadata.resourceVersion kept: a racing writer gets 409)."""
-    ts = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    ts = contract.format_time(now, micros=True)
     spec = dict((lease or {}).get("spec") or {})
     if action in (Action.CREATE, Action.ACQUIRE):
         spec["acquireTime"] = ts
@@ -83,14 +101,13 @@ class LeaderElector:
     """Keeps trying to hold the Lease `namespace/name`; calls `on_start` when it got it and
     `on_stop` when it lost it (not called on release at shutdown)."""
 
-    def __init__(self, api_client: client.ApiClient, namespace: str, name: str, identity: str,
-                 on_start: Callable[[], Awaitable[None]], on_stop: Callable[[], None],
-                 duration: int = 15, renew_deadline: float = 10.0, retry: float = 2.0):
+    def __init__(self, api_client: client.ApiClient, election: LeaderElection,
+                 on_start: Callable[[], Awaitable[None]], on_stop: Callable[[], None]):
         self.api = client.CoordinationV1Api(api_client)
         self.sanitize = api_client.sanitize_for_serialization
-        self.namespace, self.name, self.identity = namespace, name, identity
+        self.namespace, self.name, self.identity = election.namespace, election.lease, election.identity
         self.on_start, self.on_stop = on_start, on_stop
-        self.duration, self.renew_deadline, self.retry = duration, renew_deadline, retry
+        self.duration, self.renew_deadline, self.retry = election.duration, election.renew_deadline, election.retry
         self.leading = False
         self.seen: Observation | None = None
         self.renewed_at = 0.0

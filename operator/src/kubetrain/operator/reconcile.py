@@ -286,4 +286,3 @@ def _shared_children(job: TrainingJob, owner: dict[str, Any]) -> list[dict[str, 
 def _alive(pods: list[dict[str, Any]]) -> list[str]:
     """Names of the pods not already being deleted."""
     return [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
-parse_ts = contract.parse_time  # TEMP until controller.py uses contract.parse_time

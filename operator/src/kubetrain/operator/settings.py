@@ -1,0 +1,134 @@
+"""The operator's settings: one frozen object, built once by `python -m kubetrain.operator`.
+
+It comes from the command line and the environment the chart sets
+(charts/kubetrain/templates/deployment.yaml), and reaches the kopf handlers through kopf's
+`memo` (handlers.OperatorMemo): no handler reads os.environ, and every default is written here,
+once, as a field default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from kubetrain.operator import builders as b
+
+# The operator's own environment (the chart's Deployment sets these; workers never see them).
+ENV_TRAINER_IMAGE = "KUBETRAIN_TRAINER_IMAGE"
+ENV_NAMESPACE = "KUBETRAIN_NAMESPACE"
+ENV_METRICS_PORT = "KUBETRAIN_METRICS_PORT"
+ENV_CREATE_PARALLELISM = "KUBETRAIN_CREATE_PARALLELISM"
+ENV_RECONCILE_WORKERS = "KUBETRAIN_RECONCILE_WORKERS"
+ENV_LIVENESS = "KUBETRAIN_LIVENESS"
+ENV_LEADER_ID = "KUBETRAIN_LEADER_ID"
+ENV_POD_NAMESPACE = "POD_NAMESPACE"
+"""The operator pod's own namespace (Downward API): where its Lease lives by default."""
+
+
+@dataclass(frozen=True)
+class LeaderElection:
+    """The Lease that decides which replica reconciles (kubetrain.operator.leader)."""
+
+    namespace: str = "default"
+    lease: str = "kubetrain-operator"
+    identity: str = ""
+    """This replica's name in the Lease; unique per process (hostname and a random suffix by default)."""
+    duration: int = 15
+    """Seconds without a change after which a standby takes the Lease over."""
+    renew_deadline: float = 10.0
+    """Seconds the holder may fail to renew before it stops acting."""
+    retry: float = 2.0
+    """Seconds between two rounds (renewals, or a standby's looks)."""
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            raise ValueError("leader election needs an identity")
+        if not 0 < self.renew_deadline < self.duration:
+            raise ValueError(f"renew_deadline must lie in (0, duration={self.duration}): {self.renew_deadline}")
+        if not 0 < self.retry < self.renew_deadline:
+            raise ValueError(f"retry must lie in (0, renew_deadline={self.renew_deadline}): {self.retry}")
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    builders: b.Settings = field(default_factory=b.Settings)
+    """What goes into the children (the default trainer image, from KUBETRAIN_TRAINER_IMAGE)."""
+    namespace: str | None = None
+    """Watch this namespace only (--namespace, KUBETRAIN_NAMESPACE); None: every namespace."""
+    metrics_port: int = 8080
+    """Prometheus endpoint (KUBETRAIN_METRICS_PORT); 0 turns it off."""
+    create_parallelism: int = 32
+    """API calls in flight at once (KUBETRAIN_CREATE_PARALLELISM): the applier's thread pool."""
+    reconcile_workers: int = 16
+    """Jobs reconciled at once (KUBETRAIN_RECONCILE_WORKERS); their API calls share create_parallelism."""
+    liveness: str = "http://0.0.0.0:8081/healthz"
+    """kopf's health endpoint (--liveness, KUBETRAIN_LIVENESS)."""
+    leader_election: LeaderElection | None = None
+    """None: this replica reconciles alone (no --leader-elect)."""
+    verbose: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics port out of range: {self.metrics_port}")
+        if self.create_parallelism < 1 or self.reconcile_workers < 1:
+            raise ValueError(f"create_parallelism ({self.create_parallelism}) and reconcile_workers "
+                             f"({self.reconcile_workers}) must be at least 1")
+
+
+DEFAULTS = OperatorSettings()
+
+
+def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kubetrain-operator")
+    p.add_argument("--namespace", default=env.get(ENV_NAMESPACE) or None, help="watch one namespace only")
+    p.add_argument("--leader-elect", action="store_true",
+                   help="several replicas: only the holder of a coordination.k8s.io Lease reconciles, the others "
+                        "keep warm caches and take over when it goes")
+    p.add_argument("--leader-elect-lease", default=LeaderElection.lease, help="the Lease's name")
+    p.add_argument("--leader-elect-namespace", default=None,
+                   help="the Lease's namespace (default: $POD_NAMESPACE, else the watched namespace, else "
+                        f"{LeaderElection.namespace})")
+    p.add_argument("--liveness", default=env.get(ENV_LIVENESS) or DEFAULTS.liveness, help="kopf's health endpoint")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def _env_int(p: argparse.ArgumentParser, env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        p.error(f"{name} must be an integer, not {raw!r}")
+
+
+def _leader_election(args: argparse.Namespace, env: Mapping[str, str]) -> LeaderElection | None:
+    if not args.leader_elect:
+        return None
+    namespace = (args.leader_elect_namespace or env.get(ENV_POD_NAMESPACE) or args.namespace
+                 or LeaderElection.namespace)
+    identity = env.get(ENV_LEADER_ID) or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    return LeaderElection(namespace=namespace, lease=args.leader_elect_lease, identity=identity)
+
+
+def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> OperatorSettings:
+    """The settings from a command line (None: sys.argv) and an environment; exits on a bad value."""
+    p = _parser(env)
+    args = p.parse_args(argv)
+    try:
+        return OperatorSettings(
+            builders=b.Settings(trainer_image=env.get(ENV_TRAINER_IMAGE) or DEFAULTS.builders.trainer_image),
+            namespace=args.namespace,
+            metrics_port=_env_int(p, env, ENV_METRICS_PORT, DEFAULTS.metrics_port),
+            create_parallelism=_env_int(p, env, ENV_CREATE_PARALLELISM, DEFAULTS.create_parallelism),
+            reconcile_workers=_env_int(p, env, ENV_RECONCILE_WORKERS, DEFAULTS.reconcile_workers),
+            liveness=args.liveness,
+            leader_election=_leader_election(args, env),
+            verbose=args.verbose,
+        )
+    except ValueError as exc:
+        p.error(str(exc))

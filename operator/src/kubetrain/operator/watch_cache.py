@@ -1,0 +1,185 @@
+"""What the operator knows of the cluster: TrainingJobs, their worker pods, and the nodes' readiness.
+
+Fed by watch events (the kopf handlers), by one LIST before reconciling, and by the applier's
+own writes (so a plan does not wait for the watch to report them). In memory and synchronous,
+called from the event loop's thread only; each method returns the jobs worth reconciling and
+leaves the queueing to the caller.
+
+Everything kept for a job hangs off its entry: forgetting the job drops its pods and tombstones
+with it, and a pod event for a job the cache does not know is ignored, so deleted jobs (whose
+pods are deleted after them) leave nothing behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kubetrain.core import contract
+from kubetrain.core.progress import Progress
+from kubetrain.operator import builders as b
+
+Key = tuple[str, str]
+"""(namespace, name) of a TrainingJob."""
+DELETED = "DELETED"
+"""The watch event type of a deletion (other types, and None for a LIST, all mean "as it is now")."""
+
+
+def resource_version(obj: dict[str, Any]) -> int:
+    """metadata.resourceVersion as a number (0 when absent): which of two copies is newer."""
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def node_not_ready_since(node: dict[str, Any], now: datetime) -> datetime | None:
+    """When a node stopped being Ready (`now` if it does not say); None while Ready or never reported."""
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return None if c.get("status") == "True" else contract.parse_time(c.get("lastTransitionTime")) or now
+    return None
+
+
+def _node_of(pod: dict[str, Any]) -> str | None:
+    return (pod.get("spec") or {}).get("nodeName")
+
+
+@dataclass
+class _Job:
+    body: dict[str, Any]
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tombstones: dict[str, int] = field(default_factory=dict)
+    """pod name -> resourceVersion of its DELETED event: an older copy (a late create response, a
+    stale watch event) must not bring a deleted pod back. Worker names repeat across generations,
+    so there are at most as many as the job has workers."""
+
+
+class WatchCache:
+    def __init__(self) -> None:
+        self._jobs: dict[Key, _Job] = {}
+        self.nodes: dict[str, datetime | None] = {}
+        """Node name -> since when it is not Ready (None: Ready); only nodes that reported."""
+
+    # ------------------------------------------------------------------ reads
+
+    def keys(self) -> list[Key]:
+        return list(self._jobs)
+
+    def jobs(self) -> Iterator[dict[str, Any]]:
+        return (j.body for j in self._jobs.values())
+
+    def job(self, key: Key) -> dict[str, Any] | None:
+        entry = self._jobs.get(key)
+        return entry.body if entry else None
+
+    def pods(self, key: Key) -> list[dict[str, Any]]:
+        entry = self._jobs.get(key)
+        return list(entry.pods.values()) if entry else []
+
+    def pod(self, key: Key, name: str) -> dict[str, Any] | None:
+        entry = self._jobs.get(key)
+        return entry.pods.get(name) if entry else None
+
+    def size(self) -> int:
+        """Entries kept: jobs, their pods and tombstones, and nodes (what a leak would grow)."""
+        return len(self.nodes) + sum(1 + len(j.pods) + len(j.tombstones) for j in self._jobs.values())
+
+    def progress(self, key: Key) -> Progress | None:
+        """Rank 0's progress: the annotation on worker 0 of the job's current generation."""
+        body = self.job(key)
+        pod = self.pod(key, b.worker_name(key[1], 0))
+        if body is None or pod is None:
+            return None
+        generation = str((body.get("status") or {}).get("restartGeneration") or 0)
+        if (pod["metadata"].get("labels") or {}).get(contract.LABEL_GENERATION) != generation:
+            return None
+        raw = (pod["metadata"].get("annotations") or {}).get(contract.PROGRESS_ANNOTATION)
+        if not raw:
+            return None
+        try:
+            return Progress.model_validate_json(raw)
+        except ValueError:
+            return None
+
+    # ------------------------------------------------------------------ watch events
+
+    def job_event(self, kind: str | None, body: dict[str, Any]) -> Key:
+        """Keep the newer copy of a job (or forget it on DELETED); the job's key."""
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if kind == DELETED:
+            self.forget(key)
+            return key
+        entry = self._jobs.get(key)
+        if entry is None:
+            self._jobs[key] = _Job(body)
+        elif resource_version(body) >= resource_version(entry.body):
+            entry.body = body
+        return key
+
+    def forget(self, key: Key) -> None:
+        """Drop a job and everything kept for it."""
+        self._jobs.pop(key, None)
+
+    def pod_event(self, kind: str | None, body: dict[str, Any]) -> Key | None:
+        """Keep a worker pod under its job; the job's key, or None when no known job owns it."""
+        meta = body["metadata"]
+        job = (meta.get("labels") or {}).get(contract.LABEL_JOB)
+        key = (meta["namespace"], job) if job else None
+        entry = self._jobs.get(key) if key else None
+        if key is None or entry is None:
+            return None
+        name = meta["name"]
+        rv = resource_version(body)
+        if kind == DELETED:
+            entry.pods.pop(name, None)
+            entry.tombstones[name] = max(rv, entry.tombstones.get(name, 0))
+        elif rv > entry.tombstones.get(name, -1) and rv >= resource_version(entry.pods.get(name, {})):
+            entry.pods[name] = body
+            entry.tombstones.pop(name, None)
+        return key
+
+    def node_event(self, kind: str | None, body: dict[str, Any], now: datetime) -> list[Key]:
+        """Record a node's readiness; the jobs with a pod on it when that changed."""
+        name = body["metadata"]["name"]
+        since = None if kind == DELETED else node_not_ready_since(body, now)
+        return self.jobs_on(name) if self.set_node(name, since) else []
+
+    # ------------------------------------------------------------------ live reads and own writes
+
+    def set_node(self, name: str, not_ready_since: datetime | None) -> bool:
+        """Record a node's readiness (None: Ready or gone); True when that changed."""
+        before = self.nodes.get(name)
+        if not_ready_since is None:
+            self.nodes.pop(name, None)  # a Ready node and an unknown one read the same: keep neither
+        else:
+            self.nodes[name] = not_ready_since
+        return before != not_ready_since
+
+    def jobs_on(self, node: str) -> list[Key]:
+        return [key for key, j in self._jobs.items() if any(_node_of(p) == node for p in j.pods.values())]
+
+    def nodes_of(self, key: Key) -> set[str]:
+        """The nodes the job's cached pods run on."""
+        return {n for p in self.pods(key) if (n := _node_of(p)) is not None}
+
+    def replace_pods(self, key: Key, live: dict[str, dict[str, Any]]) -> bool:
+        """A job's pods as a live read found them; True when the cache had them otherwise."""
+        entry = self._jobs.get(key)
+        if entry is None:
+            return False
+        cached = entry.pods
+        changed = set(cached) != set(live) or any(
+            resource_version(live[n]) != resource_version(cached[n]) for n in live)
+        entry.pods = dict(live)
+        for name in live:
+            entry.tombstones.pop(name, None)
+        return changed
+
+    def mark_deleting(self, key: Key, pod: str, now: datetime) -> None:
+        """A pod we asked to delete stays (as terminating) until the watch says it is gone."""
+        cached = self.pod(key, pod)
+        if cached is not None:
+            cached["metadata"].setdefault("deletionTimestamp", contract.format_time(now))

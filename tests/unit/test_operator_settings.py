@@ -1,0 +1,90 @@
+"""The operator's settings (kubetrain.operator.settings), from a command line and an environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubetrain.operator import builders as b
+from kubetrain.operator.settings import (
+    DEFAULTS,
+    ENV_CREATE_PARALLELISM,
+    ENV_LEADER_ID,
+    ENV_METRICS_PORT,
+    ENV_NAMESPACE,
+    ENV_POD_NAMESPACE,
+    ENV_RECONCILE_WORKERS,
+    ENV_TRAINER_IMAGE,
+    LeaderElection,
+    OperatorSettings,
+    parse_settings,
+)
+
+DEPLOYMENT = Path(__file__).resolve().parents[2] / "charts" / "kubetrain" / "templates" / "deployment.yaml"
+VALUES = Path(__file__).resolve().parents[2] / "charts" / "kubetrain" / "values.yaml"
+
+
+def test_nothing_set_gives_the_defaults_and_no_leader_election() -> None:
+    s = parse_settings([], {})
+    assert s == OperatorSettings()
+    assert (s.namespace, s.metrics_port, s.create_parallelism, s.reconcile_workers) == (None, 8080, 32, 16)
+    assert s.builders == b.Settings() and s.leader_election is None
+
+
+def test_the_environment_the_chart_sets_is_read() -> None:
+    env = {ENV_TRAINER_IMAGE: "registry.local/trainer:1", ENV_METRICS_PORT: "0", ENV_CREATE_PARALLELISM: "64",
+           ENV_RECONCILE_WORKERS: "4", ENV_NAMESPACE: "ml"}
+    s = parse_settings([], env)
+    assert s.builders.trainer_image == "registry.local/trainer:1"
+    assert (s.metrics_port, s.create_parallelism, s.reconcile_workers, s.namespace) == (0, 64, 4, "ml")
+
+
+def test_the_chart_sets_the_same_names_with_the_same_defaults() -> None:
+    template = DEPLOYMENT.read_text()
+    for name in (ENV_TRAINER_IMAGE, ENV_METRICS_PORT, ENV_CREATE_PARALLELISM, ENV_RECONCILE_WORKERS,
+                 ENV_POD_NAMESPACE):
+        assert f"- name: {name}\n" in template
+    values = yaml.safe_load(VALUES.read_text())
+    assert values["operator"]["createParallelism"] == DEFAULTS.create_parallelism
+    assert values["operator"]["reconcileWorkers"] == DEFAULTS.reconcile_workers
+    assert values["metrics"]["port"] == DEFAULTS.metrics_port
+    assert "--leader-elect-lease={{ .Values.leaderElection.leaseName }}" in template
+
+
+def test_the_namespace_flag_wins_over_the_environment() -> None:
+    assert parse_settings(["--namespace", "a"], {ENV_NAMESPACE: "b"}).namespace == "a"
+    assert parse_settings([], {ENV_NAMESPACE: ""}).namespace is None
+
+
+def test_leader_election_takes_the_lease_in_the_pods_namespace_by_default() -> None:
+    s = parse_settings(["--leader-elect"], {ENV_POD_NAMESPACE: "ops", ENV_LEADER_ID: "replica-a"})
+    assert s.leader_election == LeaderElection(namespace="ops", lease="kubetrain-operator", identity="replica-a")
+    s = parse_settings(["--leader-elect", "--namespace", "ml"], {})
+    assert s.leader_election is not None and s.leader_election.namespace == "ml"
+    s = parse_settings(["--leader-elect", "--leader-elect-lease", "l", "--leader-elect-namespace", "x"],
+                       {ENV_POD_NAMESPACE: "ops"})
+    assert s.leader_election is not None and (s.leader_election.namespace, s.leader_election.lease) == ("x", "l")
+
+
+def test_each_replica_gets_its_own_identity() -> None:
+    one, two = (parse_settings(["--leader-elect"], {}).leader_election for _ in range(2))
+    assert one is not None and two is not None and one.identity and one.identity != two.identity
+
+
+@pytest.mark.parametrize("env", [{ENV_METRICS_PORT: "eighty"}, {ENV_METRICS_PORT: "70000"},
+                                 {ENV_RECONCILE_WORKERS: "0"}, {ENV_CREATE_PARALLELISM: "-1"}])
+def test_a_bad_value_stops_the_operator_with_a_usage_error(env: dict[str, str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings([], env)
+    assert exc.value.code == 2
+
+
+def test_settings_are_frozen_and_lease_timings_consistent() -> None:
+    with pytest.raises(AttributeError):
+        DEFAULTS.reconcile_workers = 1  # type: ignore[misc]
+    with pytest.raises(ValueError, match="renew_deadline"):
+        LeaderElection(identity="a", duration=5, renew_deadline=10.0)
+    with pytest.raises(ValueError, match="identity"):
+        LeaderElection()

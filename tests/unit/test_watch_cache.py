@@ -1,0 +1,154 @@
+"""The operator's watch cache (kubetrain.operator.watch_cache), and the controller forgetting deleted jobs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+
+from kubetrain.core import contract
+from kubetrain.core.progress import Progress
+from kubetrain.operator.controller import Controller
+from kubetrain.operator.settings import OperatorSettings
+from kubetrain.operator.watch_cache import WatchCache, node_not_ready_since
+
+NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
+NS = "team"
+
+
+def job(name: str, rv: int = 1, generation: int = 0) -> dict[str, Any]:
+    return {"metadata": {"namespace": NS, "name": name, "resourceVersion": str(rv)},
+            "status": {"restartGeneration": generation}}
+
+
+def pod(job_name: str, index: int, rv: int = 1, node: str | None = None, **annotations: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": NS, "name": f"{job_name}-worker-{index}", "resourceVersion": str(rv),
+                         "labels": {contract.LABEL_JOB: job_name, contract.LABEL_GENERATION: "0"},
+                         "annotations": annotations},
+            "spec": {"nodeName": node} if node else {}}
+
+
+def node(name: str, ready: bool, since: str | None = "2026-11-22T11:59:00Z") -> dict[str, Any]:
+    cond = {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": since}
+    return {"metadata": {"name": name}, "status": {"conditions": [cond]}}
+
+
+def test_a_job_keeps_its_newest_copy() -> None:
+    cache = WatchCache()
+    assert cache.job_event("ADDED", job("a", rv=5)) == (NS, "a")
+    cache.job_event("MODIFIED", job("a", rv=4))  # a stale copy (a late response)
+    assert cache.job((NS, "a"))["metadata"]["resourceVersion"] == "5"
+    cache.job_event(None, job("a", rv=7))
+    assert cache.job((NS, "a"))["metadata"]["resourceVersion"] == "7"
+
+
+def test_pods_are_kept_under_their_job_and_only_for_a_known_job() -> None:
+    cache = WatchCache()
+    assert cache.pod_event("ADDED", pod("a", 0)) is None  # no such job: nothing kept
+    assert cache.size() == 0
+    cache.job_event("ADDED", job("a"))
+    assert cache.pod_event("ADDED", pod("a", 0)) == (NS, "a")
+    assert cache.pod_event("ADDED", {"metadata": {"namespace": NS, "name": "x", "labels": {}}}) is None
+    assert [p["metadata"]["name"] for p in cache.pods((NS, "a"))] == ["a-worker-0"]
+
+
+def test_a_deleted_pod_is_not_brought_back_by_an_older_copy() -> None:
+    cache = WatchCache()
+    cache.job_event("ADDED", job("a"))
+    cache.pod_event("ADDED", pod("a", 0, rv=9))
+    cache.pod_event("DELETED", pod("a", 0, rv=10))
+    cache.pod_event("MODIFIED", pod("a", 0, rv=9))  # e.g. the create response, arriving late
+    assert cache.pods((NS, "a")) == []
+    cache.pod_event("ADDED", pod("a", 0, rv=11))  # the next generation's worker 0
+    assert cache.pod((NS, "a"), "a-worker-0")["metadata"]["resourceVersion"] == "11"
+
+
+def test_deleted_jobs_leave_nothing_behind_even_when_their_pods_go_after_them() -> None:
+    cache = WatchCache()
+    for i in range(2000):
+        cache.job_event("ADDED", job(f"j{i}"))
+        for w in range(4):
+            cache.pod_event("ADDED", pod(f"j{i}", w, rv=2))
+    assert cache.size() == 2000 * 5
+    for i in range(2000):
+        cache.pod_event("DELETED", pod(f"j{i}", 0, rv=3))
+        cache.job_event("DELETED", job(f"j{i}"))
+        for w in range(4):  # the garbage collector deletes the pods after their owner
+            cache.pod_event("MODIFIED", pod(f"j{i}", w, rv=4))
+            cache.pod_event("DELETED", pod(f"j{i}", w, rv=5))
+    assert cache.size() == 0 and cache.keys() == []
+
+
+def test_a_node_going_not_ready_requeues_the_jobs_with_a_pod_on_it() -> None:
+    cache = WatchCache()
+    cache.job_event("ADDED", job("a"))
+    cache.job_event("ADDED", job("b"))
+    cache.pod_event("ADDED", pod("a", 0, node="n1"))
+    cache.pod_event("ADDED", pod("b", 0, node="n2"))
+    assert cache.node_event("ADDED", node("n1", ready=True), NOW) == []
+    assert cache.node_event("MODIFIED", node("n1", ready=False), NOW) == [(NS, "a")]
+    assert cache.nodes == {"n1": datetime(2026, 11, 22, 11, 59, tzinfo=UTC)}
+    assert cache.node_event("MODIFIED", node("n1", ready=False), NOW) == []  # no change
+    assert cache.node_event("DELETED", node("n1", ready=False), NOW) == [(NS, "a")]
+    assert cache.nodes == {}  # a gone node is not kept
+
+
+def test_a_not_ready_node_without_a_transition_time_counts_from_now() -> None:
+    assert node_not_ready_since(node("n", ready=False, since=None), NOW) == NOW
+    assert node_not_ready_since(node("n", ready=True), NOW) is None
+    assert node_not_ready_since({"metadata": {"name": "n"}}, NOW) is None
+
+
+def test_a_live_read_replaces_the_pods_and_says_whether_the_cache_lagged() -> None:
+    cache = WatchCache()
+    cache.job_event("ADDED", job("a"))
+    cache.pod_event("ADDED", pod("a", 0, rv=2))
+    assert not cache.replace_pods((NS, "a"), {"a-worker-0": pod("a", 0, rv=2)})
+    assert cache.replace_pods((NS, "a"), {"a-worker-0": pod("a", 0, rv=3), "a-worker-1": pod("a", 1, node="n")})
+    assert len(cache.pods((NS, "a"))) == 2 and cache.nodes_of((NS, "a")) == {"n"}
+    assert not cache.replace_pods((NS, "gone"), {})
+
+
+def test_a_pod_being_deleted_is_kept_as_terminating() -> None:
+    cache = WatchCache()
+    cache.job_event("ADDED", job("a"))
+    cache.pod_event("ADDED", pod("a", 0))
+    cache.mark_deleting((NS, "a"), "a-worker-0", NOW)
+    assert cache.pod((NS, "a"), "a-worker-0")["metadata"]["deletionTimestamp"] == "2026-11-22T12:00:00Z"
+
+
+def test_progress_is_rank_0s_of_the_current_generation() -> None:
+    report = Progress(step=7).model_dump_json()
+    cache = WatchCache()
+    cache.job_event("ADDED", job("a"))
+    assert cache.progress((NS, "a")) is None
+    cache.pod_event("ADDED", pod("a", 0, **{contract.PROGRESS_ANNOTATION: report}))
+    progress = cache.progress((NS, "a"))
+    assert progress is not None and progress.step == 7
+    cache.job_event("MODIFIED", job("a", rv=2, generation=1))  # worker 0 is of generation 0
+    assert cache.progress((NS, "a")) is None
+    cache.job_event("MODIFIED", job("a", rv=3))
+    cache.pod_event("MODIFIED", pod("a", 0, rv=2, **{contract.PROGRESS_ANNOTATION: "{not json"}))
+    assert cache.progress((NS, "a")) is None
+
+
+def test_the_controller_forgets_a_deleted_job_everywhere() -> None:
+    ctl = Controller(client.ApiClient(), OperatorSettings(), clock=lambda: NOW)
+    try:
+        key = (NS, "a")
+        ctl.job_event("ADDED", job("a"))
+        ctl.pod_event("ADDED", pod("a", 0))
+        ctl.queue.add_after(("team", "b"), 30.0)
+        ctl.job_event("ADDED", job("b"))  # queued now: the delay is superseded
+        ctl.queue.set_leading(True)
+        assert ctl.queue.take() == key
+        ctl.first_running.add(key)
+        ctl.job_event("DELETED", job("a"))
+        ctl.pod_event("DELETED", pod("a", 0, rv=2))
+        ctl.queue.done(key, requeue_after=30.0)  # the reconcile that was running when it went
+        assert ctl.cache.job(key) is None and ctl.cache.pods(key) == []
+        assert key not in ctl.queue and key not in ctl.first_running
+        assert ctl.cache.size() == 1  # job b alone
+    finally:
+        ctl.applier.close()
