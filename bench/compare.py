@@ -31,29 +31,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import compare_lib as cl
 import yaml
-from kubernetes import client, dynamic
+from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support import helm_tool  # bench/support: a link to tests/support
+from support.cluster import cache_dir, cluster_running, kubeconfig_path, new_admin_client, pinned_kubernetes_version
+from support.helm_rbac import RBAC_KINDS
+from support.identities import token_for, token_kubeconfig
+from support.jobs import TrainingJobs
+from support.kubectl import kubectl
+from support.kwok import fail_pod
+from support.paths import HACK_DIR as HACK
+from support.paths import REPO_ROOT as REPO
+from support.ports import free_port
+from support.processes import stop_process
+from support.resources import apply, apply_crds, wait_default_service_account, wait_established
+from support.waiting import wait_for
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "integration"))
-sys.path.insert(0, str(REPO / "bench"))
+from kubetrain.core import api
 
-import compare_lib as cl  # noqa: E402
-from k8s_cluster import (  # noqa: E402
-    cache_dir,
-    cluster_running,
-    fail_pod,
-    free_port,
-    kubeconfig_path,
-    new_admin_client,
-    pinned_kubernetes_version,
-    wait_for,
-)
-
-from kubetrain.core import api  # noqa: E402
-
-HACK = REPO / "hack"
+FIELD_MANAGER = "kubetrain-bench"
 KUBETRAIN_NS = "kubetrain-system"
 KUBETRAIN_SA = "kubetrain"
 KUBEFLOW_NS = "kubeflow"  # manifests/overlays/standalone
@@ -113,57 +111,28 @@ def audit_log() -> Path:
     return Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "logs" / "audit.log"
 
 
-def _kubectl() -> str:
-    out = subprocess.run(["bash", "-c", f"source {HACK}/lib.sh && bin_path kubectl"], capture_output=True,
-                         text=True, check=True).stdout.strip()
-    return out
-
-
-def apply(admin: client.ApiClient, body: dict[str, Any]) -> None:
-    """Server-side apply as the admin (field manager kubetrain-bench)."""
-    res = dynamic.DynamicClient(admin).resources.get(api_version=body["apiVersion"], kind=body["kind"])
-    res.server_side_apply(body=body, name=body["metadata"]["name"], namespace=body["metadata"].get("namespace"),
-                          field_manager="kubetrain-bench", force_conflicts=True)
-
-
 def ensure_namespace(core: client.CoreV1Api, name: str) -> None:
     with contextlib.suppress(ApiException):
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
-    # Pods need the namespace's default ServiceAccount (kube-controller-manager creates it).
-    wait_for(lambda: core.read_namespaced_service_account("default", name), 60, ignore=(ApiException,),
-             what=f"ServiceAccount {name}/default")
+    wait_default_service_account(core, name, timeout=60)
 
 
-def wait_established(admin: client.ApiClient, names: list[str]) -> None:
-    ext = client.ApiextensionsV1Api(admin)
-    for name in names:
-        wait_for(lambda n=name: any(c.type == "Established" and c.status == "True"
-                                    for c in ext.read_custom_resource_definition(n).status.conditions or []),
-                 60, what=f"CRD {name} Established")
-
-
-def token_kubeconfig(admin: client.ApiClient, namespace: str, sa: str, path: Path) -> Path:
-    from helm_tool import token_kubeconfig as write  # tests/integration/helm_tool.py
-
-    req = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=6 * 3600))
-    token = client.CoreV1Api(admin).create_namespaced_service_account_token(sa, namespace, req).status.token
-    return write(kubeconfig_path(), token, path)
+def sa_kubeconfig(admin: client.ApiClient, namespace: str, sa: str, path: Path) -> Path:
+    """A kubeconfig with a TokenRequest token of the ServiceAccount that outlasts a full run (6 hours)."""
+    return token_kubeconfig(kubeconfig_path(), token_for(admin, namespace, sa, 6 * 3600), path)
 
 
 def install_kubetrain(admin: client.ApiClient, core: client.CoreV1Api) -> Path:
     """The chart's CRD and RBAC (helm template, default values), and a token for its ServiceAccount."""
-    import helm_tool
-
     ensure_namespace(core, KUBETRAIN_NS)
     docs = helm_tool.render(set_values={"fullnameOverride": KUBETRAIN_SA}, namespace=KUBETRAIN_NS)
-    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
-    for d in crds + [d for d in docs if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                                                      "Role", "RoleBinding")]:
-        apply(admin, d)
+    apply_crds(admin, docs, FIELD_MANAGER, timeout=60)
+    for d in docs:
+        if d["kind"] in RBAC_KINDS:
+            apply(admin, d, FIELD_MANAGER)
     sa = helm_tool.find(docs, "ServiceAccount")["metadata"]["name"]
     assert sa == KUBETRAIN_SA, sa
-    wait_established(admin, [d["metadata"]["name"] for d in crds])
-    return token_kubeconfig(admin, KUBETRAIN_NS, sa, Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "kubetrain.kubeconfig")
+    return sa_kubeconfig(admin, KUBETRAIN_NS, sa, Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "kubetrain.kubeconfig")
 
 
 def kubeflow_binary() -> tuple[Path, Path, str]:
@@ -181,11 +150,9 @@ def install_kubeflow(admin: client.ApiClient, core: client.CoreV1Api, moddir: Pa
     and the (empty) webhook-cert Secret that the operator fills in."""
     ensure_namespace(core, KUBEFLOW_NS)
     crd_files = sorted((moddir / "manifests" / "base" / "crds").glob("kubeflow.org_*.yaml"))
-    kubectl = _kubectl()
     for f in crd_files:  # kubectl: one request per CRD, these are large
-        subprocess.run([kubectl, "--kubeconfig", str(kubeconfig_path()), "apply", "--server-side",
-                        "--force-conflicts", "--field-manager=kubetrain-bench", "-f", str(f)],
-                       check=True, stdout=subprocess.DEVNULL)
+        kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", str(f),
+                timeout=300)
     for f in sorted((moddir / "manifests" / "base" / "rbac").glob("*.yaml")):
         for doc in yaml.safe_load_all(f.read_text()):
             if not doc:
@@ -194,12 +161,12 @@ def install_kubeflow(admin: client.ApiClient, core: client.CoreV1Api, moddir: Pa
                 doc["metadata"]["namespace"] = KUBEFLOW_NS
             for s in doc.get("subjects") or []:
                 s.setdefault("namespace", KUBEFLOW_NS)
-            apply(admin, doc)
+            apply(admin, doc, FIELD_MANAGER)
     with contextlib.suppress(ApiException):
         core.create_namespaced_secret(KUBEFLOW_NS, client.V1Secret(
             metadata=client.V1ObjectMeta(name="training-operator-webhook-cert")))
-    wait_established(admin, [yaml.safe_load(f.read_text())["metadata"]["name"] for f in crd_files])
-    return token_kubeconfig(admin, KUBEFLOW_NS, KUBEFLOW_SA, Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "kubeflow.kubeconfig")
+    wait_established(admin, [yaml.safe_load(f.read_text())["metadata"]["name"] for f in crd_files], timeout=60)
+    return sa_kubeconfig(admin, KUBEFLOW_NS, KUBEFLOW_SA, Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "kubeflow.kubeconfig")
 
 
 # --------------------------------------------------------------------------- pod watch
@@ -364,7 +331,7 @@ class Operator:
         self.metrics_url = f"http://127.0.0.1:{mport}/metrics"
         if self.key == cl.KUBETRAIN:
             # The chart's Deployment: --liveness, KUBETRAIN_METRICS_PORT, KUBETRAIN_TRAINER_IMAGE,
-            # KUBETRAIN_CREATE_PARALLELISM (default 32); standalone (1 replica, no peering).
+            # KUBETRAIN_CREATE_PARALLELISM (default 32); standalone (1 replica, no leader election).
             cmd = [sys.executable, "-m", "kubetrain.operator", "--liveness", f"http://127.0.0.1:{hport}/healthz"]
             env.update(KUBETRAIN_METRICS_PORT=str(mport), KUBETRAIN_TRAINER_IMAGE=cl.TRAINER_IMAGE,
                        KUBETRAIN_CREATE_PARALLELISM="32", POD_NAMESPACE=KUBETRAIN_NS)
@@ -431,13 +398,7 @@ class Operator:
         return total, cl.metric_sum(text, "controller_runtime_reconcile_errors_total")
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, 20)
 
 
 # --------------------------------------------------------------------------- one run
@@ -623,9 +584,7 @@ def recover(core: client.CoreV1Api, watch: PodWatch, op: Operator, sc: cl.Scenar
         res.recovery_s = t_rec - t_failed
         res.recovery_from_injection_s = t_rec - t_inject
     if op.key == cl.KUBETRAIN:
-        job = client.CustomObjectsApi(core.api_client).get_namespaced_custom_object(
-            api.GROUP, api.VERSION, ns, api.PLURAL, cl.job_name(sc, 0))
-        res.restarts = (job.get("status") or {}).get("restartCount")
+        res.restarts = TrainingJobs(core.api_client, ns).status(cl.job_name(sc, 0)).get("restartCount")
     else:
         res.restarts = len(before & watch.deleted)
     kwok_log = Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "logs" / "kwok.log"

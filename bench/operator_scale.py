@@ -18,14 +18,14 @@ import uuid
 from pathlib import Path
 
 from kubernetes import client, config
+from support.cluster import cluster_running, cluster_up, kubeconfig_path  # bench/support: a link to tests/support
+from support.kubectl import kubectl
+from support.kwok import kwok_job
+from support.operator_process import OperatorProcess
+from support.resources import wait_default_service_account
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "integration"))
-
-from k8s_cluster import cluster_running, cluster_up, free_port, kubeconfig_path, kwok_job  # noqa: E402
-
-from kubetrain.core import api  # noqa: E402
-from kubetrain.operator import builders as b  # noqa: E402
+from kubetrain.core import api
+from kubetrain.operator import builders as b
 
 
 def main() -> int:
@@ -39,20 +39,14 @@ def main() -> int:
     config.load_kube_config(str(kubeconfig_path()))
     core, custom = client.CoreV1Api(), client.CustomObjectsApi()
     subprocess.run([sys.executable, "-m", "kubetrain.core", "crd", "-o", "/tmp/kubetrain-crd.yaml"], check=True)
-    kubectl = next((Path.home() / ".cache/kubetrain/bin").glob("kubectl-*/kubectl"))
-    subprocess.run([str(kubectl), "apply", "--server-side", "--force-conflicts", "-f", "/tmp/kubetrain-crd.yaml"],
-                   check=True, capture_output=True)
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "/tmp/kubetrain-crd.yaml")
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    while True:
-        try:
-            core.read_namespaced_service_account("default", ns)
-            break
-        except client.ApiException:
-            time.sleep(0.2)
-    log = open("/tmp/kubetrain-bench-operator.log", "wb")  # noqa: SIM115
-    op = subprocess.Popen([sys.executable, "-m", "kubetrain.operator", "--liveness", f"http://127.0.0.1:{free_port()}/healthz"],
-                          env={**os.environ, "KUBETRAIN_METRICS_PORT": "0"}, stdout=log, stderr=subprocess.STDOUT)
+    wait_default_service_account(core, ns, timeout=60)
+    log = Path("/tmp/kubetrain-bench-operator.log")
+    log.unlink(missing_ok=True)  # this run's log only
+    op = OperatorProcess(kubeconfig_path(), log)
+    op.start()
     try:
         time.sleep(3)  # let the operator list and watch
         body = kwok_job("scale", {"workers": args.workers})
@@ -74,8 +68,7 @@ def main() -> int:
               if created and running else f"timed out: created={created} running={running}")
         return 0 if running else 1
     finally:
-        op.terminate()
-        op.wait(15)
+        op.stop()
         core.delete_namespace(ns)
 
 

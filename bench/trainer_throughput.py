@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/trainer_throughput.py [--repeats 3] [--steps 20] [--strategies ddp,fsdp]
 
-Both run as N gloo processes on CPU with OMP_NUM_THREADS=1 (tests/e2e/trainer_harness.py).
+Both run as N gloo processes on CPU with OMP_NUM_THREADS=1 (tests/support/trainer_harness.py).
 Tokens/s come from the median wall-clock time between consecutive step ends after the
 first 3 steps (medians resist the noise of a shared machine), checkpoints off (the
 trainer's only checkpoint is the final one, after the last measured step). The
@@ -24,10 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
+from support.trainer_harness import Gang, read_records, tiny_spec  # bench/support: a link to tests/support
 
-from trainer_harness import Gang, read_records, tiny_spec  # noqa: E402
+BASELINE = Path(__file__).resolve().with_name("trainer_baseline_loop.py")
 
 WARMUP = 3
 
@@ -57,7 +56,7 @@ def trainer_tps(out: Path, spec: dict[str, Any], nproc: int) -> tuple[float, flo
 
 
 def baseline_tps(out: Path, spec: dict[str, Any], nproc: int) -> tuple[float, float]:
-    cmd = [sys.executable, str(REPO / "bench" / "trainer_baseline_loop.py")]
+    cmd = [sys.executable, str(BASELINE)]
     run = Gang(out, spec, nproc, timeout=600, command=cmd, env={"BENCH_WARMUP_STEPS": str(WARMUP)}).wait()
     assert all(c == 0 for c in run.exit_codes), run.log(0)[-2000:]
     line = [ln for ln in run.log(0).splitlines() if ln.startswith("{")][-1]

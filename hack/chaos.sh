@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Inject failures into the kwok-simulated cluster (test helpers; the Python twins
-# live in tests/integration/k8s_cluster.py).
+# live in tests/support/kwok.py).
 #
 #   hack/chaos.sh fail-pod NAMESPACE POD [EXIT_CODE [REASON]]  # Running pod -> Failed with EXIT_CODE (default 1)
 #   hack/chaos.sh succeed-pod NAMESPACE POD                    # Running pod -> Succeeded (exit 0)

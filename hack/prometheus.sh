@@ -6,7 +6,7 @@
 #                                               (default 19090); prints the pid once /-/ready answers
 #   hack/prometheus.sh stop DIR                 stop the server started with that DIR
 #
-# The pytest fixture in tests/integration/prom_server.py calls these. The package's
+# The pytest fixture in tests/support/prom_server.py calls these. The package's
 # own service (systemd unit / init script) is never started: policy-rc.d denies it.
 set -euo pipefail
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from trainer_harness import free_port, run_cli
+from support.ports import free_port
+from support.trainer_harness import run_cli
 
 from kubetrain.core import contract, launcher
 from kubetrain.core.api import TrainingJob

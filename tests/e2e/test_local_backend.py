@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trainer_harness import run_cli
+from support.trainer_harness import run_cli
 
 pytestmark = pytest.mark.e2e
 HERE = Path(__file__).parent

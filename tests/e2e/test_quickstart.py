@@ -7,24 +7,19 @@ same loss (issue #2, acceptance 1 and 2).
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.paths import QUICKSTART
+from support.trainer_harness import run_cli
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[2]
-QUICKSTART = REPO / "examples" / "quickstart.yaml"
 
 
 def run(tmp: Path, name: str, *extra: str) -> tuple[dict, str]:
     out = tmp / name
-    r = subprocess.run(
-        [sys.executable, "-m", "kubetrain.core", "run", str(QUICKSTART), "--output-dir", str(out),
-         "--summary-json", str(tmp / f"{name}.json"), *extra],
-        capture_output=True, text=True, timeout=900,
-    )
+    r = run_cli(["run", str(QUICKSTART), "--output-dir", str(out), "--summary-json", str(tmp / f"{name}.json"), *extra],
+                timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads((tmp / f"{name}.json").read_text()), r.stderr
 

@@ -9,13 +9,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from trainer_harness import REPO, Gang, Run, free_port, read_records, tiny_spec
+from support.ports import free_port
+from support.trainer_harness import Gang, Run, pythonpath, read_records, tiny_spec
+from support.waiting import wait_for
 
 from kubetrain.core.progress import COMMIT_MARKER, complete_checkpoints
 
@@ -31,13 +32,6 @@ SIGTERM_SPEC = tiny_spec(
 )
 
 
-def _wait_for(predicate: Any, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def _scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         return resp.read().decode()
@@ -49,7 +43,7 @@ def sigterm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("sigterm")
     port = free_port()
     gang = Gang(out, SIGTERM_SPEC, env={"KUBETRAIN_METRICS_PORT": str(port)})
-    _wait_for(lambda: len(read_records(out)) >= 3)
+    wait_for(lambda: len(read_records(out)) >= 3, 180, interval=0.05, what="3 steps logged")
     metrics = _scrape(port)
     gang.procs[1].send_signal(signal.SIGTERM)
     gen0 = gang.wait()
@@ -131,8 +125,7 @@ def test_fp16_dynamic_loss_scaling(fp16_runs: dict[str, Run], name: str) -> None
 
 def _trainer(env: dict[str, str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PET_NPROC_PER_NODE")}
-    src = os.pathsep.join([str(REPO / "trainer-image" / "src"), str(REPO / "core" / "src")])
-    full = {**base, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "KUBETRAIN_DEVICE": "cpu", **env}
+    full = {**base, "PYTHONPATH": pythonpath(), "OMP_NUM_THREADS": "1", "KUBETRAIN_DEVICE": "cpu", **env}
     return subprocess.run(
         [sys.executable, "-m", "kubetrain.trainer"],
         env=full,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainer_harness import Gang, Run, rel_diff, tiny_spec
+from support.trainer_harness import Gang, Run, rel_diff, tiny_spec
 
 from kubetrain.core.progress import complete_checkpoints
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,30 +20,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from k8s_cluster import (  # noqa: E402 - after the sys.path line above
-    KWOK_NAMESPACE_ANNOTATIONS,
-    REPO_ROOT,
-    Identity,
-    cluster_down,
-    cluster_running,
-    cluster_up,
-    kubeconfig_path,
-    new_admin_client,
-    service_account_identity,
-    wait_for,
-)
-from kubernetes import client, dynamic  # noqa: E402
-from kubernetes.client.rest import ApiException  # noqa: E402
+from kubernetes import client
+from support import helm_tool, real_pods
+from support.cluster import cache_dir, cluster_down, cluster_running, cluster_up, kubeconfig_path, new_admin_client
+from support.identities import Identity, service_account_identity
+from support.kwok import KWOK_NAMESPACE_ANNOTATIONS
+from support.paths import CRD_FILE
+from support.resources import apply_crds, not_found_ok, wait_default_service_account
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: needs the real control plane from hack/ (make cluster-up)")
-
-
-CRD_FILE = REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml"
 
 
 @dataclass(frozen=True)
@@ -54,10 +40,7 @@ class KubeCluster:
 
 
 def _binaries_buildable() -> bool:
-    return (
-        shutil.which("go") is not None
-        or (Path(os.environ.get("KUBETRAIN_CACHE", "~/.cache/kubetrain")).expanduser() / "bin").is_dir()
-    )
+    return shutil.which("go") is not None or (cache_dir() / "bin").is_dir()
 
 
 @pytest.fixture(scope="session")
@@ -96,28 +79,13 @@ def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
 @pytest.fixture(scope="session")
 def helm_ok() -> None:
     """helm from hack/helm (built on first use); skips where it cannot be had (no Go)."""
-    import helm_tool
-
-    try:
-        helm_tool.helm_binary()
-    except helm_tool.HelmUnavailable as exc:
-        pytest.skip(str(exc))
+    helm_tool.require_helm()
 
 
 @pytest.fixture(scope="session")
 def crd(admin_api: client.ApiClient) -> None:
     """The TrainingJob CRD from crds/, applied server-side and Established."""
-    body = yaml.safe_load(CRD_FILE.read_text())
-    dyn = dynamic.DynamicClient(admin_api)
-    crds = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
-    crds.server_side_apply(body=body, name=body["metadata"]["name"], field_manager="kubetrain-tests",
-                           force_conflicts=True)
-
-    def established() -> bool:
-        conds = crds.get(name=body["metadata"]["name"]).status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conds)
-
-    wait_for(established, 30, what="CRD Established")
+    apply_crds(admin_api, [yaml.safe_load(CRD_FILE.read_text())])
 
 
 @pytest.fixture(scope="session")
@@ -135,30 +103,26 @@ def _namespace_name(test_name: str) -> str:
     return f"{base or 'test'}-{uuid.uuid4().hex[:6]}"
 
 
-@pytest.fixture
-def namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api) -> Iterator[str]:
-    """A fresh namespace (with its default ServiceAccount in place), deleted after the test.
-
-    Its pods go to the kwok nodes (KWOK_NAMESPACE_ANNOTATIONS); ``real_namespace`` is for real pods.
-    """
-    name = _namespace_name(request.node.name)
-    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"kubetrain.io/test": "true"}, annotations=KWOK_NAMESPACE_ANNOTATIONS)))
-    # Pods are refused until the ServiceAccount controller has created "default".
-    wait_for(
-        lambda: core_v1.read_namespaced_service_account("default", name),
-        30,
-        what=f"ServiceAccount {name}/default",
-        ignore=(ApiException,),
-    )
+def _fresh_namespace(core: client.CoreV1Api, test_name: str, annotations: dict[str, str] | None) -> Iterator[str]:
+    """A new namespace named after the test, ready for pods (its default ServiceAccount exists); deleted after."""
+    name = _namespace_name(test_name)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+        name=name, labels={"kubetrain.io/test": "true"}, annotations=annotations)))
+    wait_default_service_account(core, name)
     try:
         yield name
     finally:
-        try:
-            core_v1.delete_namespace(name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        with not_found_ok():
+            core.delete_namespace(name)
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace, deleted after the test.
+
+    Its pods go to the kwok nodes (KWOK_NAMESPACE_ANNOTATIONS); ``real_namespace`` is for real pods.
+    """
+    yield from _fresh_namespace(core_v1, request.node.name, KWOK_NAMESPACE_ANNOTATIONS)
 
 
 ServiceAccountFactory = Callable[..., Identity]
@@ -192,8 +156,6 @@ def real_node(core_v1: client.CoreV1Api) -> None:
 
     Skips where this machine cannot run the node (not root, no containerd...), never under CI=true.
     """
-    import real_pods
-
     why = real_pods.real_node_missing(core_v1)
     if why:
         if os.environ.get("CI") == "true":
@@ -205,12 +167,4 @@ def real_node(core_v1: client.CoreV1Api) -> None:
 @pytest.fixture
 def real_namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api, real_node: None) -> Iterator[str]:
     """A fresh namespace whose pods run on the real node; deleted after the test."""
-    name = _namespace_name(request.node.name)
-    core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
-        name=name, labels={"kubetrain.io/test": "true"})))
-    wait_for(lambda: core_v1.read_namespaced_service_account("default", name), 30,
-             what=f"ServiceAccount {name}/default", ignore=(ApiException,))
-    try:
-        yield name
-    finally:
-        core_v1.delete_namespace(name)
+    yield from _fresh_namespace(core_v1, request.node.name, None)

@@ -6,22 +6,14 @@ import uuid
 from typing import Any
 
 import pytest
-from k8s_cluster import (
-    FAKE_NODE_SELECTOR,
-    container_exit_codes,
-    fail_pod,
-    fake_node_manifest,
-    impersonating_client,
-    node_ready,
-    pinned_kubernetes_version,
-    set_node_ready,
-    succeed_pod,
-    wait_for,
-    wait_gone,
-    wait_pod_phase,
-)
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.cluster import pinned_kubernetes_version
+from support.identities import impersonating_client
+from support.kwok import FAKE_NODE_SELECTOR, fail_pod, fake_node_manifest, node_ready, set_node_ready, succeed_pod
+from support.pods import container_exit_codes, wait_pod_phase
+from support.resources import wait_gone
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 

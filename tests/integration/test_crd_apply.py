@@ -8,15 +8,13 @@ from typing import Any
 
 import pytest
 import yaml
-from k8s_cluster import REPO_ROOT, wait_for
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
+from support.paths import CRD_FILE, QUICKSTART, REPO_ROOT
+from support.resources import FIELD_MANAGER, apply, wait_established
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
-
-CRD_FILE = REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml"
-EXAMPLE_FILE = REPO_ROOT / "examples" / "quickstart.yaml"
-FIELD_MANAGER = "kubetrain-tests"
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -29,18 +27,9 @@ def load(path: Path) -> dict[str, Any]:
 def trainingjobs(admin_api: client.ApiClient) -> Any:
     """Server-side apply the CRD, wait until it is Established, return the TrainingJob resource."""
     crd = load(CRD_FILE)
-    dyn = dynamic.DynamicClient(admin_api)
-    crds = dyn.resources.get(api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition")
-    applied = crds.server_side_apply(
-        body=crd, name=crd["metadata"]["name"], field_manager=FIELD_MANAGER, force_conflicts=True
-    )
+    applied = apply(admin_api, crd, FIELD_MANAGER)
     assert applied.metadata.managedFields, "server-side apply records managed fields"
-
-    def established() -> bool:
-        conditions = crds.get(name=crd["metadata"]["name"]).status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conditions)
-
-    wait_for(established, 30, what="CRD Established")
+    wait_established(admin_api, [crd["metadata"]["name"]])
     # Discovery may lag the Established condition a little.
     dyn = dynamic.DynamicClient(admin_api)
     return wait_for(
@@ -52,7 +41,7 @@ def trainingjobs(admin_api: client.ApiClient) -> Any:
 
 
 def example_job(name: str) -> dict[str, Any]:
-    job = copy.deepcopy(load(EXAMPLE_FILE))
+    job = copy.deepcopy(load(QUICKSTART))
     job["metadata"] = {"name": name}
     return job
 

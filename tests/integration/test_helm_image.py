@@ -1,5 +1,5 @@
 """The images `make images` builds (hack/images.sh: buildah on local Debian bases, loaded into the
-real node's containerd; see helm_image.py). The operator image runs as uid 65532 without torch, and
+real node's containerd; see tests/support/helm_image.py). The operator image runs as uid 65532 without torch, and
 the operator inside it runs a TrainingJob to Running on the test cluster under the chart's own RBAC
 identity. The trainer image runs as uid 1000 in /workspace with torch, DeepSpeed and the trainer,
 ships the example data, and trains the quickstart (one worker, a few steps) as a pod would start it.
@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import helm_image as hi
-import helm_tool as ht
 import pytest
 import yaml
-from helm_rbac import ChartIdentity, assert_no_forbidden, run_job_to_running
-from k8s_cluster import free_port
 from kubernetes import client
+from support import helm_image as hi
+from support import helm_tool as ht
+from support.helm_rbac import ChartIdentity, assert_no_forbidden, run_job_to_running
+from support.operator_process import OperatorProcess
+from support.paths import QUICKSTART, REPO_ROOT
+from support.ports import free_port
 
 from kubetrain.core import contract
 
@@ -52,7 +52,7 @@ def test_image_metadata_and_user(image: str) -> None:
 
 def test_trainer_image_has_torch_deepspeed_and_the_example_data(trainer_image: str) -> None:
     assert hi.inspect(trainer_image, "{{.OCIv1.Config.User}}") == "1000:1000"
-    torch_pin = next(line.split("==")[1] for line in (hi.REPO_ROOT / "requirements-dev.txt").read_text().splitlines()
+    torch_pin = next(line.split("==")[1] for line in (REPO_ROOT / "requirements-dev.txt").read_text().splitlines()
                      if line.startswith("torch=="))
     proc = hi.node_run(trainer_image, "sh", "-c", "id -u; pwd; test -r data/licenses.txt && echo data-readable; "
                                                   "python -c 'import torch, deepspeed, kubetrain.trainer.loop; "
@@ -64,7 +64,7 @@ def test_trainer_image_has_torch_deepspeed_and_the_example_data(trainer_image: s
 
 def test_trainer_image_trains_the_quickstart(trainer_image: str, tmp_path: Path) -> None:
     """examples/quickstart.yaml as is (data.path `data`, relative to /workspace), cut to 1 worker, 4 steps."""
-    spec = yaml.safe_load((hi.REPO_ROOT / "examples/quickstart.yaml").read_text())["spec"]
+    spec = yaml.safe_load(QUICKSTART.read_text())["spec"]
     spec.update(workers=1, maxSteps=4)
     (tmp_path / "config.json").write_text(json.dumps(spec))
     tmp_path.chmod(0o755)
@@ -84,40 +84,10 @@ def test_trainer_image_trains_the_quickstart(trainer_image: str, tmp_path: Path)
     assert "checkpoint step 4 committed" in out
 
 
-class _Proc:
-    """The operator inside the image, as `buildah run` in its own process group; log kept."""
-
-    def __init__(self, cmd: list[str], log: Path):
-        self.cmd, self.log_path = cmd, log
-
-    def __enter__(self) -> _Proc:
-        with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-
 def test_operator_image_runs_a_job_under_the_chart_identity(
     image: str, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
-    try:
-        ht.helm_binary()
-    except ht.HelmUnavailable as exc:
-        pytest.skip(str(exc))
+    ht.require_helm()
     with ChartIdentity(admin_api, namespace, tmp_path, **{"rbac.scope": "namespaced"}) as ident:
         os.chown(ident.kubeconfig, 65532, 65532)  # readable by the image's user only
         with hi.Container(image) as ctr:
@@ -125,7 +95,9 @@ def test_operator_image_runs_a_job_under_the_chart_identity(
                               f"--liveness=http://127.0.0.1:{free_port()}/healthz",
                               env={"KUBECONFIG": "/etc/kubetrain/kubeconfig", "KUBETRAIN_METRICS_PORT": "0"},
                               volumes={ident.kubeconfig: "/etc/kubetrain/kubeconfig"})
-            with _Proc(cmd, tmp_path / "operator.log") as op:
-                status = run_job_to_running(admin_api, namespace, op, "image")  # type: ignore[arg-type]
+            # `buildah run` in a process group of its own: stopping it stops the operator inside.
+            with OperatorProcess(ident.kubeconfig, tmp_path / "operator.log", command=cmd, own_session=True,
+                                 grace=20) as op:
+                status = run_job_to_running(admin_api, namespace, op, "image")
                 assert status["workersSummary"] == "2/2"
-            assert_no_forbidden(op)  # type: ignore[arg-type]
+            assert_no_forbidden(op)

@@ -7,25 +7,18 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import helm_tool as ht
 import pytest
-from k8s_cluster import kubeconfig_path, wait_for
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from support import helm_tool as ht
+from support.cluster import kubeconfig_path
+from support.resources import wait_gone
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 
 def _helm(*args: str) -> str:
     return ht.helm(*args, "--kubeconfig", str(kubeconfig_path())).stdout
-
-
-def _gone(read: Any) -> bool:
-    try:
-        read()
-    except ApiException as exc:
-        return exc.status == 404
-    return False
 
 
 @pytest.mark.parametrize("values", [{}, {"operator.replicas": 2, "rbac.scope": "namespaced"}],
@@ -72,7 +65,7 @@ def test_helm_install_creates_crd_rbac_deployment(
         assert "STATUS: deployed" in status
     finally:
         _helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "60s")
-    wait_for(lambda: _gone(lambda: client.RbacAuthorizationV1Api(admin_api).read_cluster_role(f"{release}-kubetrain")),
-             30, what="ClusterRole removed by helm uninstall")
+    wait_gone(lambda: client.RbacAuthorizationV1Api(admin_api).read_cluster_role(f"{release}-kubetrain"),
+              30, what="ClusterRole removed by helm uninstall")
     # CRDs from crds/ are never deleted by helm (and jobs of other releases keep working).
     client.ApiextensionsV1Api(admin_api).read_custom_resource_definition("trainingjobs.kubetrain.io")

@@ -10,9 +10,11 @@ import re
 import subprocess
 from typing import Any
 
-import helm_tool as ht
 import pytest
-from k8s_cluster import REPO_ROOT, kubeconfig_path
+from support import helm_tool as ht
+from support.cluster import kubeconfig_path
+from support.kubectl import kubectl_binary
+from support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 DOC = REPO_ROOT / "docs" / "install.md"
@@ -43,16 +45,13 @@ def _cleanup(env: dict[str, str]) -> None:
 
 
 def test_install_steps_run_verbatim(kube_cluster: Any, real_node: None) -> None:
-    try:
-        helm_dir = ht.helm_binary().parent
-    except ht.HelmUnavailable as exc:
-        pytest.skip(str(exc))
+    helm_dir = ht.require_helm().parent
     cli = subprocess.run([str(REPO_ROOT / ".venv" / "bin" / "kubetrain"), "--help"], capture_output=True, text=True)
     if "status" not in cli.stdout:
         pytest.skip("`kubetrain status` is not registered yet: core/src/kubetrain/core/cli.py must call "
                     "kubetrain.core.kube_cli.register(sub)")
     env = {**os.environ, "KUBECONFIG": str(kubeconfig_path())}
-    env["PATH"] = f"{helm_dir}:{os.path.expanduser('~/.cache/kubetrain/bin/kubectl-v1.36.3')}:{env['PATH']}"
+    env["PATH"] = f"{helm_dir}:{kubectl_binary().parent}:{env['PATH']}"
     _cleanup(env)
     # Each documented line runs as written; `set -x` shows which one failed; background jobs die on exit.
     script = "set -euo pipefail -x\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + "\n".join(documented_steps())

@@ -14,28 +14,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import helm_tool as ht
 import pytest
 import yaml
-from k8s_cluster import REPO_ROOT, kubeconfig_path, kwok_job, pinned_kubernetes_version, succeed_pod, wait_for
 from kubernetes import client
+from support.cluster import kubeconfig_path
+from support.kubectl import kubectl, kubectl_binary
+from support.kwok import kwok_job, succeed_pod
+from support.operator_process import OperatorProcess
+from support.paths import CRD_FILE as CRD
+from support.waiting import wait_for
 
 from kubetrain.core import kube_cli
 
 pytestmark = pytest.mark.integration
-CRD = REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml"
-
-
-def kubectl_path() -> Path:
-    return Path("~/.cache/kubetrain/bin").expanduser() / f"kubectl-{pinned_kubernetes_version()}" / "kubectl"
-
-
-def kubectl(*args: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(kubectl_path()), "--kubeconfig", str(kubeconfig_path()), *args],
-                          capture_output=True, text=True, timeout=timeout)
-    if check:
-        assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
-    return proc
 
 
 def kubetrain(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -50,10 +41,10 @@ def kubetrain(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str,
 
 
 @pytest.fixture()
-def operator(kube_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[ht.OperatorProcess]:
+def operator(kube_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
     kubectl("wait", "--for=condition=Established", "crd/trainingjobs.kubetrain.io", "--timeout=30s")
-    with ht.OperatorProcess(kubeconfig_path(), tmp_path / "operator.log", f"--namespace={namespace}") as op:
+    with OperatorProcess(kubeconfig_path(), tmp_path / "operator.log", f"--namespace={namespace}") as op:
         yield op
 
 
@@ -69,7 +60,7 @@ def test_kubectl_explain_shows_field_docs(kube_cluster: Any) -> None:
 
 
 def test_cli_and_kubectl_follow_a_job_to_succeeded(
-    operator: ht.OperatorProcess, admin_api: client.ApiClient, namespace: str, tmp_path: Path,
+    operator: OperatorProcess, admin_api: client.ApiClient, namespace: str, tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     manifest = tmp_path / "job.yaml"
@@ -102,7 +93,7 @@ def test_cli_and_kubectl_follow_a_job_to_succeeded(
     assert rc == 1 and "not found" in err
 
     # kubectl wait blocks until the operator sets Succeeded; kwok finishes the workers meanwhile.
-    waiter = subprocess.Popen([str(kubectl_path()), "--kubeconfig", str(kubeconfig_path()), "wait",
+    waiter = subprocess.Popen([str(kubectl_binary()), "--kubeconfig", str(kubeconfig_path()), "wait",
                                "--for=condition=Succeeded", "tj/ergo", "-n", namespace, "--timeout=90s"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -7,19 +7,20 @@ operator itself, and check what the operator does about it.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_cluster import fail_pod, free_port, kwok_job, set_node_ready, succeed_pod, wait_for, wait_gone
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.cluster import kubeconfig_path
+from support.jobs import TrainingJobs
+from support.kubectl import kubectl, kubectl_binary
+from support.kwok import fail_pod, kwok_job, set_node_ready, succeed_pod
+from support.operator_process import OperatorProcess
+from support.resources import wait_gone
+from support.waiting import wait_for
 
 from kubetrain.core import api
 from kubetrain.operator import builders as b
@@ -27,76 +28,19 @@ from kubetrain.operator import builders as b
 pytestmark = pytest.mark.integration
 
 
-class OperatorProcess:
-    """`python -m kubetrain.operator` as a child process; its log is kept for failures."""
-
-    def __init__(self, log: Path):
-        self.log_path = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "KUBETRAIN_METRICS_PORT": "0", "KUBETRAIN_TRAINER_IMAGE": "kubetrain/trainer:test"}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kubetrain.operator", "--liveness", f"http://127.0.0.1:{free_port()}/healthz"],
-                env=env, stdout=log, stderr=subprocess.STDOUT,
-            )
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def tail(self) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
-
-
 @pytest.fixture(scope="module")
 def operator(crd: None, kube_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(tmp_path_factory.mktemp("operator") / "operator.log")
-    op.start()
-    yield op
-    op.stop()
+    with OperatorProcess(kubeconfig_path(), tmp_path_factory.mktemp("operator") / "operator.log") as op:
+        yield op
 
 
-class Jobs:
-    """Small helpers around one test namespace."""
+class Jobs(TrainingJobs):
+    """kwok jobs of one test namespace, run by the module's operator."""
 
-    def __init__(self, admin_api: client.ApiClient, namespace: str, op: OperatorProcess):
-        self.custom = client.CustomObjectsApi(admin_api)
-        self.core = client.CoreV1Api(admin_api)
-        self.ns = namespace
-        self.op = op
+    op: OperatorProcess
 
     def create(self, name: str, **spec: Any) -> dict[str, Any]:
-        body = kwok_job(name, {"workers": 2, "restartPolicy": {"backoffSeconds": 0}, **spec})
-        return self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, body)
-
-    def get(self, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, name)
-
-    def status(self, name: str) -> dict[str, Any]:
-        return self.get(name).get("status") or {}
-
-    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, name, {"spec": spec})
-
-    def pods(self, name: str) -> list[client.V1Pod]:
-        return self.core.list_namespaced_pod(self.ns, label_selector=f"{b.LABEL_JOB}={name}").items
-
-    def wait_status(self, name: str, pred, timeout: float = 60, what: str = "") -> dict[str, Any]:
-        try:
-            return wait_for(lambda: (s := self.status(name)) and pred(s) and s, timeout, what=what or name)
-        except Exception as exc:
-            raise AssertionError(f"{exc}\nstatus: {self.status(name)}\noperator log:\n{self.op.tail()}") from exc
+        return self.submit(kwok_job(name, {"workers": 2, "restartPolicy": {"backoffSeconds": 0}, **spec}))
 
     def wait_running(self, name: str, workers: int, generation: int = 0, timeout: float = 90) -> dict[str, Any]:
         def ok(s: dict[str, Any]) -> bool:
@@ -111,10 +55,6 @@ class Jobs:
             evs = "\n".join(f"{e.reason}: {e.message}" for e in self.events(name))
             phases = sorted((p.metadata.name, p.status.phase, p.status.reason) for p in self.pods(name))
             raise AssertionError(f"{exc}\nevents:\n{evs}\npods: {phases[:20]}") from None
-
-    def events(self, name: str) -> list[client.CoreV1Event]:
-        evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
-        return [e for e in evs if e.involved_object.kind == api.KIND]
 
     def warnings(self, name: str, reason: str) -> list[client.CoreV1Event]:
         """The job's Warning Events with that reason, once there is one (waits up to 10 s)."""
@@ -151,10 +91,8 @@ def test_apply_run_succeed_delete(jobs: Jobs, kube_cluster: Any) -> None:
     assert all(p.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1" for p in pods)
     assert jobs.core.read_namespaced_service("hello", jobs.ns).spec.cluster_ip == "None"
     # printer columns through kubectl, as a user sees them
-    kubectl = sorted((Path.home() / ".cache/kubetrain/bin").glob("kubectl-*"))
-    if kubectl:
-        out = subprocess.run([str(kubectl[-1] / "kubectl") if kubectl[-1].is_dir() else str(kubectl[-1]),
-                              "get", "tj", "-n", jobs.ns], capture_output=True, text=True, env=os.environ)
+    if kubectl_binary().exists():
+        out = kubectl("get", "tj", "-n", jobs.ns, check=False)
         if out.returncode == 0:
             header, row = out.stdout.splitlines()[:2]
             assert header.split()[:5] == ["NAME", "PHASE", "WORKERS", "STEP", "RESTARTS"]

@@ -19,40 +19,39 @@ import time
 from pathlib import Path
 from typing import Any
 
-import helm_tool as ht
 import pytest
-from helm_rbac import ChartIdentity, assert_no_forbidden, token_for
-from k8s_cluster import REPO_ROOT, bearer_client, kwok_job, wait_for, wait_gone
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support.helm_rbac import ChartIdentity, assert_no_forbidden
+from support.identities import bearer_client, token_for
+from support.jobs import StatusCheck, TrainingJobs
+from support.kwok import kwok_job
+from support.operator_process import OperatorProcess
+from support.resources import wait_gone
+from support.trainer_harness import Gang, tiny_spec
 
 from kubetrain.core import api, contract
 from kubetrain.core.progress import Progress
 from kubetrain.trainer import pod_progress as pp
 
-sys.path.insert(0, str(REPO_ROOT / "tests" / "e2e"))
-from trainer_harness import Gang, tiny_spec  # noqa: E402 - after the sys.path line above
-
 pytestmark = pytest.mark.integration
 
 
 class Job:
-    def __init__(self, admin: client.ApiClient, ns: str, name: str, op: ht.OperatorProcess):
-        self.custom, self.core, self.ns, self.name, self.op = client.CustomObjectsApi(admin), client.CoreV1Api(admin), ns, name, op
+    """The test's one kwok TrainingJob, run by ``op``."""
+
+    def __init__(self, admin: client.ApiClient, ns: str, name: str, op: OperatorProcess):
+        self.jobs = TrainingJobs(admin, ns, op)
+        self.custom, self.core, self.ns, self.name = self.jobs.custom, self.jobs.core, ns, name
 
     def create(self, **spec: Any) -> None:
-        self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, kwok_job(
-            self.name, {"workers": 2, "resources": {"gpusPerWorker": 1}, **spec}))
+        self.jobs.submit(kwok_job(self.name, {"workers": 2, "resources": {"gpusPerWorker": 1}, **spec}))
 
     def status(self) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL,
-                                                        self.name).get("status") or {}
+        return self.jobs.status(self.name)
 
-    def wait(self, pred, timeout: float = 60, what: str = "") -> dict[str, Any]:
-        try:
-            return wait_for(lambda: (s := self.status()) and pred(s) and s, timeout, what=what or self.name)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\nstatus: {self.status()}\noperator log:\n{self.op.tail()}") from exc
+    def wait(self, pred: StatusCheck, timeout: float = 60, what: str = "") -> dict[str, Any]:
+        return self.jobs.wait_status(self.name, pred, timeout, what)
 
     def wait_running(self) -> dict[str, Any]:
         return self.wait(lambda s: s.get("phase") == "Running" and s.get("workersReady") == 2, 90, "Running")
@@ -79,7 +78,7 @@ def test_trainer_progress_reaches_status_and_rbac_is_exact(
 ) -> None:
     rbac = client.RbacAuthorizationV1Api(admin_api)
     with ChartIdentity(admin_api, namespace, tmp_path) as ident, \
-            ht.OperatorProcess(ident.kubeconfig, tmp_path / "operator.log") as op:
+            OperatorProcess(ident.kubeconfig, tmp_path / "operator.log") as op:
         job = Job(admin_api, namespace, "prog", op)
         job.create(maxSteps=6)
         job.wait_running()
@@ -155,7 +154,7 @@ def test_custom_script_progress_holds_off_hang_detection_until_it_stops(
         "    time.sleep(1.0)\n"
     )
     with ChartIdentity(admin_api, namespace, tmp_path) as ident, \
-            ht.OperatorProcess(ident.kubeconfig, tmp_path / "operator.log") as op:
+            OperatorProcess(ident.kubeconfig, tmp_path / "operator.log") as op:
         job = Job(admin_api, namespace, "script", op)
         job.create(command=["python", "train.py"], maxSteps=steps,
                    restartPolicy={"progressDeadlineSeconds": deadline, "backoffSeconds": 0})

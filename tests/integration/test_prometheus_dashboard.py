@@ -11,25 +11,31 @@ every second and also loads the chart's alert rules.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import helm_tool as ht
-import prom_server as ps
 import pytest
 import yaml
-from k8s_cluster import REPO_ROOT, fail_pod, kubeconfig_path, kwok_job, succeed_pod, wait_for
-from kubernetes import client, dynamic
+from kubernetes import client
+from support import helm_tool as ht
+from support import prom_server as ps
+from support.cluster import kubeconfig_path
+from support.jobs import TrainingJobs
+from support.kwok import fail_pod, kwok_job, succeed_pod
+from support.operator_process import OperatorProcess
+from support.paths import CHART, EXAMPLE_DATA
+from support.ports import free_port
+from support.processes import stop_process
+from support.resources import apply
+from support.waiting import wait_for
 
-from kubetrain.core import api
+from kubetrain.core import api, contract
 
 pytestmark = pytest.mark.integration
-DASHBOARDS = sorted((ht.CHART / "dashboards").glob("*.json"))
+DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
 RATE_INTERVAL = "1m"
 
 
@@ -48,14 +54,14 @@ def panel_queries() -> list[tuple[str, str]]:
 @pytest.fixture()
 def local_run(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
     """`kubetrain run` of a tiny model (2 workers, ddp, fp32, rank 1 fails once at step 20), in the background."""
-    port = ps.free_port(consecutive=2)
+    port = free_port(consecutive=2)
     manifest = tmp_path / "tiny.yaml"
     manifest.write_text(yaml.safe_dump({
         "apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": {"name": "promdemo"},
         "spec": {"workers": 2, "strategy": "ddp", "precision": "fp32", "microBatchSize": 2, "maxSteps": 5000,
                  "metricsPort": port, "seed": 1,
                  "model": {"dModel": 32, "nLayers": 1, "nHeads": 2, "seqLen": 32},
-                 "data": {"path": str(REPO_ROOT / "examples" / "data")},
+                 "data": {"path": str(EXAMPLE_DATA)},
                  "checkpoint": {"everySteps": 10, "keep": 2},
                  "restartPolicy": {"backoffLimit": 2, "backoffSeconds": 0}}}))
     log = tmp_path / "run.log"
@@ -67,40 +73,32 @@ def local_run(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Pa
     try:
         yield proc, port, log
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_process(proc, 30, group=True)
 
 
-def operator_scenario(admin: client.ApiClient, ns: str, op: ht.OperatorProcess) -> None:
+def operator_scenario(admin: client.ApiClient, ns: str, op: OperatorProcess) -> None:
     """Running -> a worker fails (gang restart) -> Running again -> all workers succeed."""
-    custom, core = client.CustomObjectsApi(admin), client.CoreV1Api(admin)
-    custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, kwok_job(
-        "prom", {"workers": 2, "restartPolicy": {"backoffSeconds": 0, "backoffLimit": 3}}))
+    jobs = TrainingJobs(admin, ns, op)
+    jobs.submit(kwok_job("prom", {"workers": 2, "restartPolicy": {"backoffSeconds": 0, "backoffLimit": 3}}))
 
     def status() -> dict[str, Any]:
-        return custom.get_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, "prom").get("status") or {}
+        return jobs.status("prom")
 
     def running_pods(generation: int) -> list[client.V1Pod]:
-        pods = core.list_namespaced_pod(ns, label_selector=f"kubetrain.io/job-name=prom,"
-                                                          f"kubetrain.io/restart-generation={generation}").items
+        pods = [p for p in jobs.pods("prom") if p.metadata.labels.get(contract.LABEL_GENERATION) == str(generation)]
         return pods if len(pods) == 2 and all(p.status.phase == "Running" for p in pods) else []
 
     try:
         wait_for(lambda: status().get("phase") == "Running", 90, what="prom Running")
-        fail_pod(core, ns, running_pods(0)[0].metadata.name, 137, "OOMKilled")
+        fail_pod(jobs.core, ns, running_pods(0)[0].metadata.name, 137, "OOMKilled")
         wait_for(lambda: status().get("restartCount") == 1 and status().get("phase") == "Running"
                  and running_pods(1), 90, what="prom Running again after the gang restart")
         # Highest rank first: once worker 0 exits 0 the job is Succeeded and cleanPodPolicy deletes the rest.
         for pod in sorted(running_pods(1), key=lambda p: p.metadata.name, reverse=True):
-            succeed_pod(core, ns, pod.metadata.name)
+            succeed_pod(jobs.core, ns, pod.metadata.name)
         wait_for(lambda: status().get("phase") == "Succeeded", 60, what="prom Succeeded")
     except AssertionError as exc:
-        raise AssertionError(f"{exc}\nstatus: {status()}\noperator log:\n{op.tail()}") from exc
+        raise AssertionError(f"{exc}\n{jobs.explain('prom')}") from exc
 
 
 def test_prometheus_scrapes_operator_and_workers_and_every_panel_has_data(
@@ -108,24 +106,18 @@ def test_prometheus_scrapes_operator_and_workers_and_every_panel_has_data(
     local_run: tuple[subprocess.Popen[bytes], int, Path],
 ) -> None:
     run, trainer_port, run_log = local_run
-    crd = yaml.safe_load((ht.CHART / "crds" / "kubetrain.io_trainingjobs.yaml").read_text())
-    dynamic.DynamicClient(admin_api).resources.get(
-        api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition").server_side_apply(
-        body=crd, name=crd["metadata"]["name"], field_manager="kubetrain-tests", force_conflicts=True)
+    apply(admin_api, yaml.safe_load((CHART / "crds" / "kubetrain.io_trainingjobs.yaml").read_text()))
 
-    op_port = ps.free_port()
+    op_port = free_port()
     scrape = [
         {"job_name": "kubetrain-operator", "static_configs": [{"targets": [f"127.0.0.1:{op_port}"]}]},
         # Workers label their series job=<TrainingJob>; honor_labels keeps it (the chart's PodMonitor does too).
         {"job_name": "kubetrain-workers", "honor_labels": True,
          "static_configs": [{"targets": [f"127.0.0.1:{trainer_port}", f"127.0.0.1:{trainer_port + 1}"]}]},
     ]
+    prom = ps.start_or_skip(tmp_path, scrape, rules=ht.alert_rules())
     try:
-        prom = ps.Prometheus(tmp_path, scrape, rules=ht.alert_rules()).__enter__()
-    except ps.PrometheusUnavailable as exc:
-        pytest.skip(f"no Prometheus: {exc}")
-    try:
-        with ht.OperatorProcess(kubeconfig_path(), tmp_path / "operator.log", f"--namespace={namespace}",
+        with OperatorProcess(kubeconfig_path(), tmp_path / "operator.log", f"--namespace={namespace}",
                                 metrics_port=op_port) as op:
             # Scraped before the scenario starts, so every counter is seen rising (rates need 2 samples).
             wait_for(lambda: prom.finite('kubetrain_operator_jobs{phase="Pending"}'), 60, what="operator scraped")

@@ -13,14 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import helm_tool as ht
 import pytest
-from helm_rbac import ChartIdentity, assert_no_forbidden, assert_secrets_refused, run_job_to_running
-from k8s_cluster import wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from kubetrain.core import api
+from support.helm_rbac import ChartIdentity, assert_no_forbidden, assert_secrets_refused, run_job_to_running
+from support.jobs import TrainingJobs
+from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +36,7 @@ def test_cluster_scope_rbac_runs_a_job_and_refuses_secrets(
         # The identity is exactly the chart's: it may list pods everywhere but not read Secrets.
         client.CoreV1Api(ident.api).list_pod_for_all_namespaces(limit=1)
         assert_secrets_refused(ident)
-        with ht.OperatorProcess(ident.kubeconfig, tmp / "operator.log") as op:
+        with OperatorProcess(ident.kubeconfig, tmp / "operator.log") as op:
             status = run_job_to_running(admin_api, namespace, op)
             assert status["workersSummary"] == "2/2"
             pods = client.CoreV1Api(admin_api).list_namespaced_pod(namespace, label_selector="kubetrain.io/job-name=rbac")
@@ -55,7 +54,7 @@ def test_namespaced_scope_rbac_runs_a_job(
         with pytest.raises(ApiException) as err:  # no pods outside its namespace
             client.CoreV1Api(ident.api).list_pod_for_all_namespaces(limit=1)
         assert err.value.status == 403
-        with ht.OperatorProcess(ident.kubeconfig, tmp / "operator.log", f"--namespace={namespace}") as op:
+        with OperatorProcess(ident.kubeconfig, tmp / "operator.log", f"--namespace={namespace}") as op:
             run_job_to_running(admin_api, namespace, op, "rbac-ns")
         assert_no_forbidden(op)
 
@@ -70,13 +69,19 @@ def _holder(admin: client.ApiClient, ns: str, lease: str) -> str:
 
 
 def _worker_uids(admin: client.ApiClient, ns: str, job: str) -> set[str]:
-    pods = client.CoreV1Api(admin).list_namespaced_pod(ns, label_selector=f"kubetrain.io/job-name={job}").items
-    return {p.metadata.uid for p in pods}
+    return {p.metadata.uid for p in TrainingJobs(admin, ns).pods(job)}
 
 
 def _job_status(admin: client.ApiClient, ns: str, job: str) -> dict[str, Any]:
-    obj = client.CustomObjectsApi(admin).get_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, job)
-    return obj.get("status") or {}
+    return TrainingJobs(admin, ns).status(job)
+
+
+def _two_replicas(admin: client.ApiClient, namespace: str, tmp: Path) -> tuple[str, ChartIdentity, tuple[str, ...]]:
+    """The chart with operator.replicas=2: its Lease, its identity (not yet applied) and the operator
+    flags its Deployment passes."""
+    lease = f"kt-{namespace}"[:50]
+    chart = ChartIdentity(admin, namespace, tmp, **{"operator.replicas": 2, "leaderElection.leaseName": lease})
+    return lease, chart, ("--leader-elect", f"--leader-elect-lease={lease}", f"--leader-elect-namespace={namespace}")
 
 
 def test_two_replicas_one_leader_and_failover(
@@ -85,12 +90,10 @@ def test_two_replicas_one_leader_and_failover(
     """What the chart's Deployment runs with replicas=2, under its RBAC (Lease Role included): one
     replica holds the Lease and reconciles, the other only watches; when the leader is SIGKILLed
     (no release), the standby takes the Lease after it expires and carries on with the same gang."""
-    lease = f"kt-{namespace}"[:50]
-    with ChartIdentity(admin_api, namespace, tmp, **{"operator.replicas": 2,
-                                                     "leaderElection.leaseName": lease}) as ident:
-        args = ("--leader-elect", f"--leader-elect-lease={lease}", f"--leader-elect-namespace={namespace}")
-        with ht.OperatorProcess(ident.kubeconfig, tmp / "a.log", *args) as a, \
-                ht.OperatorProcess(ident.kubeconfig, tmp / "b.log", *args) as b:
+    lease, chart, args = _two_replicas(admin_api, namespace, tmp)
+    with chart as ident:
+        with OperatorProcess(ident.kubeconfig, tmp / "a.log", *args) as a, \
+                OperatorProcess(ident.kubeconfig, tmp / "b.log", *args) as b:
             won = "acquired the leader lease"
             wait_for(lambda: won in a.log() or won in b.log(), 60, what="a leader")
             leader, standby = (a, b) if won in a.log() else (b, a)
@@ -117,13 +120,11 @@ def test_leader_releases_the_lease_on_shutdown(
     helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp: Path
 ) -> None:
     """A clean stop (SIGTERM: a rollout or a drain) hands the Lease over at once, not after it expires."""
-    lease = f"kt-{namespace}"[:50]
-    with ChartIdentity(admin_api, namespace, tmp, **{"operator.replicas": 2,
-                                                     "leaderElection.leaseName": lease}) as ident:
-        args = ("--leader-elect", f"--leader-elect-lease={lease}", f"--leader-elect-namespace={namespace}")
-        with ht.OperatorProcess(ident.kubeconfig, tmp / "a.log", *args) as a:
+    lease, chart, args = _two_replicas(admin_api, namespace, tmp)
+    with chart as ident:
+        with OperatorProcess(ident.kubeconfig, tmp / "a.log", *args) as a:
             wait_for(lambda: _holder(admin_api, namespace, lease), 60, what="a leader")
-            with ht.OperatorProcess(ident.kubeconfig, tmp / "b.log", *args) as b:
+            with OperatorProcess(ident.kubeconfig, tmp / "b.log", *args) as b:
                 wait_for(lambda: "leader election on lease" in b.log(), 30, what="the standby started")
                 a.__exit__(None, None, None)
                 assert "released the leader lease" in a.log(), a.tail()

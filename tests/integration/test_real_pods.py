@@ -19,12 +19,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import helm_tool as ht
 import pytest
 import yaml
-from k8s_cluster import REPO_ROOT, kubeconfig_path
 from kubernetes import client
-from real_pods import NODE_NAME, TRAINER_IMAGE, RealJobs, elapsed, kubectl, quickstart, wait_step
+from support import helm_tool as ht
+from support import prom_server as ps
+from support.cluster import kubeconfig_path
+from support.kubectl import kubectl
+from support.operator_process import OperatorProcess
+from support.paths import EXAMPLE_DATA, QUICKSTART, REPO_ROOT
+from support.real_pods import (
+    NODE_NAME,
+    TRAINER_IMAGE,
+    RealJobs,
+    elapsed,
+    pod_monitor_targets,
+    quickstart,
+    wait_step,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -34,15 +46,15 @@ RESUMABLE = {"precision": "fp32", "maxSteps": 120, "checkpoint": {"everySteps": 
 
 
 @pytest.fixture(scope="module")
-def operator(crd: None, real_node: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ht.OperatorProcess]:
+def operator(crd: None, real_node: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """The operator from this checkout, cluster-wide, putting the real trainer image into pods."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with ht.OperatorProcess(kubeconfig_path(), log, trainer_image=TRAINER_IMAGE) as op:
+    with OperatorProcess(kubeconfig_path(), log, trainer_image=TRAINER_IMAGE) as op:
         yield op
 
 
 @pytest.fixture
-def jobs(admin_api: client.ApiClient, real_namespace: str, operator: ht.OperatorProcess) -> RealJobs:
+def jobs(admin_api: client.ApiClient, real_namespace: str, operator: OperatorProcess) -> RealJobs:
     return RealJobs(admin_api, real_namespace)
 
 
@@ -53,7 +65,7 @@ def losses(log: str) -> list[float]:
 
 def test_quickstart_unchanged_trains_on_real_pods(jobs: RealJobs, real_namespace: str) -> None:
     start = time.monotonic()
-    kubectl("apply", "-n", real_namespace, "-f", str(REPO_ROOT / "examples" / "quickstart.yaml"))
+    kubectl("apply", "-n", real_namespace, "-f", str(QUICKSTART))
     st = jobs.wait_phase("quickstart", "Succeeded", timeout=900)
     print(f"quickstart Succeeded in {elapsed(start)} s: step {st.get('currentStep')}, loss {st.get('loss')}")
     assert st["currentStep"] == 60 and st.get("restartCount", 0) == 0
@@ -94,7 +106,7 @@ def test_status_and_logs_come_from_the_real_pods(jobs: RealJobs, real_namespace:
 def _reference_loss(tmp_path: Path, body: dict[str, Any]) -> float:
     """The same manifest, uninterrupted, through the local backend (same trainer code and torch)."""
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(body))
-    (tmp_path / "data").symlink_to(REPO_ROOT / "examples" / "data")
+    (tmp_path / "data").symlink_to(EXAMPLE_DATA)
     summary = tmp_path / "summary.json"
     proc = subprocess.run([sys.executable, "-m", "kubetrain.core", "run", str(tmp_path / "job.yaml"), "--fresh",
                            "-q", "--output-dir", str(tmp_path / "run"), "--summary-json", str(summary)],
@@ -159,19 +171,13 @@ def test_missing_image_is_reported_within_60s(jobs: RealJobs) -> None:
 
 def test_prometheus_scrapes_workers_on_their_pod_ips_as_the_podmonitor_selects(
         jobs: RealJobs, real_namespace: str, tmp_path: Path) -> None:
-    import prom_server as ps
-    from real_pods import pod_monitor_targets
-
     monitor = ht.find(ht.render(set_values={"metrics.podMonitor.enabled": True}), "PodMonitor")
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     targets = tmp_path / "targets.json"
     targets.write_text("[]")
     scrape = {"job_name": monitor["metadata"]["name"], "honor_labels": endpoint["honorLabels"],
               "metrics_path": endpoint["path"], "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}
-    try:
-        prom = ps.Prometheus(tmp_path, [scrape]).__enter__()
-    except ps.PrometheusUnavailable as exc:
-        pytest.skip(f"no Prometheus: {exc}")
+    prom = ps.start_or_skip(tmp_path, [scrape])
     try:
         name = jobs.create(quickstart(**RESUMABLE), name="scraped")
         query = f'kubetrain_trainer_step{{trainingjob="{name}"}}'

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
+import compare_lib as cl  # bench/, on pytest's pythonpath (pyproject.toml)
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import compare_lib as cl  # noqa: E402
-
-from kubetrain.core.api import TrainingJob  # noqa: E402
+from kubetrain.core.api import TrainingJob
 
 
 def audit(user: str, audit_id: str, verb: str, resource: str | None = "pods", stage: str = "ResponseComplete",

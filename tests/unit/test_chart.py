@@ -5,28 +5,22 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from support import helm_tool as ht
+from support.paths import CHART
+from support.paths import REPO_ROOT as REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-import helm_tool as ht  # noqa: E402 - after the sys.path line above
-
-REPO = ht.REPO_ROOT
-CHART = ht.CHART
 VALUES_SETS = [pytest.param([], id="defaults")] + [pytest.param([f], id=f"{f.parent.name}/{f.name}")
                                                     for f in ht.PRESETS + ht.CI_VALUES]
 
 
 @pytest.fixture(scope="module")
 def helm_ok() -> None:
-    try:
-        ht.helm_binary()
-    except ht.HelmUnavailable as exc:
-        pytest.skip(str(exc))
+    ht.require_helm()
 
 
 def test_chart_crd_is_identical_to_crds_dir() -> None:

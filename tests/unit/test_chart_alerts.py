@@ -5,29 +5,24 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-import helm_tool as ht  # noqa: E402 - after the sys.path line above
+from support import helm_tool as ht
+from support.paths import CHART, HACK_DIR
 
 
 @pytest.fixture(scope="module")
 def rules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        ht.helm_binary()
-    except ht.HelmUnavailable as exc:
-        pytest.skip(str(exc))
+    ht.require_helm()
     if shutil.which("promtool") is None:
-        proc = subprocess.run([str(ht.REPO_ROOT / "hack" / "prometheus.sh"), "install"], capture_output=True, text=True)
+        proc = subprocess.run([str(HACK_DIR / "prometheus.sh"), "install"], capture_output=True, text=True)
         if proc.returncode != 0 or shutil.which("promtool") is None:
             pytest.skip(f"promtool not installed and hack/prometheus.sh install failed: {proc.stderr[-500:]}")
     d = tmp_path_factory.mktemp("rules")
     (d / "alerts.rules.yaml").write_text(yaml.safe_dump(ht.alert_rules(), sort_keys=False))
-    shutil.copy(ht.CHART / "tests" / "alerts_test.yaml", d / "alerts_test.yaml")
+    shutil.copy(CHART / "tests" / "alerts_test.yaml", d / "alerts_test.yaml")
     return d
 
 

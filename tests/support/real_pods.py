@@ -8,18 +8,17 @@ operator images are the chart's defaults, loaded into the node's containerd by h
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
-from collections.abc import Callable
 from typing import Any
 
 import yaml
-from k8s_cluster import HACK_DIR, REPO_ROOT, kubeconfig_path, wait_for
 from kubernetes import client
 
-from kubetrain.core import api
 from kubetrain.operator.builders import Settings, merge
+
+from .jobs import StatusCheck, TrainingJobs
+from .paths import HACK_DIR, QUICKSTART
 
 NODE_NAME = "kubetrain-node"
 TRAINER_IMAGE = Settings().trainer_image  # the chart's default, the name hack/images.sh loads
@@ -45,73 +44,44 @@ def build_images() -> None:
         raise AssertionError(f"hack/images.sh exited {proc.returncode}:\n{proc.stdout[-3000:]}")
 
 
-def kubectl(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig_path())}
-    proc = subprocess.run([kubectl_binary(), *args], capture_output=True, text=True, env=env, timeout=timeout,
-                          check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"kubectl {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def kubectl_binary() -> str:
-    out = subprocess.run(["bash", "-c", f"source {HACK_DIR}/lib.sh && bin_path kubectl"], capture_output=True,
-                         text=True, check=True)
-    return out.stdout.strip()
-
-
 def quickstart(**overrides: Any) -> dict[str, Any]:
     """examples/quickstart.yaml with `overrides` deep-merged into its spec."""
-    body = yaml.safe_load((REPO_ROOT / "examples" / "quickstart.yaml").read_text())
+    body = yaml.safe_load(QUICKSTART.read_text())
     body["spec"] = merge(body["spec"], overrides)
     return body
 
 
-class RealJobs:
+class RealJobs(TrainingJobs):
     """TrainingJobs in one namespace whose pods run on the real node."""
-
-    def __init__(self, admin_api: client.ApiClient, namespace: str):
-        self.custom = client.CustomObjectsApi(admin_api)
-        self.core = client.CoreV1Api(admin_api)
-        self.ns = namespace
 
     def create(self, body: dict[str, Any], name: str | None = None) -> str:
         body = json.loads(json.dumps(body))
         if name:
             body["metadata"]["name"] = name
-        self.custom.create_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, body)
+        self.submit(body)
         return str(body["metadata"]["name"])
 
-    def get(self, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, self.ns, api.PLURAL, name)  # type: ignore[no-any-return]
+    def wait(self, name: str, pred: StatusCheck, timeout: float, what: str) -> dict[str, Any]:
+        """The status once ``pred`` holds; a job that Failed meanwhile fails at once (unless awaited)."""
 
-    def status(self, name: str) -> dict[str, Any]:
-        return dict(self.get(name).get("status") or {})
-
-    def wait(self, name: str, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            st = self.status(name)
+        def check(st: dict[str, Any]) -> Any:
             if st.get("phase") == "Failed" and "Failed" not in what:
-                raise AssertionError(f"{name} Failed: {st.get('reason')}: {st.get('message')}\n{self.describe(name)}")
-            return st if pred(st) else None
+                raise AssertionError(f"{name} Failed: {st.get('reason')}: {st.get('message')}")
+            return pred(st)
 
-        try:
-            return wait_for(check, timeout, what=f"{name}: {what}", interval=0.5)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{self.describe(name)}") from None
+        return self.wait_status(name, check, timeout, f"{name}: {what}", interval=0.5)
 
     def wait_phase(self, name: str, phase: str, timeout: float = 600) -> dict[str, Any]:
         return self.wait(name, lambda st: st.get("phase") == phase, timeout, f"phase {phase}")
-
-    def pods(self, name: str) -> list[client.V1Pod]:
-        sel = f"kubetrain.io/job-name={name}"
-        return list(self.core.list_namespaced_pod(self.ns, label_selector=sel).items)
 
     def log(self, pod: str, tail: int | None = None) -> str:
         try:
             return str(self.core.read_namespaced_pod_log(pod, self.ns, tail_lines=tail))
         except client.ApiException as exc:
             return f"(no log for {pod}: {exc.status} {exc.reason})"
+
+    def explain(self, name: str) -> str:
+        return self.describe(name)
 
     def describe(self, name: str) -> str:
         """Status, pods and the tail of each pod's log, for assertion messages."""

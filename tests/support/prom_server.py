@@ -4,44 +4,23 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = REPO_ROOT / "hack" / "prometheus.sh"
+from .paths import HACK_DIR
+from .ports import free_port
+
+SCRIPT = HACK_DIR / "prometheus.sh"
 
 
 class PrometheusUnavailable(RuntimeError):
     """prometheus is not installed and could not be installed."""
-
-
-def free_port(consecutive: int = 1) -> int:
-    """A loopback port (and the ``consecutive - 1`` after it) that nothing listens on right now."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + consecutive > 65535:
-            continue
-        socks = []
-        try:
-            for p in range(base, base + consecutive):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
 
 
 class Prometheus:
@@ -89,3 +68,12 @@ class Prometheus:
     def log_tail(self) -> str:
         log = self.dir / "prometheus.log"
         return "\n".join(log.read_text(errors="replace").splitlines()[-30:]) if log.exists() else ""
+
+
+def start_or_skip(workdir: Path, scrape_configs: list[dict[str, Any]], rules: dict[str, Any] | None = None
+                  ) -> Prometheus:
+    """A started Prometheus (stop it with ``__exit__``), or skip the test where there is none to be had."""
+    try:
+        return Prometheus(workdir, scrape_configs, rules).__enter__()
+    except PrometheusUnavailable as exc:
+        pytest.skip(f"no Prometheus: {exc}")

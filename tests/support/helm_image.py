@@ -14,33 +14,28 @@ import subprocess
 import uuid
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = str(REPO_ROOT / "hack" / "images.sh")
+from .paths import HACK_DIR
+from .processes import run_checked
+
+SCRIPT = str(HACK_DIR / "images.sh")
 BUILDAH = ["bash", SCRIPT, "buildah"]
 CTR = ["bash", SCRIPT, "ctr"]
 
 
-def _run(*cmd: str, timeout: float = 120) -> str:
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False)
-    if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    return proc.stdout
-
-
 def names() -> dict[str, str]:
     """{"operator": ..., "trainer": ...}: the chart's default image names the script builds."""
-    return dict(line.split() for line in _run("bash", SCRIPT, "names").splitlines())
+    return dict(line.split() for line in run_checked(["bash", SCRIPT, "names"]).stdout.splitlines())
 
 
 def build(which: str) -> str:
     """Build `which` (operator or trainer) and load it into the node; its name. Cached layers make
     a rebuild without changes take seconds; the first trainer build takes several minutes."""
-    _run("bash", SCRIPT, which, timeout=3600)
+    run_checked(["bash", SCRIPT, which], timeout=3600)
     return names()[which]
 
 
 def inspect(image: str, fmt: str) -> str:
-    return _run(*BUILDAH, "inspect", "--type", "image", "--format", fmt, image).strip()
+    return run_checked([*BUILDAH, "inspect", "--type", "image", "--format", fmt, image]).stdout.strip()
 
 
 def node_run(image: str, *cmd: str, env: dict[str, str] | None = None, mounts: dict[Path, str] | None = None,
@@ -53,18 +48,18 @@ def node_run(image: str, *cmd: str, env: dict[str, str] | None = None, mounts: d
     for host, inside in (mounts or {}).items():
         args += ["--mount", f"type=bind,src={host},dst={inside},options=rbind:ro"]
     args += [image, f"kubetrain-test-{uuid.uuid4().hex[:8]}", *cmd]
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
+    return run_checked(args, check=False, timeout=timeout)
 
 
 class Container:
-    """A working container of ``image``; `run` executes a command in it (chroot isolation, host network)."""
+    """A working container of ``image``; `command` is how to run something in it (chroot isolation, host network)."""
 
     def __init__(self, image: str):
         self.image = image
         self.name = ""
 
     def __enter__(self) -> Container:
-        self.name = _run(*BUILDAH, "from", "--pull=never", self.image).strip()
+        self.name = run_checked([*BUILDAH, "from", "--pull=never", self.image]).stdout.strip()
         return self
 
     def __exit__(self, *_: object) -> None:

@@ -1,17 +1,15 @@
 """Launch N processes of ``python -m kubetrain.trainer`` with the worker env contract (gloo on CPU),
 or the ``kubetrain`` CLI (run_cli).
 
-Used by tests/e2e/test_*.py and bench/. Every rank gets OMP_NUM_THREADS=1, a
-free MASTER_PORT, a short process-group timeout and its own log file; when one rank
-fails the others are terminated (as a backend would restart the gang).
+Used by tests/e2e/, tests/integration/test_progress_reporting.py and bench/. Every rank gets
+OMP_NUM_THREADS=1, a free MASTER_PORT, a short process-group timeout and its own log file; when
+one rank fails the others are terminated (as a backend would restart the gang).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "examples" / "data"
+from .paths import EXAMPLE_DATA, REPO_ROOT
+from .ports import free_port
+from .processes import stop_process
+
+SRC_PATHS = (REPO_ROOT / "trainer-image" / "src", REPO_ROOT / "core" / "src")
+"""The trainer's sources: a child's PYTHONPATH starts with them, so it runs this checkout's code."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def pythonpath(*rest: str) -> str:
+    """A PYTHONPATH of SRC_PATHS, then ``rest``."""
+    return os.pathsep.join([*map(str, SRC_PATHS), *rest])
 
 
 def tiny_spec(**overrides: Any) -> dict[str, Any]:
@@ -39,7 +40,7 @@ def tiny_spec(**overrides: Any) -> dict[str, Any]:
         "maxSteps": 10,
         "seed": 7,
         "model": {"dModel": 32, "nLayers": 2, "nHeads": 2, "seqLen": 32},
-        "data": {"path": str(DATA)},
+        "data": {"path": str(EXAMPLE_DATA)},
         "optimizer": {"lr": 3e-3, "minLr": 3e-4, "warmupSteps": 2, "gradClip": 1.0},
         "checkpoint": {"everySteps": 100, "keep": 3},
     }
@@ -96,11 +97,10 @@ class Gang:
         port = free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.start = time.monotonic()
-        src_paths = [str(REPO / "trainer-image" / "src"), str(REPO / "core" / "src")]
         for rank in range(world_size):
             penv = {
                 **os.environ,
-                "PYTHONPATH": os.pathsep.join([*src_paths, os.environ.get("PYTHONPATH", "")]),
+                "PYTHONPATH": pythonpath(os.environ.get("PYTHONPATH", "")),
                 "OMP_NUM_THREADS": "1",
                 "MKL_NUM_THREADS": "1",
                 "PYTHONUNBUFFERED": "1",
@@ -158,13 +158,10 @@ class Gang:
 
     def _stop_others(self, kill: bool = False) -> None:
         for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-                if not kill:
-                    try:
-                        p.wait(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
+            if kill:
+                p.kill()
+            else:
+                stop_process(p, grace=20)
 
 
 def read_records(out: Path) -> list[dict[str, Any]]:
