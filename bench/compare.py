@@ -16,6 +16,7 @@ table; --json writes every number. See docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -377,8 +378,6 @@ class Operator:
             self._alive()
             data = core.read_namespaced_secret("training-operator-webhook-cert", KUBEFLOW_NS).data or {}
             return data if "tls.crt" in data and "tls.key" in data else None
-
-        import base64
 
         data = wait_for(filled, 120, interval=0.2, what="training-operator webhook Secret filled")
         KUBEFLOW_CERT_DIR.mkdir(parents=True, exist_ok=True)

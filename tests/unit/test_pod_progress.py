@@ -33,7 +33,7 @@ class Stub:
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_PATCH(self) -> None:  # noqa: N802 - http.server's naming
+            def do_PATCH(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 time.sleep(stub.delay)
                 stub.requests.append({"path": self.path, "headers": dict(self.headers), "body": json.loads(body),

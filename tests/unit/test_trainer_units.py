@@ -11,7 +11,7 @@ import torch
 
 from kubetrain.core.api import DataSpec, ModelSpec, OptimizerSpec, TrainingJobSpec
 from kubetrain.core.progress import COMMIT_MARKER, complete_checkpoints
-from kubetrain.trainer.checkpoint import TrainerState, prune
+from kubetrain.trainer.checkpoint import TrainerState, missing_parts, prune, require_every_part
 from kubetrain.trainer.config import ConfigError, load_spec, parse_fail_at, read_env
 from kubetrain.trainer.data import Sampler, load_corpus
 from kubetrain.trainer.engines import deepspeed_config
@@ -187,9 +187,6 @@ def test_peak_flops(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_checkpoint_is_committed_only_with_every_ranks_part(tmp_path: Path) -> None:
-    from kubetrain.trainer.checkpoint import missing_parts, require_every_part
-    from kubetrain.trainer.config import ConfigError
-
     (tmp_path / "rng").mkdir()
     (tmp_path / "rng" / "rank-00000.pt").write_bytes(b"x")
     assert missing_parts(tmp_path, 2) == [1]

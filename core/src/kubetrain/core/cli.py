@@ -12,6 +12,9 @@ from pathlib import Path
 
 from kubetrain.core import __version__, kube_cli
 from kubetrain.core.api import Phase
+from kubetrain.core.crd import crd_yaml
+from kubetrain.core.lifecycle import Reason
+from kubetrain.core.local import LocalRun, LocalRunError, RunOptions
 from kubetrain.core.validate import ManifestError, load_documents, load_job, problems_of
 
 
@@ -26,8 +29,6 @@ def _fail_at(value: str) -> tuple[int, int]:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from kubetrain.core.crd import crd_yaml
-
     text = crd_yaml()
     if args.output:
         Path(args.output).write_text(text)
@@ -65,9 +66,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from kubetrain.core.lifecycle import Reason
-    from kubetrain.core.local import LocalRun, LocalRunError, RunOptions
-
     manifest = Path(args.file)
     try:
         job = load_job(manifest)

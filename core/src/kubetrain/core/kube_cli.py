@@ -16,6 +16,7 @@ from typing import Any
 
 from kubetrain.core.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from kubetrain.core.contract import CONTAINER, LABEL_GENERATION, LABEL_INDEX, LABEL_JOB, parse_time
+from kubetrain.core.validate import ManifestError, load_documents, load_job
 
 
 class CliError(Exception):
@@ -25,7 +26,7 @@ class CliError(Exception):
 def _clients(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """(CustomObjectsApi, CoreV1Api, namespace) for the kubeconfig context."""
     try:
-        from kubernetes import client, config
+        from kubernetes import client, config  # noqa: PLC0415 - optional: only these commands need it
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise CliError("these commands need the kubernetes client: pip install kubernetes") from exc
     try:
@@ -75,8 +76,6 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from kubetrain.core.validate import ManifestError, load_documents, load_job
-
     try:
         job = load_job(Path(args.file))
         # Submit what the user wrote (the API server applies the CRD's defaults), not a dump of the model.
@@ -93,7 +92,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     body["metadata"]["namespace"] = ns
     try:
         custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
-    except Exception as exc:  # noqa: BLE001 - ApiException, imported lazily
+    except Exception as exc:
         raise _api_error(exc, f"submitting {ns}/{job.metadata.name}") from exc
     print(f"trainingjob.{GROUP}/{job.metadata.name} created in namespace {ns}")
     return 0
@@ -106,7 +105,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             items = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
         else:
             items = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise _api_error(exc, "listing TrainingJobs") from exc
     if not items:
         print("No TrainingJobs found" + ("" if args.all_namespaces else f" in namespace {ns}."), file=sys.stderr)
@@ -127,7 +126,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _get(custom: Any, ns: str, name: str) -> dict[str, Any]:
     try:
         return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise _api_error(exc, f"TrainingJob {ns}/{name}") from exc
 
 
@@ -171,7 +170,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     selector = f"{LABEL_JOB}={args.name},{LABEL_INDEX}={args.rank}"
     try:
         pods = core.list_namespaced_pod(ns, label_selector=selector).items
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise _api_error(exc, f"listing pods of {ns}/{args.name}") from exc
     if not pods:
         raise CliError(f"TrainingJob {ns}/{args.name} has no pod for rank {args.rank} (yet)")
@@ -191,7 +190,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
         else:
             sys.stdout.write(core.read_namespaced_pod_log(pod.metadata.name, ns, **kwargs))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise _api_error(exc, f"logs of pod {ns}/{pod.metadata.name}") from exc
     return 0
 
