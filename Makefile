@@ -6,14 +6,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 
-.PHONY: all venv run test test-unit test-e2e lint crds clean help
+.PHONY: all venv run test test-unit lint crds clean help
 
 all: venv
 
 help:
 	@echo "make run         set everything up and train examples/quickstart.yaml locally"
 	@echo "make test        set everything up and run the whole test suite"
-	@echo "make lint        ruff"
+	@echo "make lint        ruff and the type checker (mypy)"
 	@echo "make crds        regenerate crds/ (and the chart copy) from the API models"
 	@echo "make cluster-up  start the local test control plane (see docs/testing.md)"
 	@echo "make images      build the operator and trainer images into the test node (see docs/testing.md)"
@@ -30,8 +30,7 @@ $(STAMP): requirements-dev.txt core/pyproject.toml operator/pyproject.toml train
 run: $(STAMP)
 	$(BIN)/kubetrain run examples/quickstart.yaml --fresh --summary-json runs/quickstart/summary.json
 
-test: $(STAMP)
-	$(BIN)/ruff check .
+test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
@@ -39,6 +38,7 @@ test-unit: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy core/src operator/src trainer-image/src
 
 crds: $(STAMP)
 	$(BIN)/kubetrain crd -o crds/kubetrain.io_trainingjobs.yaml

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kubetrain.core.contract import format_time
 from kubetrain.core.progress import COMMIT_MARKER, atomic_write_text, checkpoint_dirname, complete_checkpoints
 from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.engines import Engine
@@ -48,7 +49,7 @@ class TrainerState:
 
 
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_time(datetime.now(UTC), micros=True)
 
 
 def rng_state() -> dict[str, Any]:

@@ -17,8 +17,6 @@ from pydantic import ValidationError
 
 from kubetrain.core import contract
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.core.contract import CONFIG_ERROR_EXIT_CODE as CONFIG_ERROR_EXIT_CODE  # re-exported for main
-from kubetrain.core.contract import SIGTERM_EXIT_CODE as SIGTERM_EXIT_CODE  # re-exported for loop
 
 DEFAULT_DIST_TIMEOUT_SECONDS = 600.0
 

@@ -300,7 +300,8 @@ class DeepSpeedEngine(Engine):
             # backend starts (minutes on a small machine); it only serves inference all-reduce.
             # (`deepspeed.comm.torch` as an attribute is the torch package itself: go through sys.modules.)
             importlib.import_module("deepspeed.comm.torch")
-            sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+            comm_torch: Any = sys.modules["deepspeed.comm.torch"]
+            comm_torch.build_shm_op = lambda: None
         os.environ.setdefault("LOCAL_RANK", str(max(device.index or 0, 0)))  # DeepSpeed asserts it is set
         self.spec = spec
         self.device = device

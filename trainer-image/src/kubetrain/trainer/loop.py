@@ -1,4 +1,4 @@
-"""The training loop: init, resume, step, checkpoint, report, stop."""
+"""The training loop: set up, step, report, stop; resuming and saving are the CheckpointManager's."""
 
 from __future__ import annotations
 
@@ -17,11 +17,13 @@ import torch.distributed as dist
 
 from kubetrain.core import contract
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.core.progress import CheckpointRecord, Progress, latest_checkpoint, read_progress, write_progress
-from kubetrain.trainer.checkpoint import TrainerState, load_checkpoint, now_rfc3339, save_checkpoint
-from kubetrain.trainer.config import SIGTERM_EXIT_CODE, Env, checkpoint_dir
+from kubetrain.core.contract import SIGTERM_EXIT_CODE
+from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
+from kubetrain.trainer.checkpoint import TrainerState, now_rfc3339
+from kubetrain.trainer.ckpt_manager import CheckpointManager
+from kubetrain.trainer.config import Env, checkpoint_dir
 from kubetrain.trainer.data import Sampler, load_corpus
-from kubetrain.trainer.engines import Engine, make_engine
+from kubetrain.trainer.engines import Engine, StepInfo, make_engine
 from kubetrain.trainer.metrics import Metrics, peak_flops
 from kubetrain.trainer.model import build_model, flops_per_token
 from kubetrain.trainer.pod_progress import PodProgressReporter
@@ -119,6 +121,30 @@ class Reporter:
         self.progress.tokens_per_second = tokens_per_second
         self.write(force)
 
+    def carried_state(self) -> TrainerState:
+        """The trainer state before a checkpoint is loaded: what progress.json kept of earlier generations."""
+        return TrainerState(
+            world_size=self.env.world_size,
+            strategy=self.spec.strategy,
+            initial_loss=self.progress.initial_loss,
+            checkpoints=list(self.progress.checkpoints),
+        )
+
+    def resumed(self, step: int) -> None:
+        self.progress.resumed_from = step
+
+    def started(self, step: int) -> None:
+        """Out at once: the step this generation starts from."""
+        self.progress.step = step
+        self.write(True)
+
+    def finish(self, step: int) -> None:
+        """The last record: training reached maxSteps."""
+        self.progress.finished = True
+        self.progress.step = step
+        self.write(True)
+        self.close()
+
     def checkpoint(self, state: TrainerState, path: Path, seconds: float) -> None:
         if not self.enabled:
             return
@@ -159,6 +185,93 @@ def _global_param_norm(engine: Engine) -> float:
     return float(t.sqrt())
 
 
+class StepObserver:
+    """Turns each finished step into its Prometheus metrics and its losses.jsonl record."""
+
+    def __init__(
+        self, env: Env, spec: TrainingJobSpec, engine: Engine, metrics: Metrics, fpt: float, peak: float | None
+    ) -> None:
+        self.env = env
+        self.spec = spec
+        self.engine = engine
+        self.metrics = metrics
+        self.flops_per_token = fpt
+        self.peak = peak
+        self.tokens_per_step = global_batch(spec, env.world_size) * spec.model.seq_len
+        self.debug_norm = os.environ.get(PARAM_NORM_ENV) == "1"
+        self.total_tokens = 0
+        self.total_seconds = 0.0
+
+    @property
+    def mean_tokens_per_second(self) -> float:
+        """Over the steps of this generation so far."""
+        return self.total_tokens / self.total_seconds
+
+    def observe(self, state: TrainerState, loss: float, lr: float, info: StepInfo, seconds: float) -> dict[str, Any]:
+        """Collective when the parameter norm is asked for (FSDP sums it over shards)."""
+        self.total_tokens += self.tokens_per_step
+        self.total_seconds += seconds
+        tps = self.tokens_per_step / seconds if seconds > 0 else 0.0
+        mfu = self.flops_per_token * tps / self.env.world_size / self.peak if self.peak else None
+        if state.initial_loss is None:
+            state.initial_loss = loss
+        self.metrics.observe_step(state.step, loss, tps, seconds, mfu, info.skipped)
+        record: dict[str, Any] = {
+            "step": state.step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": info.grad_norm,
+            "tokens_per_second": tps,
+            "step_seconds": seconds,
+            "generation": self.env.generation,
+            "world_size": self.env.world_size,
+            "time": time.time(),
+            "cpu_time": time.process_time(),
+        }
+        if self.spec.precision == "fp16":
+            record["loss_scale"] = info.loss_scale
+            record["skipped"] = info.skipped
+        if self.debug_norm:
+            record["param_norm"] = _global_param_norm(self.engine)
+        return record
+
+
+def global_batch(spec: TrainingJobSpec, world_size: int) -> int:
+    """Samples per optimizer step over all ranks."""
+    return spec.micro_batch_size * spec.gradient_accumulation_steps * world_size
+
+
+def train_step(
+    engine: Engine, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[torch.Tensor, float, StepInfo]:
+    """One optimizer step: forward and backward over the accumulation micro-batches (the engine scales
+    the loss for fp16 and syncs gradients on the last one), then clipping and the optimizer step.
+    Returns this rank's mean loss, the learning rate the step used, and what the optimizer step did."""
+    lr = engine.lr()  # read before the step advances the scheduler
+    local_loss = engine.forward_backward(micro_batches)
+    return local_loss, lr, engine.optimizer_step()
+
+
+def inject_failure(env: Env, step: int) -> None:
+    """KUBETRAIN_FAIL_AT: die like a lost node after `step` on one rank, in the first generation only."""
+    if env.fail_at is not None and env.fail_at == (env.rank, step) and env.generation == 0:
+        print(f"kubetrain.trainer: injected failure at step {step} on rank {env.rank}", file=sys.stderr, flush=True)
+        os._exit(contract.FAIL_AT_EXIT_CODE)
+
+
+def mean_loss_and_stop(
+    local_loss: torch.Tensor, stop_requested: bool, device: torch.device, world_size: int
+) -> tuple[float, bool]:
+    """One collective per step: the mean loss over ranks and whether any rank was asked to stop."""
+    red = torch.stack(
+        [local_loss.to(torch.float64).cpu(), torch.tensor(1.0 if stop_requested else 0.0, dtype=torch.float64)]
+    )
+    if device.type == "cuda":
+        red = red.to(device)
+    dist.all_reduce(red)
+    return float(red[0]) / world_size, float(red[1]) > 0
+
+
 def train(env: Env, spec: TrainingJobSpec) -> int:
     stop = StopFlag()
     stop.install()
@@ -176,122 +289,38 @@ def train(env: Env, spec: TrainingJobSpec) -> int:
 def _train(
     env: Env, spec: TrainingJobSpec, stop: StopFlag, ckpt_root: Path, corpus: torch.Tensor, device: torch.device
 ) -> int:
-    rank, ws = env.rank, env.world_size
-    metrics = Metrics(env.job, rank, env.metrics_port)
-    metrics.restart_generation.labels(**metrics.labels).set(env.generation)
+    metrics = Metrics(env.job, env.rank, env.metrics_port)
+    metrics.set_generation(env.generation)
     sampler = Sampler(corpus, spec.model.seq_len, spec.seed)
     model = build_model(spec.model, spec.activation_checkpointing, spec.seed)
     fpt = flops_per_token(model, spec.model)
-    engine = make_engine(spec, model, device, ws)
+    engine = make_engine(spec, model, device, env.world_size)
     reporter = Reporter(env, spec, ckpt_root)
-    state = TrainerState(world_size=ws, strategy=spec.strategy)
-    state.initial_loss = reporter.progress.initial_loss
-    state.checkpoints = list(reporter.progress.checkpoints)
-
-    # Resume: rank 0 picks the newest committed checkpoint so that every rank loads the same one.
-    found = [latest_checkpoint(ckpt_root) if rank == 0 else None]
-    dist.broadcast_object_list(found, src=0)
-    if found[0] is not None:
-        step, path = found[0]
-        t0 = time.perf_counter()
-        saved = load_checkpoint(Path(path), engine)
-        seconds = time.perf_counter() - t0
-        metrics.checkpoint_load_seconds.labels(**metrics.labels).set(seconds)
-        if saved.world_size != ws:
-            log.info("resharding checkpoint from world size %d to %d", saved.world_size, ws)
-        state = TrainerState(
-            step=saved.step,
-            samples_seen=saved.samples_seen,
-            world_size=ws,
-            strategy=spec.strategy,
-            initial_loss=saved.initial_loss if saved.initial_loss is not None else state.initial_loss,
-            checkpoints=sorted(set(saved.checkpoints) | set(state.checkpoints)),
-        )
-        reporter.progress.resumed_from = step
-        if rank == 0:
-            log.info("resumed from %s (step %d) in %.2fs", path, step, seconds)
-    reporter.progress.step = state.step
-    reporter.write(True)
-
-    mbs, ga = spec.micro_batch_size, spec.gradient_accumulation_steps
-    global_batch = mbs * ga * ws
-    tokens_per_step = global_batch * spec.model.seq_len
-    peak = peak_flops(device, spec.precision)
-    debug_norm = os.environ.get(PARAM_NORM_ENV) == "1"
-    total_tokens, total_seconds = 0, 0.0
-    first_step = True
+    checkpoints = CheckpointManager(ckpt_root, spec.checkpoint, engine, metrics, reporter)
+    state = checkpoints.resume(reporter.carried_state())
+    reporter.started(state.step)
+    observer = StepObserver(env, spec, engine, metrics, fpt, peak_flops(device, spec.precision))
+    mbs, ga, ws = spec.micro_batch_size, spec.gradient_accumulation_steps, env.world_size
+    first = True
     while state.step < spec.max_steps:
         t0 = time.perf_counter()
-        micro = sampler.micro_batches(state.step, mbs, ga, ws, rank)
-        lr = engine.lr()
-        local_loss = engine.forward_backward(micro)
-        info = engine.optimizer_step()
+        local_loss, lr, info = train_step(engine, sampler.micro_batches(state.step, mbs, ga, ws, env.rank))
         state.step += 1
-        state.samples_seen += global_batch
-        if env.fail_at is not None and env.fail_at == (rank, state.step) and env.generation == 0:
-            print(
-                f"kubetrain.trainer: injected failure at step {state.step} on rank {rank}", file=sys.stderr, flush=True
-            )
-            os._exit(contract.FAIL_AT_EXIT_CODE)
-        # One collective per step: the mean loss over ranks and whether any rank was asked to stop.
-        red = torch.stack(
-            [local_loss.to(torch.float64).cpu(), torch.tensor(1.0 if stop.set else 0.0, dtype=torch.float64)]
-        )
-        if device.type == "cuda":
-            red = red.to(device)
-        dist.all_reduce(red)
-        loss = float(red[0]) / ws
-        stopping = float(red[1]) > 0
-        seconds = time.perf_counter() - t0
-        total_tokens += tokens_per_step
-        total_seconds += seconds
-        tps = tokens_per_step / seconds if seconds > 0 else 0.0
-        mfu = fpt * tps / ws / peak if peak else None
-        if state.initial_loss is None:
-            state.initial_loss = loss
-        metrics.observe_step(state.step, loss, tps, seconds, mfu, info.skipped)
-        record: dict[str, Any] = {
-            "step": state.step,
-            "loss": loss,
-            "lr": lr,
-            "grad_norm": info.grad_norm,
-            "tokens_per_second": tps,
-            "step_seconds": seconds,
-            "generation": env.generation,
-            "world_size": ws,
-            "time": time.time(),
-            "cpu_time": time.process_time(),
-        }
-        if spec.precision == "fp16":
-            record["loss_scale"] = info.loss_scale
-            record["skipped"] = info.skipped
-        if debug_norm:
-            record["param_norm"] = _global_param_norm(engine)
+        state.samples_seen += global_batch(spec, ws)
+        inject_failure(env, state.step)
+        loss, stopping = mean_loss_and_stop(local_loss, stop.set, device, ws)
+        record = observer.observe(state, loss, lr, info, time.perf_counter() - t0)
         final = state.step >= spec.max_steps
-        due = final or state.step % spec.checkpoint.every_steps == 0 or (stopping and spec.checkpoint.on_sigterm)
-        reporter.step(record, state, total_tokens / total_seconds, force=first_step or final or due)
-        first_step = False
-        if due:
-            t1 = time.perf_counter()
-            state.checkpoints = sorted(set(state.checkpoints) | {state.step})
-            # Ephemeral checkpoints sit in each pod's own directory: nothing to require of the others.
-            path = save_checkpoint(ckpt_root, engine, state, spec.checkpoint.keep,
-                                   shared=not spec.checkpoint.ephemeral)
-            save_seconds = time.perf_counter() - t1
-            metrics.checkpoint_save_seconds.labels(**metrics.labels).set(save_seconds)
-            metrics.checkpoints.labels(**metrics.labels).inc()
-            reporter.checkpoint(state, path, save_seconds)
-            if rank == 0:
-                log.info("checkpoint step %d committed in %.2fs: %s", state.step, save_seconds, path)
+        due = checkpoints.due(state.step, final=final, stopping=stopping)
+        reporter.step(record, state, observer.mean_tokens_per_second, force=first or final or due)
+        first = False
+        checkpoints.maybe_save(state, final=final, stopping=stopping)
         if final:
             break
         if stopping:
-            if rank == 0:
+            if env.rank == 0:
                 log.info("stopping at step %d after a termination signal", state.step)
             reporter.close()
             return SIGTERM_EXIT_CODE
-    reporter.progress.finished = True
-    reporter.progress.step = state.step
-    reporter.write(True)
-    reporter.close()
+    reporter.finish(state.step)
     return 0

@@ -14,7 +14,8 @@ import sys
 import traceback
 
 from kubetrain.core import contract
-from kubetrain.trainer.config import CONFIG_ERROR_EXIT_CODE, ConfigError, load_spec, read_env
+from kubetrain.core.contract import CONFIG_ERROR_EXIT_CODE
+from kubetrain.trainer.config import ConfigError, load_spec, read_env
 
 
 def main() -> int:

@@ -42,50 +42,43 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return None
 
 
+_LABELS = ["job", "rank"]
+
+
 class Metrics:
     """Gauges, histogram and counters of one worker; served on ``port`` when it is free."""
 
     def __init__(self, job: str, rank: int, port: int | None, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        labels = ["job", "rank"]
-        r = self.registry
-        self.step = Gauge("kubetrain_trainer_step", "Last completed optimizer step", labels, registry=r)
-        self.loss = Gauge(
-            "kubetrain_trainer_loss", "Training loss of the last step (mean over ranks)", labels, registry=r
-        )
-        self.tokens_per_second = Gauge(
-            "kubetrain_trainer_tokens_per_second", "Tokens per second of the whole gang, last step", labels, registry=r
+        self.labels = {"job": job, "rank": str(rank)}
+        gauge, counter = self._gauge, self._counter
+        self.step = gauge("kubetrain_trainer_step", "Last completed optimizer step")
+        self.loss = gauge("kubetrain_trainer_loss", "Training loss of the last step (mean over ranks)")
+        self.tokens_per_second = gauge(
+            "kubetrain_trainer_tokens_per_second", "Tokens per second of the whole gang, last step"
         )
         self.step_seconds = Histogram(
             "kubetrain_trainer_step_seconds",
             "Wall time of one optimizer step",
-            labels,
+            _LABELS,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
-            registry=r,
+            registry=self.registry,
         )
-        self.mfu = Gauge("kubetrain_trainer_mfu", "Model FLOPs utilisation estimate (0-1)", labels, registry=r)
-        self.checkpoint_save_seconds = Gauge(
-            "kubetrain_trainer_checkpoint_save_seconds", "Duration of the last checkpoint save", labels, registry=r
+        self.mfu = gauge("kubetrain_trainer_mfu", "Model FLOPs utilisation estimate (0-1)")
+        self.checkpoint_save_seconds = gauge(
+            "kubetrain_trainer_checkpoint_save_seconds", "Duration of the last checkpoint save"
         )
-        self.checkpoint_load_seconds = Gauge(
-            "kubetrain_trainer_checkpoint_load_seconds", "Duration of the checkpoint load at start", labels, registry=r
+        self.checkpoint_load_seconds = gauge(
+            "kubetrain_trainer_checkpoint_load_seconds", "Duration of the checkpoint load at start"
         )
-        self.checkpoints = Counter(
-            "kubetrain_trainer_checkpoints", "Checkpoints committed by this process's gang", labels, registry=r
+        self.checkpoints = counter("kubetrain_trainer_checkpoints", "Checkpoints committed by this process's gang")
+        self.skipped_steps = counter("kubetrain_trainer_skipped_steps", "Optimizer steps skipped (fp16 overflow)")
+        self.restart_generation = gauge(
+            "kubetrain_trainer_restart_generation", "Gang restart generation of this process"
         )
-        self.skipped_steps = Counter(
-            "kubetrain_trainer_skipped_steps", "Optimizer steps skipped (fp16 overflow)", labels, registry=r
+        self.cuda_memory_bytes = gauge(
+            "kubetrain_trainer_cuda_memory_bytes", "CUDA memory allocated by this process (max since last step)"
         )
-        self.restart_generation = Gauge(
-            "kubetrain_trainer_restart_generation", "Gang restart generation of this process", labels, registry=r
-        )
-        self.cuda_memory_bytes = Gauge(
-            "kubetrain_trainer_cuda_memory_bytes",
-            "CUDA memory allocated by this process (max since last step)",
-            labels,
-            registry=r,
-        )
-        self.labels = {"job": job, "rank": str(rank)}
         self.port: int | None = None
         if port:
             try:
@@ -93,6 +86,23 @@ class Metrics:
                 self.port = port
             except OSError as exc:
                 log.warning("metrics port %d unavailable (%s); continuing without a metrics endpoint", port, exc)
+
+    def _gauge(self, name: str, documentation: str) -> Gauge:
+        return Gauge(name, documentation, _LABELS, registry=self.registry)
+
+    def _counter(self, name: str, documentation: str) -> Counter:
+        return Counter(name, documentation, _LABELS, registry=self.registry)
+
+    def set_generation(self, generation: int) -> None:
+        self.restart_generation.labels(**self.labels).set(generation)
+
+    def observe_checkpoint_load(self, seconds: float) -> None:
+        self.checkpoint_load_seconds.labels(**self.labels).set(seconds)
+
+    def observe_checkpoint_save(self, seconds: float) -> None:
+        """A committed save: its duration, and one more in the count."""
+        self.checkpoint_save_seconds.labels(**self.labels).set(seconds)
+        self.checkpoints.labels(**self.labels).inc()
 
     def observe_step(
         self, step: int, loss: float, tokens_per_second: float, seconds: float, mfu: float | None, skipped: bool

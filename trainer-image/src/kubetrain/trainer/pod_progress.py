@@ -102,8 +102,8 @@ def target_from_env(environ: Mapping[str, str] | None = None) -> tuple[PodTarget
     if not token.is_file():
         return None, f"no ServiceAccount token at {token} (automountServiceAccountToken off?)"
     ca_raw = e.get(CA_FILE_ENV)
-    ca = Path(ca_raw) if ca_raw else SA_DIR / "ca.crt"
-    if not ca.is_file():
+    ca: Path | None = Path(ca_raw) if ca_raw else SA_DIR / "ca.crt"
+    if ca is not None and not ca.is_file():
         if ca_raw:
             return None, f"{CA_FILE_ENV}={ca_raw} does not exist"
         ca = None  # the system's trust store
@@ -219,20 +219,6 @@ class PodProgressReporter:
                 self._thread.start()
             self._cond.notify_all()
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Send what is pending now and wait (at most ``timeout``) until nothing is pending or in flight."""
-        deadline = time.monotonic() + (self.default_wait if timeout is None else timeout)
-        with self._cond:
-            if self._pending is not None:
-                self._forced = True
-                self._cond.notify_all()
-            while self._pending is not None or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._thread is None:
-                    return False
-                self._cond.wait(left)
-        return True
-
     def close(self, timeout: float | None = None) -> bool:
         """Send the pending record at once, stop the thread; True when nothing was left unsent."""
         with self._cond:
@@ -335,7 +321,7 @@ _script_lock = threading.Lock()
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return contract.format_time(datetime.now(UTC))
 
 
 def make_progress(
