@@ -332,3 +332,31 @@ def test_gang_restart_names_the_checkpoint_it_restarts_from():
 def test_a_command_the_runtime_cannot_start_exits_like_a_shell(message, code):
     assert container_exit_code({"exitCode": 128, "reason": "StartError", "message": message}) == code
     assert container_exit_code({"exitCode": 137, "reason": "Error"}) == 137
+
+
+RUNNING = {"phase": "Running", "gangCreated": True, "startTime": "2026-03-01T11:00:00Z",
+           "runningSince": "2026-03-01T11:00:00Z"}
+
+
+@pytest.mark.parametrize(("action", "status", "spec", "pods", "want"), [
+    ("CreateWorkers", {}, {}, [], {"pods": ["j-worker-0", "j-worker-1"], "delete": []}),
+    ("Wait", RUNNING, {}, [pod(0), pod(1)], {"pods": [], "delete": []}),
+    ("RestartGang", RUNNING, {}, [pod(0), pod(1, phase="Failed", exit_code=1)],
+     {"pods": [], "delete": ["j-worker-0", "j-worker-1"], "event": "ExitCode"}),
+    ("DeleteStale", {**RUNNING, "restartGeneration": 1, "gangCreated": False}, {}, [pod(0), pod(1, gen=1)],
+     {"pods": [], "delete": ["j-worker-0"]}),
+    ("Suspend", RUNNING, {"suspend": True}, [pod(0), pod(1)],
+     {"pods": [], "delete": ["j-worker-0", "j-worker-1"], "event": "Suspended"}),
+    ("Succeed", RUNNING, {}, [pod(0, phase="Succeeded"), pod(1)],
+     {"pods": [], "delete": ["j-worker-1"], "event": "Succeeded"}),
+    ("Fail", RUNNING, {}, [pod(0), pod(1, phase="Failed", exit_code=2)],
+     {"pods": [], "delete": ["j-worker-0"], "event": "PermanentError"}),
+])
+def test_every_lifecycle_action_becomes_api_calls(action, status, spec, pods, want):
+    p = plan(body(status=status, **spec), pods, {}, T0, S)
+    assert p.decision is not None and p.decision.action == action
+    assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == want["pods"]
+    assert sorted(p.delete_pods) == want["delete"]
+    if "event" in want:
+        assert want["event"] in [reason for _, reason, _ in p.events]
+    assert p.status is not None and p.status["phase"] == p.decision.phase

@@ -25,21 +25,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from kubetrain.core import contract, launcher
+from kubetrain.core import lifecycle as lc
 from kubetrain.core.api import FINISHED_PHASES, CheckpointRef, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
-from kubetrain.core.lifecycle import (
-    Action,
-    CreateWorkers,
-    Decision,
-    DeleteWorkers,
-    Observed,
-    Reason,
-    RecordEvent,
-    Scope,
-    Transition,
-    WorkerPhase,
-    WorkerState,
-    step,
-)
 from kubetrain.core.progress import Progress, complete_checkpoints, read_progress
 
 PYTHON_WORDS = ("python", "python3")
@@ -318,21 +305,21 @@ class LocalRun:
         done = complete_checkpoints(Path(self.spec.checkpoint.dir or ""))
         return CheckpointRef(step=done[-1][0], path=str(done[-1][1])) if done else None
 
-    def _worker_state(self, node_rank: int) -> WorkerState:
+    def _worker_state(self, node_rank: int) -> lc.WorkerState:
         """A process group as the lifecycle sees a pod: failed with the root cause, succeeded, or running."""
         group = [p for p in self.gen.procs if p.node_rank == node_rank] if self.gen else []
         codes = [p.popen.poll() for p in group]
         failed = [contract.exit_code(c) for c in codes if c is not None and c != 0]
         if failed:
-            return WorkerState(node_rank, WorkerPhase.FAILED, exit_code=contract.root_cause(failed))
+            return lc.WorkerState(node_rank, lc.WorkerPhase.FAILED, exit_code=contract.root_cause(failed))
         if all(c == 0 for c in codes):
-            return WorkerState(node_rank, WorkerPhase.SUCCEEDED, exit_code=0)
-        return WorkerState(node_rank, WorkerPhase.RUNNING)
+            return lc.WorkerState(node_rank, lc.WorkerPhase.SUCCEEDED, exit_code=0)
+        return lc.WorkerState(node_rank, lc.WorkerPhase.RUNNING)
 
-    def observe(self) -> Observed:
+    def observe(self) -> lc.Observed:
         gen, current = self.gen, self.job_status.restart_generation
         ranks = sorted({p.node_rank for p in gen.procs}) if gen is not None and gen.number == current else []
-        return Observed(
+        return lc.Observed(
             workers=tuple(self._worker_state(i) for i in ranks),
             stale_workers=len(gen.procs) if gen is not None and gen.number != current else 0,
             progress=read_progress(self.out),
@@ -341,28 +328,28 @@ class LocalRun:
 
     # ------------------------------------------------------------------ act
 
-    def carry_out(self, t: Transition, now: datetime) -> None:
+    def carry_out(self, t: lc.Transition, now: datetime) -> None:
         """Every effect of one lifecycle step: events are told first, then processes start or stop."""
         for effect in t.effects:
-            if isinstance(effect, RecordEvent):
+            if isinstance(effect, lc.RecordEvent):
                 self._tell(effect, t.decision)
         for effect in t.effects:
-            if isinstance(effect, CreateWorkers):
+            if isinstance(effect, lc.CreateWorkers):
                 self._start_generation(effect.generation, effect.indices, now)
-            elif isinstance(effect, DeleteWorkers):
+            elif isinstance(effect, lc.DeleteWorkers):
                 self._delete(effect.scope, t.decision)
             # DeleteJob: a local run keeps its output directory; it ends when the job finishes.
 
-    def _tell(self, event: RecordEvent, d: Decision | None) -> None:
-        if d is not None and d.action == Action.RESTART_GANG:
+    def _tell(self, event: lc.RecordEvent, d: lc.Decision | None) -> None:
+        if d is not None and d.action == lc.Action.RESTART_GANG:
             self.line.say(f"restarting: {event.message}")
         else:
             self.line.say(f"{event.reason}: {event.message}")
 
-    def _delete(self, scope: Scope, d: Decision | None) -> None:
+    def _delete(self, scope: lc.Scope, d: lc.Decision | None) -> None:
         """Stop the workers in scope. Processes that exited stay exited, so every scope stops what still runs;
         Stale only when this generation is an older one."""
-        if self.gen is None or (scope == Scope.STALE and self.gen.number == self.job_status.restart_generation):
+        if self.gen is None or (scope == lc.Scope.STALE and self.gen.number == self.job_status.restart_generation):
             return
         if d is not None:
             self._tail_failed_logs(d.failed_workers)
@@ -422,7 +409,7 @@ class LocalRun:
         """Step the lifecycle until the job is finished or suspended (nothing left running), or Ctrl-C."""
         while not self.stop_requested:
             now = now_utc()
-            t = step(self.spec, self.job_status, self.observe(), now)
+            t = lc.step(self.spec, self.job_status, self.observe(), now)
             self.job_status = t.status
             self.carry_out(t, now)
             if t.status.phase in FINISHED_PHASES or (t.status.phase == Phase.SUSPENDED and self.gen is None):
@@ -433,7 +420,7 @@ class LocalRun:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self._stop_all(STOP_GRACE_SECONDS)
         self.job_status = self.job_status.model_copy(update={
-            "phase": Phase.SUSPENDED, "reason": Reason.INTERRUPTED, "message": "stopped by the user; run again to resume"})
+            "phase": Phase.SUSPENDED, "reason": lc.Reason.INTERRUPTED, "message": "stopped by the user; run again to resume"})
 
     def _show(self, t0: float) -> None:
         g, mono = self.gen, time.monotonic()

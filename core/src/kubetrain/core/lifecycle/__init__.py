@@ -19,29 +19,13 @@ Rules (the same everywhere; one function each in `policies`):
 - A finished job: cleanPodPolicy, then ttlSecondsAfterFinished.
 """
 
+from kubetrain.core.lifecycle import model
 from kubetrain.core.lifecycle.machine import finished, step, view
-from kubetrain.core.lifecycle.model import (
-    Action,
-    CreateWorkers,
-    Decision,
-    DeleteJob,
-    DeleteWorkers,
-    Effect,
-    FailureKind,
-    Observed,
-    Reason,
-    RecordEvent,
-    Scope,
-    Transition,
-    WorkerPhase,
-    WorkerState,
-)
+from kubetrain.core.lifecycle.model import *  # noqa: F403 - the vocabulary, re-exported whole (model.__all__)
 from kubetrain.core.lifecycle.policies import JobView, backoff_seconds, classify, decide, restart_origin
 from kubetrain.core.lifecycle.status import phase_conditions, set_condition, take_progress
 
 __all__ = [
-    "Action", "CreateWorkers", "Decision", "DeleteJob", "DeleteWorkers", "Effect", "FailureKind", "JobView",
-    "Observed", "Reason", "RecordEvent", "Scope", "Transition", "WorkerPhase", "WorkerState", "backoff_seconds",
-    "classify", "decide", "finished", "phase_conditions", "restart_origin", "set_condition", "step",
-    "take_progress", "view",
+    *model.__all__, "JobView", "backoff_seconds", "classify", "decide", "finished", "phase_conditions",
+    "restart_origin", "set_condition", "step", "take_progress", "view",
 ]

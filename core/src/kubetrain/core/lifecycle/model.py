@@ -9,6 +9,11 @@ from datetime import datetime
 from kubetrain.core.api import CheckpointRef, Phase, TrainingJobStatus
 from kubetrain.core.progress import Progress
 
+__all__ = [
+    "Action", "CreateWorkers", "Decision", "DeleteJob", "DeleteWorkers", "Effect", "FailureKind", "Observed",
+    "Reason", "RecordEvent", "Scope", "Transition", "WorkerPhase", "WorkerState",
+]
+
 
 class WorkerPhase(enum.StrEnum):
     PENDING = "Pending"
