@@ -105,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{loss}, {summary.restarts} restart(s), {summary.tokens_per_second:,.0f} tokens/s, "
         f"{summary.wall_seconds:.1f}s; checkpoints at {summary.checkpoints}"
     )
-    if summary.phase == "Failed":
+    if summary.phase == Phase.FAILED:
         print(f"  {summary.message}", file=sys.stderr)
     print(f"summary: {opts.summary_json or Path(summary.output_dir) / 'summary.json'}")
     if summary.phase == Phase.SUSPENDED:  # suspend: true ends at once (0); Ctrl-C ends as a shell says (130)
