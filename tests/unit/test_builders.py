@@ -14,6 +14,10 @@ OWNER = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "name": "
          "controller": True, "blockOwnerDeletion": True}
 
 
+RESTRICTED_POD = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def job(**spec) -> TrainingJob:
     return TrainingJob.model_validate(
         {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
@@ -106,7 +110,7 @@ def test_checkpoints_go_to_a_claim_the_operator_creates_by_default():
         pod = b.worker_pod(j, i, 0, b.Settings(), OWNER)
         assert checkpoint_volume(pod) == {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "llm-checkpoints"}}
         # the trainer runs as 1000:1000 (trainer-image/Dockerfile): the group lets it write a fresh volume
-        assert pod["spec"]["securityContext"] == {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
+        assert pod["spec"]["securityContext"] == {**RESTRICTED_POD, "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
 @pytest.mark.parametrize(
@@ -134,7 +138,7 @@ def test_ephemeral_checkpoints_stay_in_each_pod():
     assert b.checkpoint_claim(j) is None and b.claim_name(j) is None
     pod = b.worker_pod(j, 1, 0, b.Settings())
     assert checkpoint_volume(pod) == {"name": "checkpoints", "emptyDir": {}}
-    assert "securityContext" not in pod["spec"]  # an emptyDir is writable by everyone already
+    assert pod["spec"]["securityContext"] == RESTRICTED_POD  # no fsGroup: an emptyDir is writable by everyone already
 
 
 def test_a_users_pod_security_context_is_kept_as_written():
@@ -142,6 +146,60 @@ def test_a_users_pod_security_context_is_kept_as_written():
     pod = b.worker_pod(job(podTemplate={"spec": {"securityContext": mine}}), 0, 0, b.Settings())
     assert pod["spec"]["securityContext"] == mine
     assert checkpoint_volume(pod)["persistentVolumeClaim"]["claimName"] == "llm-checkpoints"
+
+
+def test_the_default_worker_pod_meets_pod_security_restricted():
+    pod = b.worker_pod(job(workers=2, checkpoint={"ephemeral": True}), 1, 0, b.Settings())
+    assert pod["spec"]["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    (c,) = pod["spec"]["containers"]
+    assert c["securityContext"] == RESTRICTED_CONTAINER
+    assert b.FABRICS["none"].pod_security == "restricted"
+    assert not any(k in pod["spec"] for k in ("hostNetwork", "hostPID", "hostIPC"))
+    assert all("hostPort" not in port for port in c["ports"])
+    assert {next(iter(set(v) - {"name"})) for v in pod["spec"]["volumes"]} <= {"configMap", "emptyDir"}
+
+
+def test_a_users_empty_pod_security_context_wins_whole():
+    pod = b.worker_pod(job(podTemplate={"spec": {"securityContext": {}}}), 0, 0, b.Settings())
+    assert pod["spec"]["securityContext"] == {}  # theirs as written: no runAsNonRoot, no seccomp, no fsGroup
+    assert pod["spec"]["containers"][0]["securityContext"] == RESTRICTED_CONTAINER  # the container's is another key
+
+
+def test_a_users_trainer_container_security_context_wins_whole():
+    """Merged, `privileged: true` would meet our allowPrivilegeEscalation: false: the API server refuses that pair."""
+    mine = {"privileged": True}
+    tmpl = {"spec": {"containers": [{"name": "trainer", "securityContext": mine}, {"name": "sidecar", "image": "x"}]}}
+    pod = b.worker_pod(job(fabric="infiniband", podTemplate=tmpl), 0, 0, b.Settings())
+    trainer, sidecar = pod["spec"]["containers"]
+    assert trainer["securityContext"] == mine and "securityContext" not in sidecar
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True  # the pod's stays ours
+    other = b.worker_pod(job(podTemplate={"spec": {"containers": [{"name": "sidecar", "image": "x"}]}}), 0, 0,
+                         b.Settings())
+    assert other["spec"]["containers"][0]["securityContext"] == RESTRICTED_CONTAINER
+
+
+@pytest.mark.parametrize("fabric", ["infiniband", "roce", "efa"])
+def test_a_fabric_that_adds_ipc_lock_keeps_drop_all_and_needs_privileged(fabric):
+    pod = b.worker_pod(job(fabric=fabric), 0, 0, b.Settings())
+    assert pod["spec"]["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert b.FABRICS[fabric].pod_security == "privileged"  # IPC_LOCK is in neither restricted's nor baseline's list
+
+
+@pytest.mark.parametrize(("added", "level"), [
+    ((), "restricted"), (("NET_BIND_SERVICE",), "restricted"), (("CHOWN", "NET_BIND_SERVICE"), "baseline"),
+    (("SYS_CHROOT",), "baseline"), (("IPC_LOCK",), "privileged"), (("SETUID", "SYS_ADMIN"), "privileged"),
+])
+def test_pod_security_level_is_the_strictest_that_admits_the_added_capabilities(added, level):
+    assert b.pod_security_level(added) == level
+
+
+def test_docs_name_each_fabric_profiles_pod_security_level():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
+    for name, profile in b.FABRICS.items():
+        row = next((line for line in docs.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None and f"`{profile.pod_security}`" in row, (name, row)
 
 
 def test_claim_rules_name_the_field():

@@ -4,7 +4,8 @@ No API calls and no clock here. Children are named deterministically so that a
 create is idempotent (409 means it is already there):
   Service       <job>             headless, rendezvous DNS <job>-worker-<i>.<job>.<ns>.svc
   ConfigMap     <job>-config      config.json: the spec the trainer reads; launcher.py + contract.py for custom commands
-  Pod           <job>-worker-<i>  one per worker, labelled with its restart generation
+  Pod           <job>-worker-<i>  one per worker, labelled with its restart generation; passes Pod Security
+                                  `restricted` unless its fabric adds capabilities (FabricProfile.pod_security)
   PVC           <job>-checkpoints unless checkpoint.claimName or checkpoint.ephemeral is set
   Role          <job>-progress    get/patch of the pod <job>-worker-0 only (progressReporting)
   RoleBinding   <job>-progress    that Role for the workers' ServiceAccount
@@ -212,6 +213,48 @@ def progress_role_binding(job: TrainingJob, owner: dict[str, Any] | None = None)
     }
 
 
+# --------------------------------------------------------------------------- Pod Security Standards
+
+POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
+"""Pod Security Admission's levels (label pod-security.kubernetes.io/enforce), strictest first."""
+ADDABLE_CAPABILITIES = {
+    "restricted": frozenset({"NET_BIND_SERVICE"}),
+    "baseline": frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                           "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}),
+}
+"""The capabilities a container may add at each level (the Pod Security Standards); `privileged`: any."""
+
+
+def pod_security_level(added_capabilities: tuple[str, ...]) -> str:
+    """The strictest level that admits the default worker pod when its container adds these capabilities.
+
+    The rest of the default pod (non-root, seccomp RuntimeDefault, no privilege escalation, every
+    capability dropped first) passes `restricted`, so the added capabilities alone decide.
+    """
+    for level in POD_SECURITY_LEVELS[:-1]:
+        if set(added_capabilities) <= ADDABLE_CAPABILITIES[level]:
+            return level
+    return POD_SECURITY_LEVELS[-1]
+
+
+def _pod_security_context(claim: str | None) -> dict[str, Any]:
+    """Pod level: what `restricted` asks of every pod; fsGroup where a claim is mounted."""
+    context: dict[str, Any] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    if claim:
+        # A fresh volume is root-owned: the group lets the non-root trainer write it; OnRootMismatch spares
+        # a recursive chown of every checkpoint at each gang restart.
+        context.update(fsGroup=TRAINER_GID, fsGroupChangePolicy="OnRootMismatch")
+    return context
+
+
+def _container_security_context(added_capabilities: tuple[str, ...]) -> dict[str, Any]:
+    """Container level: every capability dropped, then the fabric's added back (see pod_security_level)."""
+    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
+    if added_capabilities:
+        capabilities["add"] = list(added_capabilities)
+    return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
+
+
 # --------------------------------------------------------------------------- fabric profiles
 
 
@@ -221,6 +264,11 @@ class FabricProfile:
     env: dict[str, str]
     capabilities: tuple[str, ...] = ()
     annotations: dict[str, str] | None = None
+
+    @property
+    def pod_security(self) -> str:
+        """The Pod Security Admission level a namespace needs to admit this profile's worker pods."""
+        return pod_security_level(self.capabilities)
 
 
 FABRICS: dict[str, FabricProfile] = {
@@ -319,10 +367,12 @@ def worker_pod(
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
     user_spec = (spec.pod_template or {}).get("spec") or {}
-    if claim and "securityContext" not in user_spec:  # a user's securityContext is theirs alone, not merged with ours
-        # A fresh volume is root-owned: the group lets the non-root trainer write it; OnRootMismatch spares
-        # a recursive chown of every checkpoint at each gang restart.
-        pod_spec["securityContext"] = {"fsGroup": TRAINER_GID, "fsGroupChangePolicy": "OnRootMismatch"}
+    # A user's securityContext (the pod's, or the trainer container's) replaces ours whole: merged, a
+    # `privileged: true` of theirs would meet our allowPrivilegeEscalation: false, which the API server refuses.
+    if "securityContext" not in user_spec:
+        pod_spec["securityContext"] = _pod_security_context(claim)
+    if "securityContext" in _user_container(user_spec):
+        del pod_spec["containers"][0]["securityContext"]
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": _worker_meta(job, index, generation, labels, owner),
            "spec": pod_spec}
     if spec.pod_template:
@@ -379,10 +429,16 @@ def _worker_container(job: TrainingJob, index: int, generation: int, settings: S
         container["command"] = command
     if args:
         container["args"] = args
-    capabilities = FABRICS[spec.fabric].capabilities
-    if capabilities:
-        container["securityContext"] = {"capabilities": {"add": list(capabilities)}}
+    container["securityContext"] = _container_security_context(FABRICS[spec.fabric].capabilities)
     return container
+
+
+def _user_container(user_spec: dict[str, Any]) -> dict[str, Any]:
+    """podTemplate.spec's entry for the trainer container (merged into ours by name), else {}."""
+    containers = user_spec.get("containers")
+    mine = [c for c in containers if isinstance(c, dict) and c.get("name") == CONTAINER] \
+        if isinstance(containers, list) else []
+    return mine[0] if mine else {}
 
 
 _MERGE_BY_NAME = {"containers", "initContainers", "volumes", "env", "volumeMounts", "ports"}
