@@ -14,6 +14,9 @@ from support.paths import CRD_FILE, QUICKSTART, REPO_ROOT
 from support.resources import FIELD_MANAGER, apply, wait_established
 from support.waiting import wait_for
 
+from kubetrain.core.api import GROUP, PLURAL, VERSION
+from kubetrain.core.validate import load_documents, problems_of
+
 pytestmark = pytest.mark.integration
 
 
@@ -77,3 +80,31 @@ def test_overlong_name_is_rejected_with_rule_message(trainingjobs: Any, namespac
         )
     assert rejected.value.status == 422
     assert "metadata.name must be at most 50 characters" in rejected.value.body
+
+
+MANIFESTS = REPO_ROOT / "tests" / "unit" / "manifests"
+VALIDATE_ONLY = {
+    "bad-kind.yaml": "a PyTorchJob, not sent to the TrainingJob resource",
+    "bad-infinite.yaml": "JSON has no infinity: kubectl cannot send it",
+    "bad-not-utf8.yaml": "not a manifest kubectl can read",
+    "bad-deep.yaml": "the API server nests further; `kubetrain validate` stops at 100 levels",
+}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in MANIFESTS.glob("bad-*.yaml") if p.name not in VALIDATE_ONLY)
+)
+def test_the_api_server_refuses_what_validate_refuses(
+    trainingjobs: Any, admin_api: client.ApiClient, namespace: str, name: str
+) -> None:
+    """The CRD and `kubetrain validate` agree: the server names each field validate names."""
+    (doc,) = load_documents(MANIFESTS / name)  # read as kubectl reads YAML (1e18 is a number)
+    problems = problems_of(doc)
+    assert problems, f"{name} is valid to kubetrain validate"
+    with pytest.raises(ApiException) as rejected:
+        client.CustomObjectsApi(admin_api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, doc, field_validation="Strict"
+        )
+    assert rejected.value.status in (400, 422), rejected.value.body
+    for problem in problems:
+        assert problem.path in rejected.value.body, (problem, rejected.value.body)

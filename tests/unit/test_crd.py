@@ -1,8 +1,11 @@
 """The CRD is generated from the models, structural, and in sync with crds/."""
 
+import re
 from pathlib import Path
 
+import pytest
 import yaml
+from pydantic import ValidationError
 
 from kubetrain.core import api
 from kubetrain.core.cli import main
@@ -70,3 +73,37 @@ def test_cel_rules_come_from_the_shared_rule_list():
     version = crd()["spec"]["versions"][0]
     rules = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"]
     assert [(r["rule"], r["message"]) for r in rules] == [(r.cel, r.message) for r in api.SPEC_RULES]
+
+
+def _spec_schema():
+    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def test_every_count_and_duration_has_a_maximum():
+    """No accepted value overflows later (timedelta, 2**n backoff) or leaves int64."""
+    numbers = [(p, n) for p, n in _walk(_spec_schema(), "spec") if n["type"] in ("integer", "number")]
+    unbounded = [p for p, n in numbers if "maximum" not in n and (n["type"] == "integer" or p.endswith("Seconds"))]
+    assert unbounded == []
+    props = _spec_schema()["properties"]
+    assert props["activeDeadlineSeconds"]["maximum"] == api.MAX_DEADLINE_SECONDS == 365 * 24 * 3600
+    assert props["restartPolicy"]["properties"]["maxBackoffSeconds"]["maximum"] == api.MAX_BACKOFF_SECONDS == 24 * 3600
+
+
+def test_the_longest_name_with_the_most_workers_gives_hostnames_within_63_characters():
+    longest = api.ObjectMeta(name="x" * 50).name
+    with pytest.raises(ValidationError):
+        api.ObjectMeta(name=longest + "x")
+    assert len(f"{longest}-worker-{api.MAX_WORKERS - 1}") <= 63
+
+
+def test_name_rule_in_cel_and_in_python_agree():
+    root_rules = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    assert f"self.metadata.name.matches('{api.JOB_NAME_PATTERN}')" in [r["rule"] for r in root_rules]
+    for name in ["job", "a", "job-1", "1job", "9", "team.job", "-job", "job-", "Job", "j-0-b"]:
+        cel_accepts = re.fullmatch(api.JOB_NAME_PATTERN, name) is not None
+        try:
+            api.ObjectMeta(name=name)
+            python_accepts = True
+        except ValidationError:
+            python_accepts = False
+        assert cel_accepts == python_accepts, name

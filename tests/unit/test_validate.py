@@ -1,10 +1,12 @@
 """`kubetrain validate`: exit codes and one field-path message per problem."""
 
+import random
 from pathlib import Path
 
 import pytest
 
 from kubetrain.core.cli import main
+from kubetrain.core.validate import load_job
 
 MANIFESTS = Path(__file__).parent / "manifests"
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +31,32 @@ EXPECTED = {
         "spec.checkpoint.ephemeral: checkpoint.ephemeral cannot be combined with checkpoint.claimName "
         "(a claim is durable storage): drop one"
     ],
+    "bad-missing-spec.yaml": ["spec: required"],
+    "bad-int64.yaml": ["spec.workers: must fit in 64 bits"],
+    "bad-infinite.yaml": ["spec.optimizer.lr: must be a finite number"],
+    "bad-string-bool.yaml": ["spec.suspend: must be true or false"],
+    "bad-string-number.yaml": ["spec.maxSteps: must be an integer"],
+    "bad-name-digit.yaml": [
+        "metadata.name: must start with a letter (it is also the name of the job's Service, a DNS-1035 label)"
+    ],
+    "bad-name-dot.yaml": ["metadata.name: must be a lowercase DNS label (a-z, 0-9, '-')"],
+    "bad-pod-name.yaml": ["spec.workers: must be <= 10000"],
+    "bad-cpu.yaml": ["spec.resources.cpu: must be a Kubernetes quantity (e.g. 500m, 16, 128Gi)"],
+    "bad-queue.yaml": [
+        "spec.scheduling.queue: must be a label value: letters, digits, '-', '_' or '.', "
+        "starting and ending with a letter or digit"
+    ],
+    "bad-env-without-name.yaml": ["spec.env[0]: needs a name (a non-empty string)"],
+    "bad-deadline.yaml": ["spec.activeDeadlineSeconds: must be <= 31536000"],
+    "bad-backoff.yaml": ["spec.restartPolicy.maxBackoffSeconds: must be <= 86400.0"],
+    "bad-backoff-limit.yaml": ["spec.restartPolicy.backoffLimit: must be <= 1000"],
+    "bad-metrics-port.yaml": [
+        "spec.metricsPort: metricsPort + processes per worker - 1 must be <= 65535 "
+        "(each process serves metrics on the next port)"
+    ],
+    "bad-claim-name.yaml": ["spec.checkpoint.claimName: must be a lowercase DNS subdomain (a-z, 0-9, '-', '.')"],
+    "bad-not-utf8.yaml": ["(file): not UTF-8 text (byte 110)"],
+    "bad-deep.yaml": ["spec.podTemplate: nested more than 100 levels deep"],
 }
 
 
@@ -69,3 +97,78 @@ def test_not_yaml_and_missing_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "not valid YAML" in err
     assert "absent.yaml: cannot read" in err
+
+
+HEADER = "apiVersion: kubetrain.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: edge}\n"
+HOSTILE = {
+    "random-bytes.yaml": random.Random(7).randbytes(4096),
+    "ten-megabytes.yaml": HEADER.encode() + b"spec: {image: '" + b"x" * 10_000_000 + b"'}\n",
+    "nul-byte.yaml": HEADER.encode() + b"spec: {image: \"a\x00b\"}\n",
+    "nested-flow.yaml": HEADER.encode() + b"spec: {podTemplate: " + b"[" * 20_000 + b"]" * 20_000 + b"}\n",
+    "self-alias.yaml": HEADER.encode() + b"spec: {podTemplate: &a {spec: [*a]}}\n",
+    "alias-bomb.yaml": HEADER.encode() + b"a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    + b"".join(b"%c: &%c [*%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c]\n" % ((c, c) + (c - 1,) * 10)
+               for c in range(ord("b"), ord("k"))),
+    "huge-integer.yaml": HEADER.encode() + b"spec: {maxSteps: " + b"9" * 5000 + b"}\n",
+    "bad-timestamp-tag.yaml": HEADER.encode() + b"spec: {image: !!timestamp nope}\n",
+    "python-tag.yaml": HEADER.encode() + b"spec: !!python/object:os.system {}\n",
+    "tab-indent.yaml": HEADER.encode() + b"spec:\n\tworkers: 2\n",
+    "empty.yaml": b"",
+    "list.yaml": b"- 1\n- 2\n",
+    "odd-key.yaml": HEADER.encode() + b"spec: {2020-01-01: d}\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_no_input_gives_a_traceback_only_exit_2_and_one_line(name, tmp_path, capsys):
+    f = tmp_path / name
+    f.write_bytes(HOSTILE[name])
+    assert main(["validate", str(f)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{f}: "), err
+
+
+def test_a_directory_is_a_read_error(tmp_path, capsys):
+    assert main(["validate", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"{tmp_path}: cannot read")
+
+
+def test_numbers_are_read_as_kubectl_reads_them(tmp_path):
+    """`3e-4` is a number (PyYAML alone reads a string), 2.0 an integer, as the API server decodes them."""
+    f = tmp_path / "numbers.yaml"
+    f.write_text(HEADER + "spec: {workers: 2.0, maxSteps: 1e3, optimizer: {lr: 3e-4, minLr: 1e-5}, image: 2024-01-01}\n")
+    spec = load_job(f).spec
+    assert (spec.workers, spec.max_steps, spec.optimizer.lr, spec.optimizer.min_lr) == (2, 1000, 3e-4, 1e-5)
+    assert spec.image == "2024-01-01"
+
+
+def test_nulls_are_dropped_as_the_api_server_prunes_them(tmp_path):
+    f = tmp_path / "nulls.yaml"
+    f.write_text(HEADER + "spec: {workers: null, restartPolicy: {backoffSeconds: ~}}\n")
+    spec = load_job(f).spec
+    assert spec.workers == 1 and spec.restart_policy.backoff_seconds == 5.0
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ("[{name: A, value: '1'}, {name: B, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]", None),
+    ("[{name: A, value: 1}]", "spec.env[0]: value must be a string"),
+    ("[{name: '', value: a}]", "spec.env[0]: needs a name (a non-empty string)"),
+    ("[{name: A, valueFrom: x}]", "spec.env[0]: valueFrom must be a mapping"),
+    ("[{name: A, vaule: a}]", "spec.env[0]: unknown field vaule (an EnvVar has name, value and valueFrom)"),
+])
+def test_env_entries_are_core_v1_env_vars(env, expected, tmp_path, capsys):
+    f = tmp_path / "env.yaml"
+    f.write_text(HEADER + f"spec: {{env: {env}}}\n")
+    assert main(["validate", str(f)]) == (2 if expected else 0)
+    err = capsys.readouterr().err.splitlines()
+    assert err == ([f"{f}: {expected}"] if expected else [])
+
+
+@pytest.mark.parametrize(("quantity", "ok"), [
+    ("500m", True), ("16", True), ("1.5", True), (".5", True), ("128Gi", True), ("1e3", True), ("2E", True),
+    ("lots", False), ("1 Gi", False), ("-1", False), ("1GB", False), ("", False),
+])
+def test_cpu_is_a_kubernetes_quantity(quantity, ok, tmp_path, capsys):
+    f = tmp_path / "cpu.yaml"
+    f.write_text(HEADER + f"spec: {{resources: {{cpu: '{quantity}', memory: '{quantity}'}}}}\n")
+    assert main(["validate", str(f)]) == (0 if ok else 2)

@@ -15,10 +15,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from kubetrain.core import contract
 
@@ -51,8 +52,36 @@ AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
 
 DEFAULT_CHECKPOINT_STORAGE = "10Gi"
 """Size of the checkpoint claim the operator creates when spec.checkpoint.storageSize is not set."""
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE]|[eE][0-9]+)?$"
-"""A Kubernetes resource quantity as storage sizes are written (`10Gi`, `500M`, `1e12`)."""
+QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$"
+"""A Kubernetes resource quantity (`500m`, `16`, `128Gi`, `1e12`)."""
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+"""A DNS-1035 label: the job's name is also its Service's name and the start of its pods' hostnames."""
+JOB_NAME_START_REASON: Final = "must start with a letter (it is also the name of the job's Service, a DNS-1035 label)"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+PATTERN_REASONS: Final = {
+    DNS_LABEL_PATTERN: "must be a lowercase DNS label (a-z, 0-9, '-')",
+    QUANTITY_PATTERN: "must be a Kubernetes quantity (e.g. 500m, 16, 128Gi)",
+    DNS_SUBDOMAIN_PATTERN: "must be a lowercase DNS subdomain (a-z, 0-9, '-', '.')",
+    LABEL_VALUE_PATTERN: "must be a label value: letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+}
+"""How `kubetrain validate` words a value that does not match one of these patterns."""
+OWN_ERROR: Final = "kubetrain"
+"""Error type of the problems our own validators raise: their message is already the reason."""
+
+# Maxima: every count and duration has one, so that no accepted value overflows later
+# (timedelta, 2**n backoff, int64 in the API server) or exceeds what a Kubernetes name can hold.
+MAX_WORKERS: Final = 10_000
+"""With a 50-character job name the last pod's hostname, `<job>-worker-9999`, stays within 63 characters."""
+MAX_PROCS_PER_WORKER: Final = 256
+MAX_STEPS: Final = 1_000_000_000
+MAX_DEADLINE_SECONDS: Final = 31_536_000
+"""One year: activeDeadlineSeconds, progressDeadlineSeconds, ttlSecondsAfterFinished."""
+MAX_BACKOFF_SECONDS: Final = 86_400
+"""One day: backoffSeconds, maxBackoffSeconds, nodeNotReadyGraceSeconds."""
+ExitCode = Annotated[int, Field(ge=1, le=255)]
+"""A worker's non-zero exit code (128 + N: killed by signal N)."""
 
 # Conditions beside the phase ones (Created, Running, Restarting, Suspended, Succeeded, Failed).
 CHECKPOINTS_DURABLE = "CheckpointsDurable"
@@ -83,6 +112,10 @@ class ConditionReason(enum.StrEnum):
     """WorkersBlocked: unschedulable because the checkpoint claim is not bound (or does not exist)."""
     WORKERS_STARTING = "WorkersStarting"
     """WorkersBlocked False: no worker pod is blocked any more."""
+    CREATE_REJECTED = "CreateRejected"
+    """WorkersBlocked: the API server refused a worker pod (ResourceQuota, Pod Security Admission, an invalid field)."""
+    FOREIGN_OBJECT = "ForeignObject"
+    """WorkersBlocked: an object with a child's name exists and is not owned by this job; it is not adopted."""
 
 
 class _Model(BaseModel):
@@ -94,6 +127,7 @@ class _Model(BaseModel):
         extra="forbid",
         use_attribute_docstrings=True,
         validate_default=True,
+        allow_inf_nan=False,  # JSON (and so the API server) has no infinity or NaN
     )
 
     def dump(self) -> dict[str, Any]:
@@ -129,16 +163,16 @@ class DeepSpeedSpec(_Model):
 class ModelSpec(_Model):
     """The model to train: the built-in decoder-only transformer, or a Hugging Face causal LM from a local path."""
 
-    vocab_size: int = Field(256, ge=2)
-    """Vocabulary size of the built-in transformer (256 for the byte-level tokenizer)."""
-    d_model: int = Field(128, ge=8)
-    """Hidden size of the built-in transformer."""
-    n_layers: int = Field(2, ge=1)
-    """Number of transformer blocks."""
-    n_heads: int = Field(4, ge=1)
-    """Attention heads per block; dModel must be divisible by it."""
-    seq_len: int = Field(128, ge=8)
-    """Sequence length (tokens per sample)."""
+    vocab_size: int = Field(256, ge=2, le=1_048_576)
+    """Vocabulary size of the built-in transformer (256 for the byte-level tokenizer). At most 1048576."""
+    d_model: int = Field(128, ge=8, le=65_536)
+    """Hidden size of the built-in transformer. At most 65536."""
+    n_layers: int = Field(2, ge=1, le=1024)
+    """Number of transformer blocks. At most 1024."""
+    n_heads: int = Field(4, ge=1, le=1024)
+    """Attention heads per block; dModel must be divisible by it. At most 1024."""
+    seq_len: int = Field(128, ge=8, le=1_048_576)
+    """Sequence length (tokens per sample). At most 1048576."""
     hf_path: str | None = None
     """Local path (volume) of a Hugging Face causal LM to train instead of the built-in model. Never downloaded from a hub."""
 
@@ -169,8 +203,8 @@ class OptimizerSpec(_Model):
     """Adam beta1."""
     beta2: float = Field(0.95, ge=0, lt=1)
     """Adam beta2."""
-    warmup_steps: int = Field(10, ge=0)
-    """Linear warmup steps."""
+    warmup_steps: int = Field(10, ge=0, le=MAX_STEPS)
+    """Linear warmup steps. At most 1000000000."""
     grad_clip: float = Field(1.0, ge=0)
     """Clip the global gradient norm to this value (0 disables clipping)."""
 
@@ -178,20 +212,20 @@ class OptimizerSpec(_Model):
 class CheckpointSpec(_Model):
     """Checkpointing: periodic, on SIGTERM, atomic, and used for every gang restart."""
 
-    every_steps: int = Field(50, ge=1)
-    """Save a checkpoint every N optimizer steps (and at the last step)."""
-    keep: int = Field(3, ge=1)
-    """Keep the newest K complete checkpoints; older ones are deleted."""
+    every_steps: int = Field(50, ge=1, le=MAX_STEPS)
+    """Save a checkpoint every N optimizer steps (and at the last step). At most 1000000000."""
+    keep: int = Field(3, ge=1, le=1000)
+    """Keep the newest K complete checkpoints; older ones are deleted. At most 1000."""
     on_sigterm: bool = True
     """Save a checkpoint when a worker is asked to stop (preemption, node drain, Ctrl-C)."""
     dir: str | None = None
     """Checkpoint directory. Default: `<output dir>/checkpoints` locally, `/checkpoints` in pods. In pods the
     checkpoint volume (the claim, or the emptyDir when ephemeral) is mounted here."""
-    claim_name: str | None = None
+    claim_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """An existing PersistentVolumeClaim mounted at the checkpoint directory (`dir`, default /checkpoints) in every worker pod instead of the one the operator creates. With more than one worker it must be ReadWriteMany (unless every worker lands on one node)."""
     storage_size: str = Field(DEFAULT_CHECKPOINT_STORAGE, pattern=QUANTITY_PATTERN)
     """Size of the claim `<job>-checkpoints` that the operator creates, owned by the job and deleted with it, when neither claimName nor ephemeral is set."""
-    storage_class_name: str | None = None
+    storage_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """StorageClass of the claim the operator creates. Unset: the cluster's default StorageClass."""
     access_mode: AccessMode | None = None
     """Access mode of the claim the operator creates. Unset: ReadWriteOnce for one worker, ReadWriteMany for more (every worker mounts the same claim, so its StorageClass must offer ReadWriteMany: NFS, EFS, Filestore, Azure Files, CephFS, ...)."""
@@ -202,34 +236,54 @@ class CheckpointSpec(_Model):
 class ResourcesSpec(_Model):
     """Per-worker-pod resources."""
 
-    gpus_per_worker: int = Field(0, ge=0)
-    """GPUs requested per worker pod (`nvidia.com/gpu`). Also the default procsPerWorker when that is not set."""
-    cpu: str | None = None
-    """CPU request and limit per worker pod (e.g. `16`)."""
-    memory: str | None = None
+    gpus_per_worker: int = Field(0, ge=0, le=64)
+    """GPUs requested per worker pod (`nvidia.com/gpu`). Also the default procsPerWorker when that is not set. At most 64."""
+    cpu: str | None = Field(None, pattern=QUANTITY_PATTERN)
+    """CPU request and limit per worker pod, a quantity written as a string (e.g. `"16"`, `500m`)."""
+    memory: str | None = Field(None, pattern=QUANTITY_PATTERN)
     """Memory request and limit per worker pod (e.g. `128Gi`)."""
-    shm_size: str = "16Gi"
+    shm_size: str = Field("16Gi", pattern=QUANTITY_PATTERN)
     """Size of the in-memory /dev/shm volume."""
-    extra: dict[str, str] | None = None
+    extra: dict[str, Annotated[str, Field(pattern=QUANTITY_PATTERN)]] | None = None
     """Extra extended resources per worker pod (e.g. `rdma/ib: "1"`). Merged over those the fabric profile adds; yours win."""
+
+
+FailureAction = Literal["FailJob", "RestartGang", "RestartGangAndIgnore"]
+FailureName = Literal["ExitCode", "Deleted", "Disrupted", "Evicted", "OOMKilled", "NodeLost", "NoProgress",
+                      "StartTimeout"]
+
+
+class FailureRule(_Model):
+    """What one kind of failure does to the job. The first rule that matches wins."""
+
+    action: FailureAction
+    """FailJob: fail at once. RestartGang: restart, counted against backoffLimit. RestartGangAndIgnore: restart, not counted."""
+    on_exit_codes: list[ExitCode] | None = Field(None, min_length=1, max_length=255)
+    """Matches a worker that exited with one of these codes."""
+    on_failures: list[FailureName] | None = Field(None, min_length=1, max_length=8)
+    """Matches these failures: ExitCode (any other non-zero exit), Deleted, Disrupted (preempted, evicted through the API, drained: the pod's DisruptionTarget condition), Evicted (by the kubelet), OOMKilled, NodeLost, NoProgress, StartTimeout."""
 
 
 class RestartPolicySpec(_Model):
     """When and how the whole gang is restarted from the latest complete checkpoint."""
 
-    backoff_limit: int = Field(3, ge=0)
-    """Gang restarts allowed before the job fails."""
-    backoff_seconds: float = Field(5.0, ge=0)
-    """Delay before the first restart; doubles after each restart."""
-    max_backoff_seconds: float = Field(300.0, ge=0)
-    """Upper bound of the restart delay."""
-    permanent_exit_codes: list[int] = Field(default_factory=lambda: [
+    backoff_limit: int = Field(3, ge=0, le=1000)
+    """Gang restarts allowed before the job fails. At most 1000."""
+    backoff_seconds: float = Field(5.0, ge=0, le=MAX_BACKOFF_SECONDS)
+    """Delay before the first restart; doubles after each restart. At most 86400 (one day)."""
+    max_backoff_seconds: float = Field(300.0, ge=0, le=MAX_BACKOFF_SECONDS)
+    """Upper bound of the restart delay. At most 86400 (one day)."""
+    permanent_exit_codes: list[ExitCode] = Field(max_length=255, default_factory=lambda: [
         contract.CONFIG_ERROR_EXIT_CODE, contract.COMMAND_NOT_EXECUTABLE_EXIT_CODE, contract.COMMAND_NOT_FOUND_EXIT_CODE])
-    """Worker exit codes that fail the job at once (configuration errors). Every other non-zero exit, signal, eviction or lost node restarts the gang."""
-    progress_deadline_seconds: int | None = Field(None, ge=1)
-    """Restart the gang when rank 0 reports no new step for this long (hang detection). Unset disables it."""
-    node_not_ready_grace_seconds: int = Field(60, ge=0)
-    """How long a worker's node may be NotReady before the gang is restarted."""
+    """Worker exit codes (1 to 255) that fail the job at once (configuration errors). Every other non-zero exit, signal, eviction or lost node restarts the gang."""
+    progress_deadline_seconds: int | None = Field(None, ge=1, le=MAX_DEADLINE_SECONDS)
+    """Restart the gang when rank 0 reports no new step for this long (hang detection). Unset disables it. At most 31536000 (one year)."""
+    node_not_ready_grace_seconds: int = Field(60, ge=0, le=MAX_BACKOFF_SECONDS)
+    """How long a worker's node may be NotReady before the gang is restarted. At most 86400 (one day)."""
+    start_timeout_seconds: int | None = Field(None, ge=1, le=31536000)
+    """How long a gang may take from its creation until every worker runs (pods unschedulable, refused, pulling images). Past it the gang is released, so its scheduled pods give their GPUs back, and restarted as a counted failure (StartTimeout). Unset: the job waits, saying why in the WorkersBlocked condition."""
+    rules: list[FailureRule] | None = Field(None, max_length=32)
+    """Failure rules, tried in order before the defaults: permanentExitCodes fail the job; disruptions (Disrupted, Evicted) restart the gang without counting against backoffLimit; every other failure restarts it and counts."""
 
 
 class SchedulingSpec(_Model):
@@ -241,14 +295,48 @@ class SchedulingSpec(_Model):
     """Tolerations of worker pods (core/v1 Toleration objects)."""
     affinity: dict[str, Any] | None = None
     """Affinity of worker pods (core/v1 Affinity)."""
-    priority_class_name: str | None = None
+    priority_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """PriorityClass of worker pods."""
-    queue: str | None = None
-    """Kueue LocalQueue: set as the `kueue.x-k8s.io/queue-name` label; Kueue admits the job by clearing spec.suspend."""
+    queue: str | None = Field(None, min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)
+    """Kueue LocalQueue: set as the `kueue.x-k8s.io/queue-name` label (so a label value: at most 63 characters); Kueue admits the job by clearing spec.suspend."""
     gang: Literal["none", "volcano", "coscheduling"] = "none"
     """Create a PodGroup so that a gang scheduler places all workers at once or none."""
     scheduler_name: str | None = None
     """Scheduler for worker pods (set automatically for gang `volcano`)."""
+
+
+ENV_VAR_KEYS: Final = ("name", "value", "valueFrom")
+
+
+def _env_var(entry: dict[str, Any]) -> dict[str, Any]:
+    """A core/v1 EnvVar, kept a plain dict (it is copied into pods as it is)."""
+    if not isinstance(entry.get("name"), str) or not entry["name"]:
+        raise PydanticCustomError(OWN_ERROR, "needs a name (a non-empty string)")
+    unknown = sorted(set(entry) - set(ENV_VAR_KEYS))
+    if unknown:
+        raise PydanticCustomError(OWN_ERROR, "unknown field {field} (an EnvVar has name, value and valueFrom)",
+                                  {"field": unknown[0]})
+    if not isinstance(entry.get("value", ""), str):
+        raise PydanticCustomError(OWN_ERROR, "value must be a string")
+    if not isinstance(entry.get("valueFrom", {}), dict):
+        raise PydanticCustomError(OWN_ERROR, "valueFrom must be a mapping")
+    return entry
+
+
+EnvVar = Annotated[
+    dict[str, Any],
+    AfterValidator(_env_var),
+    WithJsonSchema({
+        "type": "object",
+        "description": "A core/v1 EnvVar.",
+        "required": ["name"],
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "description": "Name of the variable."},
+            "value": {"type": "string", "description": "Its value."},
+            "valueFrom": {"type": "object", "description": "Where its value comes from (core/v1 EnvVarSource)."},
+        },
+    }),
+]
 
 
 # --------------------------------------------------------------------------- cross-field rules
@@ -307,6 +395,12 @@ SPEC_RULES: list[Rule] = [
         lambda s: s.deepspeed is None or not s.deepspeed.offload_optimizer or s.deepspeed.zero_stage >= 1,
     ),
     Rule(
+        "restartPolicy.rules",
+        "!has(self.restartPolicy.rules) || self.restartPolicy.rules.all(r, has(r.onExitCodes) || has(r.onFailures))",
+        "every restartPolicy rule needs onExitCodes or onFailures",
+        lambda s: all(r.on_exit_codes or r.on_failures for r in s.restart_policy.rules or []),
+    ),
+    Rule(
         "command",
         "!has(self.args) || has(self.command)",
         "args needs command (custom script mode)",
@@ -330,6 +424,13 @@ SPEC_RULES: list[Rule] = [
         "precision fp16 with strategy deepspeed needs GPUs (DeepSpeed has no fp16 on CPU); use bf16",
         lambda s: s.precision != "fp16" or s.strategy != "deepspeed" or s.resources.gpus_per_worker > 0,
     ),
+    Rule(
+        "metricsPort",
+        "self.metricsPort + (has(self.procsPerWorker) ? self.procsPerWorker"
+        " : (self.resources.gpusPerWorker > 0 ? self.resources.gpusPerWorker : 1)) - 1 <= 65535",
+        "metricsPort + processes per worker - 1 must be <= 65535 (each process serves metrics on the next port)",
+        lambda s: s.metrics_port + s.procs - 1 <= 65535,
+    ),
 ]
 
 
@@ -339,17 +440,17 @@ SPEC_RULES: list[Rule] = [
 class TrainingJobSpec(_Model):
     """Desired state of a TrainingJob: what to train, on how many workers, and how to survive failures."""
 
-    workers: int = Field(1, ge=1)
-    """Number of worker pods (nodes). Every worker runs procsPerWorker processes."""
-    procs_per_worker: int | None = Field(None, ge=1)
-    """Processes per worker (one per GPU). Default: resources.gpusPerWorker, or 1 without GPUs."""
+    workers: int = Field(1, ge=1, le=MAX_WORKERS)
+    """Number of worker pods (nodes). Every worker runs procsPerWorker processes. At most 10000 (so that pod hostnames `<job>-worker-<i>` fit in 63 characters)."""
+    procs_per_worker: int | None = Field(None, ge=1, le=MAX_PROCS_PER_WORKER)
+    """Processes per worker (one per GPU). Default: resources.gpusPerWorker, or 1 without GPUs. At most 256."""
     image: str | None = None
     """Worker container image. Default: the operator's trainer image."""
     command: list[str] | None = None
     """Custom script mode: run this command in every worker instead of the built-in trainer. It receives the same environment contract (MASTER_ADDR, RANK, KUBETRAIN_CHECKPOINT_DIR, ...)."""
     args: list[str] | None = None
     """Arguments for command."""
-    env: list[dict[str, Any]] | None = None
+    env: list[EnvVar] | None = None
     """Extra environment variables for every worker container (core/v1 EnvVar objects). They override kubetrain's."""
     strategy: Strategy = "ddp"
     """Parallelism strategy: `ddp` (DistributedDataParallel), `fsdp` (FSDP2 fully_shard) or `deepspeed` (ZeRO)."""
@@ -359,16 +460,16 @@ class TrainingJobSpec(_Model):
     """DeepSpeed options (strategy deepspeed only)."""
     precision: Precision = "bf16"
     """Numeric precision: `fp32`, `bf16` (autocast / mixed precision) or `fp16` (with dynamic loss scaling)."""
-    gradient_accumulation_steps: int = Field(1, ge=1)
-    """Micro-batches accumulated per optimizer step."""
+    gradient_accumulation_steps: int = Field(1, ge=1, le=10_000)
+    """Micro-batches accumulated per optimizer step. At most 10000."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of storing them."""
-    micro_batch_size: int = Field(8, ge=1)
-    """Samples per process per micro-batch. Global batch = microBatchSize x gradientAccumulationSteps x world size."""
-    max_steps: int = Field(100, ge=1)
-    """Optimizer steps to train; the job succeeds when rank 0 reaches it."""
-    seed: int = Field(1234, ge=0)
-    """Seed for initialisation and data order; the same seed gives the same run."""
+    micro_batch_size: int = Field(8, ge=1, le=65_536)
+    """Samples per process per micro-batch. Global batch = microBatchSize x gradientAccumulationSteps x world size. At most 65536."""
+    max_steps: int = Field(100, ge=1, le=MAX_STEPS)
+    """Optimizer steps to train; the job succeeds when rank 0 reaches it. At most 1000000000."""
+    seed: int = Field(1234, ge=0, le=2**32 - 1)
+    """Seed for initialisation and data order; the same seed gives the same run. At most 4294967295."""
     model: ModelSpec = Field(default_factory=ModelSpec)
     """The model."""
     data: DataSpec = Field(default_factory=DataSpec)
@@ -388,15 +489,15 @@ class TrainingJobSpec(_Model):
     fabric: Literal["none", "infiniband", "roce", "efa", "tcpx"] = "none"
     """Network fabric profile: adds the device resources, IPC_LOCK, NCCL/libfabric environment and annotations for it. Your own env and resources win."""
     metrics_port: int = Field(9400, ge=1024, le=65535)
-    """Port of every worker's Prometheus endpoint (local runs use consecutive ports from it)."""
+    """Port of every worker's Prometheus endpoint; a worker's processes use consecutive ports from it (local runs: every rank), so metricsPort + procsPerWorker - 1 must be at most 65535."""
     progress_reporting: bool = True
     """Rank 0 reports its progress (step, loss, last checkpoint) by annotating its own pod `kubetrain.io/progress`; the operator turns it into status and uses it for restartPolicy.progressDeadlineSeconds. The operator creates a Role and RoleBinding `<job>-progress` that let the workers' ServiceAccount get and patch only the pod `<job>-worker-0`. False creates neither and tells no worker its pod name: status then shows no progress unless something else writes the annotation."""
     suspend: bool = False
     """Suspended jobs have no pods; resuming starts a new gang from the latest checkpoint (Kueue sets and clears it)."""
-    active_deadline_seconds: int | None = Field(None, ge=1)
-    """Fail the job when it has been active (not suspended) this long."""
-    ttl_seconds_after_finished: int | None = Field(None, ge=0)
-    """Delete the job this long after it finished. Unset keeps it."""
+    active_deadline_seconds: int | None = Field(None, ge=1, le=MAX_DEADLINE_SECONDS)
+    """Fail the job when it has been active (not suspended) this long. At most 31536000 (one year)."""
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, le=MAX_DEADLINE_SECONDS)
+    """Delete the job this long after it finished. Unset keeps it. At most 31536000 (one year)."""
     clean_pod_policy: Literal["None", "Running", "All"] = "Running"
     """Which pods to delete when the job finishes: `None`, `Running` (still running ones) or `All`."""
 
@@ -457,6 +558,8 @@ class TrainingJobStatus(_Model):
     """ready/total, for the printer column."""
     restart_count: int = 0
     """Gang restarts so far."""
+    ignored_restarts: int = 0
+    """Restarts not counted against backoffLimit (disruptions, RestartGangAndIgnore rules)."""
     restart_generation: int = 0
     """Generation of the current gang (0 for the first)."""
     resumed_from_step: int = 0
@@ -467,6 +570,8 @@ class TrainingJobStatus(_Model):
     """When the last gang restart was decided (RFC 3339); the next generation starts after the backoff."""
     running_since: str | None = None
     """When every worker of the current generation was first seen Running."""
+    gang_created_time: str | None = None
+    """When the current gang's workers were created (restartPolicy.startTimeoutSeconds counts from it)."""
     last_failure_time: str | None = None
     """When the last worker failure was seen (recovery time runs from here to all workers Running)."""
     reason: str = ""
@@ -497,14 +602,22 @@ class ObjectMeta(_Model):
     """The subset of metadata kubetrain reads."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
-    name: str = Field(..., min_length=1, max_length=50, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    """Job name: a DNS label of at most 50 characters (pod hostnames append `-worker-<i>` and must stay within 63)."""
+    name: str = Field(..., min_length=1, max_length=50, pattern=DNS_LABEL_PATTERN)
+    """Job name: a DNS label of at most 50 characters (pod hostnames append `-worker-<i>` and must stay within 63)
+    that starts with a letter (it is also the name of the job's Service, a DNS-1035 label)."""
     namespace: str | None = None
     """Namespace."""
     labels: dict[str, str] | None = None
     """Labels."""
     annotations: dict[str, str] | None = None
     """Annotations."""
+
+    @field_validator("name")
+    @classmethod
+    def _starts_with_letter(cls, name: str) -> str:
+        if not name[:1].isalpha():  # the pattern, checked before, allows a-z and 0-9 only
+            raise PydanticCustomError(OWN_ERROR, JOB_NAME_START_REASON)
+        return name
 
 
 class TrainingJob(_Model):

@@ -48,7 +48,8 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
     if "const" in node:
         out["type"] = "string"
         out["enum"] = [node["const"]]
-    for key in ("type", "description", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern", "default"):
+    for key in ("type", "description", "enum", "minimum", "maximum", "minLength", "maxLength", "pattern",
+                "minItems", "maxItems", "default"):
         if key in node and key not in out:
             out[key] = node[key]
     for key, flag in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
@@ -109,7 +110,12 @@ def openapi_schema() -> dict[str, Any]:
         {
             "rule": "self.metadata.name.size() <= 50",
             "message": "metadata.name must be at most 50 characters (worker hostnames append -worker-<i>)",
-        }
+        },
+        {
+            "rule": f"self.metadata.name.matches('{api.JOB_NAME_PATTERN}')",
+            "message": "metadata.name must be a lowercase DNS label (a-z, 0-9, '-') that starts with a letter"
+            " (it is also the name of the job's Service, a DNS-1035 label)",
+        },
     ]
     return schema
 

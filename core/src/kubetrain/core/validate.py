@@ -1,12 +1,17 @@
 """Load TrainingJob manifests and explain what is wrong with them, one line per problem.
 
 Every problem names the field path as a user writes it (`spec.deepspeed.zeroStage`)
-and the reason (`must be <= 3`). The same cross-field rules the CRD enforces with
-CEL are checked here (see api.SPEC_RULES).
+and the reason (`must be <= 3`). A manifest is judged as the API server judges it:
+YAML read as kubectl reads it, values typed as JSON types them (no "yes" for true,
+no "5" for 5), nulls dropped as the API server prunes them, and the same cross-field
+rules the CRD enforces with CEL (see api.SPEC_RULES). No input makes this raise
+anything but ManifestError or OSError.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +20,15 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from kubetrain.core.api import API_VERSION, KIND, TrainingJob
+from kubetrain.core.api import API_VERSION, KIND, OWN_ERROR, PATTERN_REASONS, TrainingJob
+
+MAX_MANIFEST_BYTES = 1_572_864
+"""1.5 MiB, etcd's default limit for one object: a bigger manifest cannot be stored anyway."""
+MAX_DEPTH = 100
+"""Nesting deeper than any pod template needs (and than a self-referencing YAML alias can get)."""
+MAX_VALUES = 1_000_000
+"""Values in one document once YAML aliases are expanded (an alias "bomb" expands to billions)."""
+INT64 = 2**63
 
 
 @dataclass(frozen=True)
@@ -42,74 +55,186 @@ def _path(loc: tuple[int | str, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + part
+            out += ("." if out else "") + str(part)
     return out or "(root)"
+
+
+_SIMPLE_REASONS = {
+    "missing": "required",
+    "extra_forbidden": "unknown field",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+}
+_BOUNDS = {
+    "greater_than_equal": (">=", "ge"),
+    "greater_than": (">", "gt"),
+    "less_than_equal": ("<=", "le"),
+    "less_than": ("<", "lt"),
+}
 
 
 def _reason(err: ErrorDetails) -> str:
     kind = err["type"]
     ctx = err.get("ctx") or {}
-    simple = {
-        "missing": "required",
-        "extra_forbidden": "unknown field",
-        "int_type": "must be an integer",
-        "int_parsing": "must be an integer",
-        "int_from_float": "must be an integer",
-        "float_type": "must be a number",
-        "float_parsing": "must be a number",
-        "bool_type": "must be true or false",
-        "bool_parsing": "must be true or false",
-        "string_type": "must be a string",
-        "list_type": "must be a list",
-        "dict_type": "must be a mapping",
-        "model_type": "must be a mapping",
-        "model_attributes_type": "must be a mapping",
-        "string_pattern_mismatch": "must be a lowercase DNS label (a-z, 0-9, '-')",
-    }
-    if kind in simple:
-        return simple[kind]
-    bounds = {
-        "greater_than_equal": (">=", "ge"),
-        "greater_than": (">", "gt"),
-        "less_than_equal": ("<=", "le"),
-        "less_than": ("<", "lt"),
-    }
-    if kind in bounds:
-        op, key = bounds[kind]
+    if kind in _SIMPLE_REASONS:
+        return _SIMPLE_REASONS[kind]
+    if kind == OWN_ERROR:
+        return str(err["msg"])
+    if kind in _BOUNDS:
+        op, key = _BOUNDS[kind]
         return f"must be {op} {ctx.get(key)}"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}"
-    if kind == "string_too_short":
-        return f"must have at least {ctx.get('min_length')} characters"
-    if kind == "string_too_long":
-        return f"must have at most {ctx.get('max_length')} characters"
+    if kind == "string_pattern_mismatch":
+        return PATTERN_REASONS.get(str(ctx.get("pattern")), f"must match {ctx.get('pattern')}")
+    if kind in ("string_too_short", "too_short"):
+        unit = "characters" if kind.startswith("string") else "items"
+        return f"must have at least {ctx.get('min_length')} {unit}"
+    if kind in ("string_too_long", "too_long"):
+        unit = "characters" if kind.startswith("string") else "items"
+        return f"must have at most {ctx.get('max_length')} {unit}"
     return str(err["msg"]).lower()
 
 
-def problems_of(doc: Any) -> list[Problem]:
-    """Every problem of one parsed manifest document; empty when it is a valid TrainingJob."""
+# --------------------------------------------------------------------------- YAML as kubectl reads it
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, typed as kubectl's YAML reader types plain scalars: `1e18` and `3e-4` are
+    numbers (YAML 1.2; PyYAML alone makes them strings) and timestamps stay strings."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(  # after PyYAML's int and float: catches what they leave, `1e18`
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """One line for any error PyYAML raises (its own messages span several lines)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"not valid YAML: {exc.problem} (line {mark.line + 1}, column {mark.column + 1})"
+    if isinstance(exc, RecursionError):
+        return "not valid YAML: nested too deeply"
+    return "not valid YAML: " + " ".join(str(exc).split())
+
+
+def load_documents(path: Path) -> list[Any]:
+    """The documents of a YAML file; ManifestError when it is too big, not UTF-8 or not YAML."""
+    with Path(path).open("rb") as f:
+        raw = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError(str(path), [Problem("(file)", "larger than 1.5 MiB, the most the API server stores")])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(str(path), [Problem("(file)", f"not UTF-8 text (byte {exc.start})")]) from None
+    try:
+        return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+    except Exception as exc:  # noqa: BLE001 - PyYAML raises more than YAMLError on hostile input
+        raise ManifestError(str(path), [Problem("(file)", _yaml_problem(exc))]) from None
+
+
+# --------------------------------------------------------------------------- values as the API server has them
+
+
+class _Unacceptable(Exception):
+    def __init__(self, loc: tuple[int | str, ...], reason: str):
+        super().__init__(reason)
+        self.problem = Problem(_path(loc), reason)
+
+
+def _key(key: Any) -> str:
+    """A mapping key as YAML-to-JSON conversion writes it (`1` -> "1", `true` -> "true")."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool | int | float):
+        return json.dumps(key)
+    return str(key)
+
+
+def _scalar(value: Any, loc: tuple[int | str, ...]) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        if not -INT64 <= value < INT64:
+            raise _Unacceptable(loc, "must fit in 64 bits")
+        return value
+    if isinstance(value, float):  # the API server's decoder reads 5.0 as the integer 5
+        return int(value) if value.is_integer() and abs(value) < INT64 else value
+    return str(value)  # dates and binaries from explicit tags: kubectl sends them as strings
+
+
+def as_json(doc: Any) -> Any:
+    """The document as the API server decodes it: JSON types, string keys, null fields pruned.
+
+    _Unacceptable names the first place where it is nested too deeply or expands to too many values.
+    """
+    budget = [MAX_VALUES]
+
+    def walk(node: Any, loc: tuple[int | str, ...]) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _Unacceptable((), f"more than {MAX_VALUES} values (YAML aliases expand to too many)")
+        if len(loc) > MAX_DEPTH:
+            raise _Unacceptable(loc[:2], f"nested more than {MAX_DEPTH} levels deep")
+        if isinstance(node, dict):
+            return {_key(k): walk(v, (*loc, _key(k))) for k, v in node.items() if v is not None}
+        if isinstance(node, list | tuple):
+            return [walk(v, (*loc, i)) for i, v in enumerate(node)]
+        return _scalar(node, loc)
+
+    return walk(doc, ())
+
+
+# --------------------------------------------------------------------------- judging one document
+
+
+def check(doc: Any) -> tuple[TrainingJob | None, list[Problem]]:
+    """The TrainingJob of one parsed manifest document, or None and every problem it has."""
     if not isinstance(doc, dict):
-        return [Problem("(root)", "must be a mapping (a TrainingJob manifest)")]
+        return None, [Problem("(root)", "must be a mapping (a TrainingJob manifest)")]
     found: list[Problem] = []
     if doc.get("apiVersion") != API_VERSION:
         found.append(Problem("apiVersion", f"must be {API_VERSION}"))
     if doc.get("kind") != KIND:
         found.append(Problem("kind", f"must be {KIND}"))
     if found:
-        return found
+        return None, found
     try:
-        job = TrainingJob.model_validate(doc)
+        plain = as_json(doc)
+    except _Unacceptable as exc:
+        return None, [exc.problem]
+    if "spec" not in plain:  # the CRD requires it; the model has a default for code that builds jobs
+        found.append(Problem("spec", "required"))
+    try:
+        job = TrainingJob.model_validate_json(json.dumps(plain), strict=True)
     except ValidationError as exc:
-        return [Problem(_path(e["loc"]), _reason(e)) for e in exc.errors()]
-    return [Problem(f"spec.{path}", message) for path, message in job.spec.rule_violations()]
+        return None, found + [Problem(_path(e["loc"]), _reason(e)) for e in exc.errors()]
+    found += [Problem(f"spec.{path}", message) for path, message in job.spec.rule_violations()]
+    return (None if found else job), found
 
 
-def load_documents(path: Path) -> list[Any]:
-    text = Path(path).read_text()
-    try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        raise ManifestError(str(path), [Problem("(file)", f"not valid YAML: {exc}")]) from exc
+def problems_of(doc: Any) -> list[Problem]:
+    """Every problem of one parsed manifest document; empty when it is a valid TrainingJob."""
+    return check(doc)[1]
 
 
 def load_job(path: Path) -> TrainingJob:
@@ -118,7 +243,7 @@ def load_job(path: Path) -> TrainingJob:
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND] or docs
     if len(jobs) != 1:
         raise ManifestError(str(path), [Problem("(file)", f"must hold exactly one TrainingJob, found {len(jobs)}")])
-    problems = problems_of(jobs[0])
-    if problems:
+    job, problems = check(jobs[0])
+    if job is None:
         raise ManifestError(str(path), problems)
-    return TrainingJob.model_validate(jobs[0])
+    return job
