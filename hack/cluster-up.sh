@@ -228,6 +228,8 @@ launch kube-scheduler "$(bin_path kube-scheduler)" \
 mkdir -p "${D}/kwok"
 kwok_cfg=()
 for f in "${HACK_DIR}"/kwok/stages/vendor/*.yaml "${HACK_DIR}"/kwok/stages/*.yaml; do
+  # stages/pod-delete.yaml replaces the vendored one (it keeps a lost node's pods Terminating).
+  [[ "${f}" == */vendor/pod-delete.yaml ]] && continue
   kwok_cfg+=("--config=${f}")
 done
 # HOME: kwok keeps its work dir under ~/.kwok; give it ours.

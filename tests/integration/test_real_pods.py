@@ -37,6 +37,7 @@ from support.real_pods import (
     quickstart,
     wait_step,
 )
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -245,3 +246,14 @@ def test_ephemeral_checkpoints_with_two_workers_train_and_say_so(jobs: RealJobs)
     assert (cond["status"], cond["reason"]) == ("False", "EphemeralCheckpoints")
     assert st["currentStep"] == 60
     assert not jobs.core.list_namespaced_persistent_volume_claim(jobs.ns).items
+
+
+def test_a_sidecar_that_never_exits_does_not_hold_the_job(jobs: RealJobs) -> None:
+    """Success is judged from the trainer container's exit, not the pod phase: a sidecar keeps the pod
+    Running after the trainer is done, and the job still succeeds (cleanPodPolicy then removes the pod)."""
+    sidecar = {"name": "sidecar", "image": TRAINER_IMAGE, "command": ["sleep", "3600"]}
+    name = jobs.create(quickstart(workers=1, command=["python", "-c", "print('trained')"],
+                                  podTemplate={"spec": {"containers": [sidecar]}}), name="sidecar")
+    st = jobs.wait_phase(name, "Succeeded", timeout=180)
+    assert st["reason"] == "Succeeded", st
+    wait_for(lambda: not jobs.pods(name), 60, what="the sidecar's pod removed by cleanPodPolicy")

@@ -213,3 +213,90 @@ def test_finished_job_without_ttl_is_never_deleted_or_restarted():
     done = TrainingJobStatus.model_validate({"phase": "Failed", "completionTime": format_time(T0)})
     t = step(spec(), done, workers(F, F, codes={0: 1, 1: 1}), T0 + timedelta(days=9))
     assert t.effects == (DeleteWorkers(Scope.UNFINISHED),) and t.requeue_after is None
+
+
+# --------------------------------------------------------------------------- failure rules and disruptions
+
+
+def disrupted(i: int = 1, phase=WorkerPhase.MISSING) -> Observed:
+    others = tuple(WorkerState(j, R) for j in range(2) if j != i)
+    return Observed(workers=(*others, WorkerState(i, phase, reason="Disrupted")))
+
+
+def test_a_disruption_restarts_without_counting_against_the_backoff_limit():
+    s = spec(restartPolicy={"backoffLimit": 0, "backoffSeconds": 4})
+    t = step(s, running(), disrupted(), T0)
+    assert (t.decision.action, t.status.reason, t.status.failures) == (Action.RESTART_GANG, "Disrupted", {"Disrupted": 1})
+    assert (t.status.restart_count, t.status.ignored_restarts) == (1, 1)
+    assert "not counted against backoffLimit: a disruption" in t.status.message
+    again = step(s, running(restartCount=1, ignoredRestarts=1, restartGeneration=1), disrupted(0, F), T0)
+    assert again.decision.action == Action.RESTART_GANG  # still no counted restart spent
+    counted = step(s, running(restartCount=1, ignoredRestarts=1, restartGeneration=1), workers(R, F, codes={1: 1}), T0)
+    assert (counted.status.phase, counted.status.reason) == (Phase.FAILED, "BackoffLimitExceeded")
+
+
+def test_kubelet_eviction_is_a_disruption_too():
+    obs = Observed(workers=(WorkerState(0, R), WorkerState(1, F, exit_code=137, reason="Evicted")))
+    t = step(spec(restartPolicy={"backoffLimit": 0}), running(), obs, T0)
+    assert (t.decision.action, t.status.ignored_restarts) == (Action.RESTART_GANG, 1)
+
+
+@pytest.mark.parametrize(("rules", "observed", "want"), [
+    ([{"action": "FailJob", "onExitCodes": [42]}], workers(R, F, codes={1: 42}),
+     (Phase.FAILED, "PermanentError", "listed in restartPolicy.rules[0]")),
+    ([{"action": "RestartGang", "onExitCodes": [2]}], workers(R, F, codes={1: 2}),
+     (Phase.RESTARTING, "ExitCode", "restart 1 of at most 2")),
+    ([{"action": "RestartGangAndIgnore", "onFailures": ["OOMKilled"]}],
+     Observed(workers=(WorkerState(0, R), WorkerState(1, F, exit_code=137, reason="OOMKilled"))),
+     (Phase.RESTARTING, "OOMKilled", "not counted against backoffLimit: restartPolicy.rules[0]")),
+    ([{"action": "RestartGang", "onFailures": ["Disrupted"]}], disrupted(), (Phase.RESTARTING, "Disrupted", "restart 1 of")),
+    ([{"action": "FailJob", "onFailures": ["NodeLost"]}],
+     Observed(workers=(WorkerState(0, R), WorkerState(1, R, node_not_ready_since=T0 - timedelta(hours=1)))),
+     (Phase.FAILED, "PermanentError", "listed in restartPolicy.rules[0]")),
+])
+def test_the_first_matching_rule_decides(rules, observed, want):
+    t = step(spec(restartPolicy={"backoffLimit": 2, "rules": rules}), running(), observed, T0)
+    assert (t.status.phase, t.status.reason) == want[:2] and want[2] in t.status.message, t.status.message
+
+
+def test_a_permanent_exit_code_still_fails_when_no_rule_matches():
+    s = spec(restartPolicy={"rules": [{"action": "RestartGang", "onExitCodes": [9]}]})
+    assert step(s, running(), workers(R, F, codes={1: 127}), T0).status.reason == "PermanentError"
+
+
+# --------------------------------------------------------------------------- suspended time, unknown progress
+
+
+def test_a_resumed_job_counts_its_deadline_from_the_resume():
+    s = spec(activeDeadlineSeconds=3600)
+    suspended = step(spec(suspend=True, activeDeadlineSeconds=3600), running(), workers(R, R), T0).status
+    later = T0 + timedelta(hours=2)
+    resumed = step(s, suspended, Observed(), later)
+    assert resumed.effects[0] == CreateWorkers(1, (0, 1)) and resumed.status.start_time == format_time(later)
+    t = step(s, resumed.status, workers(R, R), later + timedelta(minutes=59))
+    assert t.status.phase == Phase.RUNNING
+
+
+def test_progress_that_cannot_be_reported_is_a_condition_not_a_restart():
+    s = spec(restartPolicy={"progressDeadlineSeconds": 60})
+    obs = Observed(workers=workers(R, R).workers, progress_unknown=Reason.PROGRESS_REPORTING_FORBIDDEN)
+    t = step(s, running(), obs, T0 + timedelta(hours=1))
+    assert t.decision.action == Action.WAIT and t.status.restart_count == 0
+    cond = next(c for c in t.status.conditions if c.type == "ProgressUnknown")
+    assert (cond.status, cond.reason) == ("True", "ProgressReportingForbidden")
+    healed = step(s, t.status, workers(R, R), T0 + timedelta(hours=1))
+    assert next(c for c in healed.status.conditions if c.type == "ProgressUnknown").status == "False"
+
+
+def test_a_gang_that_does_not_run_in_time_is_released_and_counted():
+    s = spec(restartPolicy={"startTimeoutSeconds": 300, "backoffLimit": 1})
+    created = step(s, TrainingJobStatus(), Observed(), T0).status
+    assert created.gang_created_time == format_time(T0)
+    half = Observed(workers=(WorkerState(0, R), WorkerState(1, P)))
+    assert step(s, created, half, T0 + timedelta(seconds=299)).decision.action == Action.WAIT
+    t = step(s, created, half, T0 + timedelta(seconds=300))
+    assert (t.decision.action, t.status.reason, t.effects[0]) == (Action.RESTART_GANG, "StartTimeout", DeleteWorkers(Scope.ALL))
+    assert "did not run within 300s" in t.status.message and "worker 1 is pending" in t.status.message
+    assert (t.status.gang_created_time, t.status.failures) == (None, {"StartTimeout": 1})
+    running = step(s, created, workers(R, R), T0 + timedelta(seconds=100)).status
+    assert step(s, running, workers(R, R), T0 + timedelta(hours=5)).decision.action == Action.WAIT

@@ -360,3 +360,55 @@ def test_every_lifecycle_action_becomes_api_calls(action, status, spec, pods, wa
     if "event" in want:
         assert want["event"] in [reason for _, reason, _ in p.events]
     assert p.status is not None and p.status["phase"] == p.decision.phase
+
+
+def with_trainer_exit(p, code):
+    p["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": code}}},
+                                        {"name": "sidecar", "state": {"running": {}}}]
+    return p
+
+
+def test_trainer_exit_decides_even_when_a_sidecar_keeps_the_pod_running():
+    done = plan(body(status=RUNNING), [with_trainer_exit(pod(0), 0), pod(1)], {}, T0, S)
+    assert (done.status["phase"], done.delete_pods) == ("Succeeded", ["j-worker-0", "j-worker-1"])
+    failed = plan(body(status=RUNNING), [pod(0), with_trainer_exit(pod(1), 1)], {}, T0, S)
+    assert (failed.status["phase"], failed.status["reason"]) == ("Restarting", "ExitCode")
+
+
+def disrupt(p):
+    p["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"})
+    p["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:00Z"
+    return p
+
+
+def test_a_preempted_worker_is_a_disruption_even_once_its_pod_is_gone():
+    limit0 = {"backoffLimit": 0, "backoffSeconds": 0}
+    live = plan(body(status=RUNNING, restartPolicy=limit0), [pod(0), disrupt(pod(1))], {}, T0, S)
+    gone = plan(body(status=RUNNING, restartPolicy=limit0), [pod(0)], {}, T0, S, gone=[disrupt(pod(1))])
+    deleted = plan(body(status=RUNNING, restartPolicy=limit0), [pod(0)], {}, T0, S)
+    for p in (live, gone):
+        assert (p.status["phase"], p.status["reason"], p.status["ignoredRestarts"]) == ("Restarting", "Disrupted", 1)
+    assert (deleted.status["phase"], deleted.status["reason"]) == ("Failed", "BackoffLimitExceeded")
+
+
+def test_refused_progress_rbac_is_a_condition_and_no_hang_restart():
+    st = {**RUNNING, "lastProgressTime": "2026-03-01T10:00:00Z"}
+    spec = {"restartPolicy": {"progressDeadlineSeconds": 60}}
+    refused = plan(body(status=st, **spec), [pod(0), pod(1)], {}, T0, S, progress_refused=True)
+    assert refused.status["phase"] == "Running" and refused.status["restartCount"] == 0
+    cond = next(c for c in refused.status["conditions"] if c["type"] == "ProgressUnknown")
+    assert (cond["status"], cond["reason"]) == ("True", "ProgressReportingForbidden")
+    hung = plan(body(status=st, **spec), [pod(0), pod(1)], {}, T0, S)
+    assert hung.status["reason"] == "NoProgress"
+
+
+def test_pods_on_a_lost_node_are_deleted_at_once_even_when_terminating():
+    lost = {"n1": T0 - timedelta(seconds=61), "n2": None}
+    restart = plan(body(status=RUNNING), [pod(0, node="n2"), pod(1, node="n1")], lost, T0, S)
+    assert (restart.status["reason"], restart.force_delete_pods, restart.delete_pods) == (
+        "NodeLost", ["j-worker-1"], ["j-worker-0"])
+    st = {**RUNNING, "restartGeneration": 1, "gangCreated": False, "restartCount": 1}
+    stuck = plan(body(status=st), [pod(1, node="n1", deleting=True)], lost, T0, S)
+    assert (stuck.decision.action, stuck.force_delete_pods) == ("DeleteStale", ["j-worker-1"])
+    healthy = plan(body(status=st), [pod(1, node="n2", deleting=True)], lost, T0, S)
+    assert (healthy.force_delete_pods, healthy.delete_pods) == ([], [])  # a kubelet will confirm it

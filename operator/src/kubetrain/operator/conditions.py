@@ -164,6 +164,20 @@ def workers_blocked(job: TrainingJob, blocked: list[BlockedPod], claim_phase: st
     return Want(WORKERS_BLOCKED, True, reason, message, bad_value=True)
 
 
+def refused(create_refused: str | None, foreign: str | None) -> Want | None:
+    """WorkersBlocked when the API server refused a child, or a stranger holds a child's name: the
+    operator retries with backoff and says why (its Event is recorded when the refusal happens)."""
+    if foreign:
+        return Want(WORKERS_BLOCKED, True, R.FOREIGN_OBJECT,
+                    f"{foreign} exists and is not owned by this TrainingJob: it is not adopted; delete or rename it",
+                    bad_value=True)
+    if create_refused:
+        return Want(WORKERS_BLOCKED, True, R.CREATE_REJECTED,
+                    f"the API server refused a worker pod; the operator retries with backoff: {create_refused}",
+                    bad_value=True)
+    return None
+
+
 def announce(conditions: list[dict[str, Any]], want: Want) -> bool:
     """One Warning Event per distinct bad state: True when the condition turns bad or its reason changes."""
     if want.value != want.bad_value:

@@ -9,8 +9,9 @@ talks to the API server or reads a clock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -44,6 +45,7 @@ from kubetrain.operator.conditions import (
     blocked_pods,
     checkpoints_durable,
     recheck_after,
+    refused,
     waits_for_volume,
     workers_blocked,
 )
@@ -62,6 +64,8 @@ class Plan:
     """(type Normal|Warning, reason, message)."""
     requeue_after: float | None = None
     decision: Decision | None = None
+    force_delete_pods: list[str] = field(default_factory=list)
+    """Pods to delete at once (grace 0): their node is lost, no kubelet will ever confirm a graceful delete."""
 
 
 # --------------------------------------------------------------------------- observe
@@ -75,26 +79,39 @@ def pod_generation(pod: dict[str, Any]) -> int:
     return int(_pod_labels(pod).get(b.LABEL_GENERATION, "-1"))
 
 
+def disrupted(pod: dict[str, Any]) -> bool:
+    """The pod carries DisruptionTarget=True: preempted, evicted through the API, drained, or taint-evicted."""
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in conds)
+
+
+def _trainer_terminated(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The trainer container's terminated state, if it ended (sidecars may keep the pod Running)."""
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if cs.get("name") == b.CONTAINER and term:
+            return dict(term)
+    return None
+
+
 def worker_state(index: int, pod: dict[str, Any], nodes: dict[str, datetime | None]) -> WorkerState:
-    """A Pod as the lifecycle sees it."""
+    """A Pod as the lifecycle sees it, judged by the trainer container, not the pod phase: a sidecar
+    (native or not) keeps a pod Running after the trainer has exited."""
     status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
-    node_since = nodes.get(pod.get("spec", {}).get("nodeName") or "")
-    if pod["metadata"].get("deletionTimestamp") and phase not in ("Succeeded", "Failed"):
-        return WorkerState(index, WorkerPhase.MISSING, reason="Deleted", created=True)
-    if phase == "Succeeded":
+    term = _trainer_terminated(status)
+    ended = term is not None or phase in ("Succeeded", "Failed")
+    if pod["metadata"].get("deletionTimestamp") and not ended:
+        return WorkerState(index, WorkerPhase.MISSING, reason="Disrupted" if disrupted(pod) else "Deleted")
+    if phase == "Succeeded" or (term is not None and term.get("exitCode") == 0 and term.get("reason") != "StartError"):
         return WorkerState(index, WorkerPhase.SUCCEEDED, exit_code=0)
-    if phase == "Failed":
-        code, reason = None, status.get("reason")
-        for cs in status.get("containerStatuses") or []:
-            term = (cs.get("state") or {}).get("terminated") or {}
-            if cs.get("name") == b.CONTAINER and term:
-                code = container_exit_code(term)
-                if term.get("reason") == "OOMKilled":
-                    reason = "OOMKilled"
-        return WorkerState(index, WorkerPhase.FAILED, exit_code=code, reason=reason)
+    if ended:
+        reason = "Disrupted" if disrupted(pod) else status.get("reason")
+        if term is not None and term.get("reason") == "OOMKilled":
+            reason = "OOMKilled"
+        return WorkerState(index, WorkerPhase.FAILED, exit_code=container_exit_code(term or {}), reason=reason)
     wp = WorkerPhase.RUNNING if phase == "Running" else WorkerPhase.PENDING
-    return WorkerState(index, wp, node_not_ready_since=node_since)
+    return WorkerState(index, wp, node_not_ready_since=nodes.get(pod.get("spec", {}).get("nodeName") or ""))
 
 
 def container_exit_code(terminated: dict[str, Any]) -> int | None:
@@ -120,15 +137,25 @@ def is_ready(pod: dict[str, Any]) -> bool:
 
 def observe(
     spec: TrainingJobSpec, status: TrainingJobStatus, pods: list[dict[str, Any]],
-    nodes: dict[str, datetime | None], progress: Progress | None,
+    nodes: dict[str, datetime | None], progress: Progress | None, gone: Sequence[dict[str, Any]] = (),
+    progress_refused: bool = False,
 ) -> Observed:
+    """`gone`: the last copies of this job's deleted pods that were disrupted (the cache keeps them), so a
+    preempted worker whose pod vanished before this reconcile still counts as disrupted, not deleted."""
     gen = status.restart_generation
     current = {_index(p): p for p in pods if pod_generation(p) == gen}
+    workers = [worker_state(i, pod, nodes) for i, pod in sorted(current.items()) if 0 <= i < spec.workers]
+    gone_now = {_index(p) for p in gone if pod_generation(p) == gen and disrupted(p)}
+    workers += [WorkerState(i, WorkerPhase.MISSING, reason="Disrupted") for i in sorted(gone_now - current.keys())
+                if 0 <= i < spec.workers]
+    unknown = (Reason.PROGRESS_REPORTING_OFF if not spec.progress_reporting
+               else Reason.PROGRESS_REPORTING_FORBIDDEN if progress_refused else None)
     return Observed(
-        workers=tuple(worker_state(i, pod, nodes) for i, pod in sorted(current.items()) if 0 <= i < spec.workers),
+        workers=tuple(workers),
         stale_workers=sum(1 for p in pods if pod_generation(p) != gen),
         progress=progress,
         checkpoints_durable=not spec.checkpoint.ephemeral,
+        progress_unknown=unknown,
     )
 
 
@@ -171,20 +198,28 @@ def plan(
     settings: b.Settings,
     progress: Progress | None = None,
     claim_phase: str | None = None,
+    gone: Sequence[dict[str, Any]] = (),
+    progress_refused: bool = False,
+    create_refused: str | None = None,
+    foreign: str | None = None,
 ) -> Plan:
     """One reconcile. `claim_phase`: the checkpoint claim's phase ("Missing" if absent), when the caller
-    looked it up because pods wait for a volume (claim_to_check); None otherwise."""
+    looked it up because pods wait for a volume (claim_to_check); None otherwise. `gone`: see observe().
+    `progress_refused`: the API refused the job's progress Role or RoleBinding. `create_refused`: the API's
+    message when it refused a worker pod; `foreign`: a child's name held by an object this job does not own."""
     old = _status_of(body)
     job, problems = _job_model(body)
     if job is None:
         return _invalid(old, problems, now)
     ours = [p for p in pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
-    t = step(job.spec, old, observe(job.spec, old, ours, nodes, progress), now)
+    observed = observe(job.spec, old, ours, nodes, progress, gone, progress_refused)
+    t = step(job.spec, old, observed, now)
+    lost = set(_lost(job.spec, ours, nodes, now))
     out = Plan(requeue_after=t.requeue_after, decision=t.decision)
     for effect in t.effects:
-        _translate(effect, job, body, ours, t, settings, out)
+        _translate(effect, job, body, ours, t, settings, out, lost)
     if t.decision is not None:
-        status = _presented(job, body, ours, t, claim_phase, now, out)
+        status = _presented(job, body, ours, t, Blocked(claim_phase, create_refused, foreign), now, out)
         if status != old.dump():
             out.status = status
     return out
@@ -206,15 +241,18 @@ def _invalid(old: TrainingJobStatus, problems: list[str], now: datetime) -> Plan
 
 def _translate(
     effect: Effect, job: TrainingJob, body: dict[str, Any], ours: list[dict[str, Any]], t: Transition,
-    settings: b.Settings, out: Plan,
+    settings: b.Settings, out: Plan, lost: set[str],
 ) -> None:
-    """One lifecycle effect as Kubernetes objects to create or delete."""
+    """One lifecycle effect as Kubernetes objects to create or delete. `lost`: pods on a lost node,
+    deleted at once (grace 0) even when already Terminating."""
     if isinstance(effect, CreateWorkers):
         owner = b.owner_reference(body)
         out.create.extend(_shared_children(job, owner))
         out.create.extend(b.worker_pod(job, i, effect.generation, settings, owner) for i in effect.indices)
     elif isinstance(effect, DeleteWorkers):
-        out.delete_pods.extend(_alive(_in_scope(effect.scope, ours, t.status.restart_generation)))
+        scoped = _in_scope(effect.scope, ours, t.status.restart_generation)
+        out.force_delete_pods.extend(p["metadata"]["name"] for p in scoped if p["metadata"]["name"] in lost)
+        out.delete_pods.extend(_alive([p for p in scoped if p["metadata"]["name"] not in lost]))
     elif isinstance(effect, RecordEvent):
         out.events.append((effect.type, effect.reason, effect.message))
     elif isinstance(effect, DeleteJob):
@@ -229,8 +267,17 @@ def _in_scope(scope: Scope, pods: list[dict[str, Any]], generation: int) -> list
     return pods
 
 
+@dataclass(frozen=True)
+class Blocked:
+    """What the I/O layer knows about why workers cannot start, beyond the pods' own status."""
+
+    claim_phase: str | None = None
+    create_refused: str | None = None
+    foreign: str | None = None
+
+
 def _presented(
-    job: TrainingJob, body: dict[str, Any], ours: list[dict[str, Any]], t: Transition, claim_phase: str | None,
+    job: TrainingJob, body: dict[str, Any], ours: list[dict[str, Any]], t: Transition, blocked: Blocked,
     now: datetime, out: Plan,
 ) -> dict[str, Any]:
     """The lifecycle's status plus what only pods tell: readiness, and the side conditions."""
@@ -241,23 +288,24 @@ def _presented(
     gone = d.action in (Action.RESTART_GANG, Action.SUSPEND)
     status.workers_ready = 0 if gone else sum(1 for p in current if is_ready(p))
     status.workers_summary = f"{status.workers_ready}/{job.spec.workers}"
-    status.conditions = _side_conditions(job, d, current, claim_phase, status.conditions, now, out)
+    status.conditions = _side_conditions(job, d, current, blocked, status.conditions, now, out)
     return status.dump()
 
 
 def _side_conditions(
-    job: TrainingJob, d: Decision, current: list[dict[str, Any]], claim_phase: str | None,
+    job: TrainingJob, d: Decision, current: list[dict[str, Any]], blocked: Blocked,
     conds: list[Condition], now: datetime, out: Plan,
 ) -> list[Condition]:
     """CheckpointsDurable and WorkersBlocked over the phase conditions; one Warning Event each time
-    one of them turns bad (not on every reconcile)."""
+    one of them turns bad (not on every reconcile; a refused create has its Event from the I/O layer)."""
     starting = d.action in (Action.WAIT, Action.CREATE_WORKERS)  # a gang going away is not blocked
-    blocked = blocked_pods(current, now) if starting else []
+    pods = blocked_pods(current, now) if starting else []
     if starting and (wait := recheck_after(current, now)) is not None:
         out.requeue_after = min(out.requeue_after or wait, wait)
+    stuck = refused(blocked.create_refused, blocked.foreign) if starting else None
     raw = [x.dump() for x in conds]
-    for want in (checkpoints_durable(job), workers_blocked(job, blocked, claim_phase)):
-        if announce(raw, want):
+    for want in (checkpoints_durable(job), stuck or workers_blocked(job, pods, blocked.claim_phase)):
+        if want is not stuck and announce(raw, want):
             out.events.append(("Warning", want.reason, want.message))
         # CheckpointsDurable=False is there from the start; WorkersBlocked appears once it holds.
         raw = set_condition(raw, want.type, want.value, want.reason, want.message, now,
@@ -281,6 +329,20 @@ def _shared_children(job: TrainingJob, owner: dict[str, Any]) -> list[dict[str, 
         if optional is not None:
             objs.append(optional)
     return objs
+
+
+def _lost(spec: TrainingJobSpec, pods: list[dict[str, Any]], nodes: dict[str, datetime | None],
+          now: datetime) -> list[str]:
+    """Pods of the job that are going away (or must) on a node NotReady past its grace: they would stay
+    Terminating forever and hold the next generation back, as the node lifecycle controller's pod GC
+    would not remove them before its own, much longer, timeout."""
+    grace = timedelta(seconds=spec.restart_policy.node_not_ready_grace_seconds)
+    out = []
+    for p in pods:
+        since = nodes.get((p.get("spec") or {}).get("nodeName") or "")
+        if since is not None and now - since >= grace:
+            out.append(p["metadata"]["name"])
+    return out
 
 
 def _alive(pods: list[dict[str, Any]]) -> list[str]:

@@ -28,7 +28,7 @@ from kubetrain.core.lifecycle.model import (
     WorkerState,
 )
 from kubetrain.core.lifecycle.policies import JobView, decide
-from kubetrain.core.lifecycle.status import phase_conditions, take_progress
+from kubetrain.core.lifecycle.status import phase_conditions, progress_condition, take_progress
 
 CREATE_RECHECK_SECONDS = 2.0
 """How soon to look again after creating workers."""
@@ -44,12 +44,16 @@ def view(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed) -
         workers=workers,
         stale_workers=observed.stale_workers,
         restart_count=status.restart_count,
+        ignored_restarts=status.ignored_restarts,
         start_time=parse_time(status.start_time),
         last_restart_time=parse_time(status.last_restart_time),
         running_since=parse_time(status.running_since),
+        gang_created_time=parse_time(status.gang_created_time),
         last_progress_time=parse_time(status.last_progress_time),
         last_checkpoint=status.last_checkpoint.step if status.last_checkpoint else None,
         checkpoints_durable=observed.checkpoints_durable,
+        progress_unknown=observed.progress_unknown,
+        resuming=status.phase == Phase.SUSPENDED and not spec.suspend,
     )
 
 
@@ -66,7 +70,8 @@ def step(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed, n
     if d.phase != status.phase and d.action not in (Action.RESTART_GANG, Action.FAIL, Action.SUCCEED):
         effects.append(RecordEvent("Normal", d.reason, d.message))
     new.phase, new.reason, new.message = d.phase, d.reason, d.message
-    new.conditions = phase_conditions(d.phase, d.reason, d.message, [c.dump() for c in status.conditions], now)
+    conds = phase_conditions(d.phase, d.reason, d.message, [c.dump() for c in status.conditions], now)
+    new.conditions = progress_condition(spec, job, conds, now)
     requeue = CREATE_RECHECK_SECONDS if d.action == Action.CREATE_WORKERS else d.requeue_after
     return Transition(new, tuple(effects), requeue, d)
 
@@ -82,19 +87,24 @@ def _new_gang(status: TrainingJobStatus, generation: int) -> None:
     status.restart_generation = generation
     status.gang_created = False
     status.running_since = None
+    status.gang_created_time = None
     status.resumed_from_step = 0  # until rank 0 of the new generation reports what it loaded
 
 
 def _carry_out(spec: TrainingJobSpec, st: TrainingJobStatus, job: JobView, d: Decision, now: datetime) -> list[Effect]:
     """The decision's effects, and what the status remembers of it."""
     if d.action == Action.CREATE_WORKERS:
-        st.start_time = st.start_time or format_time(now)
+        # A resumed job's activeDeadlineSeconds counts from the resume, as a Kubernetes Job's does.
+        resumed = st.phase == Phase.SUSPENDED
+        st.start_time = format_time(now) if resumed or not st.start_time else st.start_time
+        st.gang_created_time = st.gang_created_time or format_time(now)
         st.gang_created = True  # the operator writes status after the creates succeed
         missing = tuple(w.index for w in job.workers if w.phase == WorkerPhase.MISSING)
         return [CreateWorkers(d.generation, missing)]
     if d.action == Action.RESTART_GANG:
         _count_failure(st, d)
         st.restart_count += 1
+        st.ignored_restarts += int(d.ignored)
         _new_gang(st, d.generation)
         if spec.checkpoint.ephemeral:
             st.last_checkpoint = None  # it was in the pods being deleted

@@ -10,7 +10,7 @@ from kubetrain.core.api import CheckpointRef, Phase, TrainingJobStatus
 from kubetrain.core.progress import Progress
 
 __all__ = [
-    "Action", "CreateWorkers", "Decision", "DeleteJob", "DeleteWorkers", "Effect", "FailureKind", "Observed",
+    "DISRUPTIONS", "Action", "CreateWorkers", "Decision", "DeleteJob", "DeleteWorkers", "Effect", "FailureKind", "Observed",
     "Reason", "RecordEvent", "Scope", "Transition", "WorkerPhase", "WorkerState",
 ]
 
@@ -32,6 +32,14 @@ class FailureKind(enum.StrEnum):
     OOM_KILLED = "OOMKilled"
     NODE_LOST = "NodeLost"
     NO_PROGRESS = "NoProgress"
+    DISRUPTED = "Disrupted"
+    """Preempted, evicted through the API or drained: the pod's DisruptionTarget condition."""
+    START_TIMEOUT = "StartTimeout"
+    """The gang did not run within restartPolicy.startTimeoutSeconds of its creation."""
+
+
+DISRUPTIONS = frozenset({FailureKind.DISRUPTED, FailureKind.EVICTED})
+"""Failures that are not the job's fault: by default they restart the gang without counting."""
 
 
 class Reason(enum.StrEnum):
@@ -51,6 +59,9 @@ class Reason(enum.StrEnum):
     GANG_CREATED = "GangCreated"
     TTL_EXPIRED = "TTLExpired"
     INVALID_SPEC = "InvalidSpec"
+    PROGRESS_REPORTING_OFF = "ProgressReportingOff"
+    PROGRESS_REPORTING_FORBIDDEN = "ProgressReportingForbidden"
+    PROGRESS_REPORTED = "ProgressReported"
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,8 @@ class Observed:
     """The newest complete checkpoint the backend finds itself (the local backend reads the directory)."""
     checkpoints_durable: bool = True
     """Checkpoints survive the workers (False: they die with the pods, spec.checkpoint.ephemeral)."""
+    progress_unknown: str | None = None
+    """Why rank 0's progress cannot reach this backend (a Reason: reporting off, its RBAC refused); None: it can."""
 
 
 class Action(enum.StrEnum):
@@ -110,6 +123,8 @@ class Decision:
     requeue_after: float | None = None
     failure_kind: FailureKind | None = None
     failed_workers: tuple[int, ...] = field(default_factory=tuple)
+    ignored: bool = False
+    """A restart not counted against backoffLimit."""
 
 
 class Scope(enum.StrEnum):

@@ -12,8 +12,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from kubetrain.core import contract
-from kubetrain.core.api import Phase, TrainingJobSpec
-from kubetrain.core.lifecycle.model import Action, Decision, FailureKind, Reason, WorkerPhase, WorkerState
+from kubetrain.core.api import FailureAction, Phase, TrainingJobSpec
+from kubetrain.core.lifecycle.model import (
+    DISRUPTIONS,
+    Action,
+    Decision,
+    FailureKind,
+    Reason,
+    WorkerPhase,
+    WorkerState,
+)
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,8 @@ class JobView:
     workers: tuple[WorkerState, ...]
     stale_workers: int = 0
     restart_count: int = 0
+    ignored_restarts: int = 0
+    """Restarts not counted against backoffLimit."""
     start_time: datetime | None = None
     last_restart_time: datetime | None = None
     running_since: datetime | None = None
@@ -34,6 +44,16 @@ class JobView:
     last_checkpoint: int | None = None
     """Step of the newest complete checkpoint (None: none yet)."""
     checkpoints_durable: bool = True
+    progress_unknown: str | None = None
+    """Why rank 0 cannot report progress (then no-progress never fires); None when it can."""
+    gang_created_time: datetime | None = None
+    """When the current gang's workers were created (None: not yet)."""
+    resuming: bool = False
+    """The job was suspended and is not any more: its deadline restarts with the new gang."""
+
+    @property
+    def counted_restarts(self) -> int:
+        return self.restart_count - self.ignored_restarts
 
 
 Policy = Callable[[TrainingJobSpec, JobView, datetime], Decision | None]
@@ -42,7 +62,7 @@ Policy = Callable[[TrainingJobSpec, JobView, datetime], Decision | None]
 def backoff_seconds(spec: TrainingJobSpec, restart_count: int) -> float:
     """Delay before restart number restart_count + 1: base * 2^restart_count, capped."""
     policy = spec.restart_policy
-    return min(policy.backoff_seconds * (2**restart_count), policy.max_backoff_seconds)
+    return min(policy.backoff_seconds * 2.0 ** min(restart_count, 64), policy.max_backoff_seconds)
 
 
 def restart_origin(job: JobView) -> str:
@@ -64,8 +84,9 @@ def suspend(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | No
 
 
 def deadline(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None:
+    """activeDeadlineSeconds from the start, or from the last resume (suspended time does not count)."""
     limit = spec.active_deadline_seconds
-    if limit is None or job.start_time is None or now - job.start_time < timedelta(seconds=limit):
+    if limit is None or job.start_time is None or job.resuming or now - job.start_time < timedelta(seconds=limit):
         return None
     return Decision(Action.FAIL, Phase.FAILED, Reason.DEADLINE_EXCEEDED,
                     f"job was active longer than activeDeadlineSeconds={limit}", job.generation)
@@ -89,6 +110,8 @@ def success(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | No
 
 def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime) -> FailureKind | None:
     """Why this worker counts as failed, or None when it does not."""
+    if w.reason == "Disrupted" and w.phase in (WorkerPhase.FAILED, WorkerPhase.MISSING):
+        return FailureKind.DISRUPTED
     if w.phase == WorkerPhase.FAILED:
         if w.reason == "Evicted":
             return FailureKind.EVICTED
@@ -118,50 +141,103 @@ def describe(w: WorkerState, kind: FailureKind) -> str:
     return f"worker {w.index} {kind.value.lower()}"
 
 
+def start_timed_out(spec: TrainingJobSpec, job: JobView, now: datetime) -> bool:
+    limit = spec.restart_policy.start_timeout_seconds
+    if limit is None or job.gang_created_time is None or job.running_since is not None:
+        return False
+    return now - job.gang_created_time >= timedelta(seconds=limit)
+
+
 def no_progress(spec: TrainingJobSpec, job: JobView, now: datetime) -> bool:
     limit = spec.restart_policy.progress_deadline_seconds
-    if limit is None or job.running_since is None:
+    if limit is None or job.running_since is None or job.progress_unknown:
         return False
     last = max(t for t in (job.last_progress_time, job.running_since) if t is not None)
     return now - last >= timedelta(seconds=limit)
 
 
-def _failures(spec: TrainingJobSpec, job: JobView, now: datetime) -> tuple[list[tuple[WorkerState, FailureKind]], str]:
-    """Every failed worker with its kind, and what to call the worst; a hang counts as worker 0's failure."""
-    failures = [(w, k) for w in job.workers if (k := classify(spec, w, now)) is not None]
-    if not failures and no_progress(spec, job, now):
-        limit = spec.restart_policy.progress_deadline_seconds
-        return [(job.workers[0], FailureKind.NO_PROGRESS)], f"no progress for {limit}s (progressDeadlineSeconds)"
-    if not failures:
-        return [], ""
-    # A permanent code first; a peer-lost exit is a consequence of another failure, so it comes last.
-    w, kind = next((f for f in failures if f[1] == FailureKind.PERMANENT_EXIT_CODE),
-                   next((f for f in failures if f[0].exit_code != contract.PEER_LOST_EXIT_CODE), failures[0]))
-    failures.remove((w, kind))
-    return [(w, kind), *failures], describe(w, kind)
+IGNORED_RESTART_FLOOR = 1.0
+"""Seconds at least between two restarts that do not count against backoffLimit."""
+SEVERITY: dict[str, int] = {"FailJob": 0, "RestartGang": 1, "RestartGangAndIgnore": 2}
+
+
+@dataclass(frozen=True)
+class Failure:
+    worker: WorkerState
+    kind: FailureKind
+    action: FailureAction
+    why: str
+    """What chose the action: a rule, restartPolicy.permanentExitCodes, or the defaults."""
+
+
+def action_for(spec: TrainingJobSpec, w: WorkerState, kind: FailureKind) -> tuple[FailureAction, str]:
+    """The first restartPolicy rule that matches this failure, else the defaults."""
+    plain = FailureKind.EXIT_CODE if kind == FailureKind.PERMANENT_EXIT_CODE else kind
+    for i, rule in enumerate(spec.restart_policy.rules or []):
+        by_code = rule.on_exit_codes and w.phase == WorkerPhase.FAILED and w.exit_code in rule.on_exit_codes
+        by_kind = rule.on_failures and plain.value in rule.on_failures
+        if by_code or by_kind:
+            return rule.action, f"restartPolicy.rules[{i}]"
+    if kind == FailureKind.PERMANENT_EXIT_CODE:
+        return "FailJob", "restartPolicy.permanentExitCodes"
+    if kind in DISRUPTIONS:
+        return "RestartGangAndIgnore", "a disruption"
+    return "RestartGang", ""
+
+
+def _failure(spec: TrainingJobSpec, w: WorkerState, kind: FailureKind) -> Failure:
+    action, why = action_for(spec, w, kind)
+    if kind == FailureKind.PERMANENT_EXIT_CODE and action != "FailJob":
+        kind = FailureKind.EXIT_CODE  # a rule took the code over: it is an ordinary failure now
+    return Failure(w, kind, action, why)
+
+
+def _failures(spec: TrainingJobSpec, job: JobView, now: datetime) -> tuple[list[Failure], str]:
+    """Every failed worker, the worst first, and what to call it; a hang counts as worker 0's failure."""
+    kinds = [(w, k) for w in job.workers if (k := classify(spec, w, now)) is not None]
+    what = ""
+    if not kinds and no_progress(spec, job, now):
+        kinds = [(job.workers[0], FailureKind.NO_PROGRESS)]
+        what = f"no progress for {spec.restart_policy.progress_deadline_seconds}s (progressDeadlineSeconds)"
+    elif not kinds and start_timed_out(spec, job, now):
+        waiting = next((w for w in job.workers if w.phase != WorkerPhase.RUNNING), job.workers[0])
+        kinds = [(waiting, FailureKind.START_TIMEOUT)]
+        what = (f"the gang did not run within {spec.restart_policy.start_timeout_seconds}s "
+                f"(startTimeoutSeconds; worker {waiting.index} is {waiting.phase.value.lower()})")
+    failures = [_failure(spec, w, k) for w, k in kinds]
+    # The harshest action first; a peer-lost exit is a consequence of another failure, so it comes last.
+    failures.sort(key=lambda f: (SEVERITY[f.action], f.worker.exit_code == contract.PEER_LOST_EXIT_CODE))
+    if failures and not what:
+        what = describe(failures[0].worker, failures[0].kind)
+    return failures, what
 
 
 def failure(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None:
-    """Permanent exit code -> Failed; backoff limit reached -> Failed; otherwise restart the whole gang."""
+    """FailJob -> Failed; backoff limit reached -> Failed; otherwise restart the whole gang."""
     failures, what = _failures(spec, job, now)
     if not failures:
         return None
-    kind, failed = failures[0][1], tuple(sorted(w.index for w, _ in failures))
-    policy = spec.restart_policy
-    if kind == FailureKind.PERMANENT_EXIT_CODE:
+    worst, failed = failures[0], tuple(sorted(f.worker.index for f in failures))
+    kind, limit, counted = worst.kind, spec.restart_policy.backoff_limit, job.counted_restarts
+    if worst.action == "FailJob":
         return Decision(Action.FAIL, Phase.FAILED, Reason.PERMANENT_ERROR,
-                        f"{what}, listed in restartPolicy.permanentExitCodes: not restarting", job.generation,
+                        f"{what}, listed in {worst.why}: not restarting", job.generation,
                         failure_kind=kind, failed_workers=failed)
-    if job.restart_count >= policy.backoff_limit:
+    ignored = worst.action == "RestartGangAndIgnore"
+    if not ignored and counted >= limit:
         return Decision(Action.FAIL, Phase.FAILED, Reason.BACKOFF_LIMIT_EXCEEDED,
-                        f"{what}; the gang already restarted {job.restart_count} time(s) "
-                        f"(restartPolicy.backoffLimit={policy.backoff_limit})", job.generation,
+                        f"{what}; the gang already restarted {counted} time(s) "
+                        f"(restartPolicy.backoffLimit={limit})", job.generation,
                         failure_kind=kind, failed_workers=failed)
-    delay = backoff_seconds(spec, job.restart_count)
+    # Restarts that are not counted have no limit: at least IGNORED_RESTART_FLOOR apart, never a storm.
+    delay = max(IGNORED_RESTART_FLOOR, backoff_seconds(spec, max(0, counted - 1))) if ignored \
+        else backoff_seconds(spec, counted)
+    count = (f"not counted against backoffLimit: {worst.why}" if ignored
+             else f"restart {counted + 1} of at most {limit}")
     return Decision(Action.RESTART_GANG, Phase.RESTARTING, kind.value,
-                    f"{what}: restarting the whole gang {restart_origin(job)} "
-                    f"(restart {job.restart_count + 1} of at most {policy.backoff_limit}, in {delay:g}s)",
-                    job.generation + 1, requeue_after=delay, failure_kind=kind, failed_workers=failed)
+                    f"{what}: restarting the whole gang {restart_origin(job)} ({count}, in {delay:g}s)",
+                    job.generation + 1, requeue_after=delay, failure_kind=kind, failed_workers=failed,
+                    ignored=ignored)
 
 
 def start(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None:
@@ -171,7 +247,11 @@ def start(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None
         return None
     gen = job.generation
     if gen > 0 and job.last_restart_time is not None:
-        ready_at = job.last_restart_time + timedelta(seconds=backoff_seconds(spec, job.restart_count - 1))
+        # The delay the restart announced: a counted restart's own, an ignored one's that of the last counted.
+        wait_s = backoff_seconds(spec, max(0, job.counted_restarts - 1))
+        if job.ignored_restarts:  # the last restart may have been one (a floor of a second at most)
+            wait_s = max(IGNORED_RESTART_FLOOR, wait_s)
+        ready_at = job.last_restart_time + timedelta(seconds=wait_s)
         if now < ready_at:
             wait = (ready_at - now).total_seconds()
             return Decision(Action.WAIT, Phase.RESTARTING, Reason.BACKOFF_WAIT,

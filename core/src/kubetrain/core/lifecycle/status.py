@@ -5,10 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from kubetrain.core.api import CheckpointRef, Condition, Phase, TrainingJobStatus
+from kubetrain.core.api import CheckpointRef, Condition, Phase, TrainingJobSpec, TrainingJobStatus
 from kubetrain.core.contract import format_time
 from kubetrain.core.lifecycle.model import Observed, Reason
+from kubetrain.core.lifecycle.policies import JobView
 
+PROGRESS_UNKNOWN = "ProgressUnknown"
+"""Condition: rank 0's progress cannot be known, so restartPolicy.progressDeadlineSeconds is not applied."""
 PHASE_CONDITIONS = (Phase.RUNNING, Phase.RESTARTING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED)
 """Phases with a condition of their own (Created is kept True once the gang exists)."""
 
@@ -81,3 +84,24 @@ def phase_conditions(
         if t == phase or was_true:
             conds = set_condition(conds, t, t == phase, reason, message, now)
     return [Condition.model_validate(c) for c in conds]
+
+
+PROGRESS_UNKNOWN_MESSAGES = {
+    Reason.PROGRESS_REPORTING_OFF: "progressReporting is false: progressDeadlineSeconds is not applied",
+    Reason.PROGRESS_REPORTING_FORBIDDEN: "the progress Role or RoleBinding was refused (see Events): "
+                                         "progressDeadlineSeconds is not applied until they exist",
+}
+
+
+def progress_condition(spec: TrainingJobSpec, job: JobView, conds: list[Condition], now: datetime) -> list[Condition]:
+    """ProgressUnknown=True while a progress deadline is set but rank 0 cannot report: the deadline is then
+    not applied, rather than restarting a healthy gang it cannot see."""
+    if spec.restart_policy.progress_deadline_seconds is None:
+        return conds
+    raw = [c.dump() for c in conds]
+    why = job.progress_unknown
+    if why is not None:
+        raw = set_condition(raw, PROGRESS_UNKNOWN, True, why, PROGRESS_UNKNOWN_MESSAGES.get(why, why), now)
+    else:
+        raw = set_condition(raw, PROGRESS_UNKNOWN, False, Reason.PROGRESS_REPORTED, "rank 0 can report progress", now)
+    return [Condition.model_validate(c) for c in raw]
