@@ -29,6 +29,7 @@ from support.kwok import kwok_job
 from support.operator_process import OperatorProcess
 from support.resources import wait_gone
 from support.trainer_harness import Gang, tiny_spec
+from support.waiting import wait_for
 
 from kubetrain.core import api, contract
 from kubetrain.core.progress import Progress
@@ -174,3 +175,24 @@ def test_custom_script_progress_holds_off_hang_detection_until_it_stops(
         st = job.wait(lambda s: s.get("restartCount", 0) >= 1, 60, "NoProgress restart")
         assert st["failures"] == {"NoProgress": 1}, json.dumps(st)
     assert_no_forbidden(op)
+
+
+def test_refused_progress_rbac_is_a_condition_not_a_hang_restart(
+    helm_ok: None, admin_api: client.ApiClient, namespace: str, tmp_path: Path, crd: None,
+) -> None:
+    ident = ChartIdentity(admin_api, namespace, tmp_path)
+    for doc in ident.rbac:  # the chart's RBAC without roles/rolebindings: the progress Role is refused
+        if doc["kind"] == "ClusterRole":
+            doc["rules"] = [r for r in doc["rules"] if not {"roles", "rolebindings"} & set(r.get("resources", []))]
+    with ident, OperatorProcess(ident.kubeconfig, tmp_path / "operator.log") as op:
+        jobs = TrainingJobs(admin_api, namespace, op)
+        jobs.submit(kwok_job("blind", {"workers": 2, "restartPolicy": {"progressDeadlineSeconds": 3, "backoffSeconds": 0}}))
+        jobs.wait_status("blind", lambda s: s.get("phase") == "Running", 90, what="blind Running")
+        st = jobs.wait_status("blind", lambda s: any(c["type"] == "ProgressUnknown" and c["status"] == "True"
+                                                     for c in s.get("conditions") or []), 30, what="ProgressUnknown")
+        cond = next(c for c in st["conditions"] if c["type"] == "ProgressUnknown")
+        assert cond["reason"] == "ProgressReportingForbidden", cond
+        time.sleep(8)  # more than twice the deadline: a gang that cannot report is not taken for hung
+        assert jobs.status("blind").get("restartCount", 0) == 0, jobs.status("blind")
+        wait_for(lambda: any(e.reason == "ProgressReportingForbidden" for e in jobs.events("blind")), 10,
+                 what="ProgressReportingForbidden Event")

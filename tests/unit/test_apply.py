@@ -19,8 +19,10 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import REGISTRY
 
 from kubetrain.core import api, contract
-from kubetrain.operator.apply import CLAIM_MISSING, CREATE, Apis, Applier, namespace_terminating
+from kubetrain.operator.apply import CLAIM_MISSING, CREATE, READ, Apis, Applier, namespace_terminating
+from kubetrain.operator.controller import Controller
 from kubetrain.operator.reconcile import Plan
+from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.watch_cache import WatchCache
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
@@ -45,10 +47,13 @@ class FakeApi:
         self.calls = calls
         self.fail: dict[str, ApiException | Callable[..., ApiException | None]] = {}
         self.reply: dict[str, Callable[..., Any]] = {}
+        self.options: list[tuple[str, dict[str, Any]]] = []
+        """(method, keyword arguments) of every call."""
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
-        def call(*args: Any, **_: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             self.calls.append((method, args))
+            self.options.append((method, kwargs))
             failure = self.fail.get(method)
             exc = failure(*args) if callable(failure) else failure
             if exc is not None:
@@ -61,11 +66,23 @@ def created_pod(ns: str, obj: dict[str, Any]) -> SimpleNamespace:
     return SimpleNamespace(data=json.dumps({**obj, "metadata": {**obj["metadata"], "resourceVersion": "5"}}))
 
 
+OWNED = [{"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "a", "uid": "u-1", "controller": True}]
+"""The ownerReferences of the job's children (job_body's uid)."""
+
+
+def existing(name: str, ns: str, owners: list[dict[str, Any]] = OWNED) -> dict[str, Any]:
+    """The object a read answers, as a 409 found it (owned by the job unless told otherwise)."""
+    return {"metadata": {"name": name, "namespace": ns, "ownerReferences": owners}}
+
+
 @pytest.fixture
 def fake() -> SimpleNamespace:
     calls: list[tuple[str, tuple[Any, ...]]] = []
     core, custom, rbac = FakeApi(calls), FakeApi(calls), FakeApi(calls)
     core.reply["create_namespaced_pod"] = created_pod
+    for api_ in (core, rbac):
+        for method in ("read_namespaced_pod", "read_namespaced_service", "read_namespaced_role"):
+            api_.reply[method] = existing
     return SimpleNamespace(calls=calls, core=core, custom=custom, rbac=rbac)
 
 
@@ -76,7 +93,8 @@ def job_body(rv: int = 1, **status: Any) -> dict[str, Any]:
 
 def child(kind: str, name: str, api_version: str = "v1") -> dict[str, Any]:
     labels = {contract.LABEL_JOB: "a"}
-    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": NS, "labels": labels}}
+    return {"apiVersion": api_version, "kind": kind,
+            "metadata": {"name": name, "namespace": NS, "labels": labels, "ownerReferences": OWNED}}
 
 
 def run(fake: SimpleNamespace, plan: Plan, cache: WatchCache | None = None) -> WatchCache:
@@ -170,6 +188,14 @@ def test_deleting_a_pod_already_gone_is_fine_and_the_cached_one_turns_terminatin
         run(fake, Plan(delete_pods=["a-worker-0"]), cache)
 
 
+def test_a_pod_on_a_lost_node_is_deleted_with_grace_0(fake: SimpleNamespace) -> None:
+    run(fake, Plan(delete_pods=["a-worker-0"], force_delete_pods=["a-worker-1"]))
+    names = [args[0] for m, args in fake.calls if m == "delete_namespaced_pod"]
+    options = [kw for m, kw in fake.core.options if m == "delete_namespaced_pod"]
+    assert sorted(zip(names, map(str, options), strict=True)) == [
+        ("a-worker-0", "{}"), ("a-worker-1", "{'grace_period_seconds': 0}")]
+
+
 def test_the_status_is_written_once_with_dropped_fields_nulled_and_cached(fake: SimpleNamespace) -> None:
     fake.custom.reply["patch_namespaced_custom_object_status"] = lambda *args: job_body(rv=2, phase="Running")
     cache = WatchCache()
@@ -182,7 +208,8 @@ def test_the_status_is_written_once_with_dropped_fields_nulled_and_cached(fake: 
         applier.close()
     [(method, args)] = fake.calls
     assert method == "patch_namespaced_custom_object_status"
-    assert args == (api.GROUP, api.VERSION, NS, api.PLURAL, "a", {"status": {"reason": None, "phase": "Running"}})
+    assert args == (api.GROUP, api.VERSION, NS, api.PLURAL, "a", {"status": {"reason": None, "phase": "Running"},
+                                                                   "metadata": {"resourceVersion": "1"}})
     assert cache.job(KEY)["status"] == {"phase": "Running"}
 
 
@@ -236,7 +263,9 @@ def test_the_claim_phase_is_missing_unknown_or_as_reported(fake: SimpleNamespace
 
 
 def test_a_live_read_replaces_the_cached_pods_and_their_nodes(fake: SimpleNamespace) -> None:
-    live_pod = client.V1Pod(metadata=client.V1ObjectMeta(name="a-worker-0", namespace=NS, resource_version="3"),
+    owner = client.V1OwnerReference(api_version=api.API_VERSION, kind=api.KIND, name="a", uid="u-1")
+    live_pod = client.V1Pod(metadata=client.V1ObjectMeta(name="a-worker-0", namespace=NS, resource_version="3",
+                                                         owner_references=[owner]),
                             spec=client.V1PodSpec(node_name="n1", containers=[]))
     fake.core.reply["list_namespaced_pod"] = lambda *_: client.V1PodList(items=[live_pod])
     fake.core.reply["read_node"] = lambda *_: {"status": {"conditions": [
@@ -254,3 +283,246 @@ def test_a_live_read_replaces_the_cached_pods_and_their_nodes(fake: SimpleNamesp
     finally:
         applier.close()
     assert ("list_namespaced_pod", (NS,)) in fake.calls
+
+
+QUOTA = api_error(403, {"message": 'pods "a-worker-1" is forbidden: exceeded quota: q, requested: pods=1'})
+
+
+def events(fake: SimpleNamespace) -> list[tuple[str, str, str]]:
+    recorded = [args[1] for m, args in fake.calls if m == "create_namespaced_event"]
+    return [(e.type, e.reason, e.message) for e in recorded]
+
+
+def test_a_refused_pod_create_is_kept_for_the_status_with_one_event_until_it_changes(fake: SimpleNamespace) -> None:
+    fake.core.fail["create_namespaced_pod"] = lambda ns, obj, **_: QUOTA if obj["metadata"]["name"] != "a-worker-0" \
+        else None
+    pods = [child("Pod", "a-worker-0"), child("Pod", "a-worker-1")]
+    cache = run(fake, Plan(create=pods))
+    message = 'pods "a-worker-1" is forbidden: exceeded quota: q, requested: pods=1'
+    assert cache.create_refused(KEY) == message
+    assert [p["metadata"]["name"] for p in cache.pods(KEY)] == ["a-worker-0"]
+    assert events(fake) == [("Warning", "CreateRejected", message)]
+    run(fake, Plan(create=pods[1:]), cache)  # the retry meets the same refusal: no second Event
+    assert len(events(fake)) == 1 and cache.create_refused(KEY) == message
+    fake.core.fail["create_namespaced_pod"] = api_error(422, {"message": 'Pod "a-worker-1" is invalid: spec'})
+    run(fake, Plan(create=pods[1:]), cache)
+    assert cache.create_refused(KEY) == 'Pod "a-worker-1" is invalid: spec' and len(events(fake)) == 2
+    fake.core.fail.clear()
+    run(fake, Plan(create=pods[1:]), cache)
+    assert cache.create_refused(KEY) is None and len(events(fake)) == 2
+
+
+def test_of_several_refusals_the_first_in_plan_order_is_kept(fake: SimpleNamespace) -> None:
+    def refuse(ns: str, obj: dict[str, Any], **_: Any) -> ApiException:
+        return api_error(403, {"message": f'pods "{obj["metadata"]["name"]}" is forbidden: violates PodSecurity'})
+
+    fake.core.fail["create_namespaced_pod"] = refuse
+    cache = run(fake, Plan(create=[child("Pod", f"a-worker-{i}") for i in range(8)]))
+    assert cache.create_refused(KEY) == 'pods "a-worker-0" is forbidden: violates PodSecurity'
+    assert [r for _, r, _ in events(fake)] == ["CreateRejected"]
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_throttling_and_server_errors_are_not_refusals_they_fail_the_reconcile(fake: SimpleNamespace,
+                                                                                status: int) -> None:
+    fake.core.fail["create_namespaced_pod"] = api_error(status)
+    cache = WatchCache()
+    with pytest.raises(ApiException):
+        run(fake, Plan(create=[child("Pod", "a-worker-0")]), cache)
+    assert cache.create_refused(KEY) is None and events(fake) == []
+
+
+def test_a_terminating_namespace_is_no_refusal_to_report(fake: SimpleNamespace) -> None:
+    fake.core.fail["create_namespaced_pod"] = TERMINATING
+    assert run(fake, Plan(create=[child("Pod", "a-worker-0")])).create_refused(KEY) is None
+
+
+def foreign_pod(name: str, ns: str) -> dict[str, Any]:
+    return existing(name, ns, owners=[])
+
+
+def test_a_name_taken_by_an_object_the_job_does_not_own_is_not_adopted(fake: SimpleNamespace) -> None:
+    fake.core.fail["create_namespaced_pod"] = lambda ns, obj, **_: api_error(409) \
+        if obj["metadata"]["name"] == "a-worker-1" else None
+    fake.core.reply["read_namespaced_pod"] = lambda name, ns: foreign_pod(name, ns) if name == "a-worker-1" \
+        else existing(name, ns)
+    pods = [child("Pod", "a-worker-0"), child("Pod", "a-worker-1")]
+    cache = run(fake, Plan(create=pods))
+    assert cache.foreign(KEY) == "Pod a-worker-1"
+    assert [p["metadata"]["name"] for p in cache.pods(KEY)] == ["a-worker-0"]  # not counted as created
+    assert events(fake) == [("Warning", "ForeignObject", "Pod a-worker-1 exists and is not owned by this "
+                             "TrainingJob: not adopting it; delete or rename it")]
+    assert "delete_namespaced_pod" not in methods(fake)
+    run(fake, Plan(create=pods[1:]), cache)  # still there on the retry: no second Event
+    assert len(events(fake)) == 1
+    fake.core.reply["read_namespaced_pod"] = existing  # the stranger deleted, and ours made by an earlier try
+    run(fake, Plan(create=pods[1:]), cache)
+    assert cache.foreign(KEY) is None and len(events(fake)) == 1
+
+
+def test_an_earlier_jobs_child_being_deleted_is_waited_for(fake: SimpleNamespace) -> None:
+    old = [{"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "a", "uid": "u-0"}]
+    fake.core.fail["create_namespaced_service"] = api_error(409)
+    fake.core.reply["read_namespaced_service"] = lambda name, ns: {
+        "metadata": {"name": name, "ownerReferences": old, "deletionTimestamp": "2026-11-22T11:59:59Z"}}
+    cache = run(fake, Plan(create=[child("Service", "a")]))
+    assert cache.foreign(KEY) == "Service a"
+    assert events(fake)[0][2].endswith("not adopting it; waiting until it is deleted")
+
+
+def test_a_foreign_role_stops_the_binding_to_it(fake: SimpleNamespace) -> None:
+    fake.rbac.fail["create_namespaced_role"] = api_error(409)
+    fake.rbac.reply["read_namespaced_role"] = foreign_pod
+    cache = run(fake, Plan(create=[child("Role", "a-progress", "rbac/v1"), child("RoleBinding", "a-progress")]))
+    assert "create_namespaced_role_binding" not in methods(fake) and cache.foreign(KEY) == "Role a-progress"
+
+
+def test_an_owner_that_cannot_be_read_is_taken_as_ours_and_one_gone_meanwhile_is_retried(
+        fake: SimpleNamespace) -> None:
+    fake.core.fail["create_namespaced_pod"] = api_error(409)
+    fake.core.fail["read_namespaced_pod"] = api_error(403)
+    assert run(fake, Plan(create=[child("Pod", "a-worker-0")])).foreign(KEY) is None
+    fake.core.fail["read_namespaced_pod"] = api_error(404)
+    with pytest.raises(ApiException):
+        run(fake, Plan(create=[child("Pod", "a-worker-0")]))
+
+
+def test_every_child_kind_can_be_read_back_to_check_its_owner() -> None:
+    assert set(READ) == set(CREATE)
+
+
+def test_a_status_write_carries_the_read_resource_version_and_a_conflict_rereads_the_job(
+        fake: SimpleNamespace) -> None:
+    fake.custom.fail["patch_namespaced_custom_object_status"] = api_error(409)
+    fake.custom.reply["get_namespaced_custom_object"] = lambda *_: job_body(rv=7, phase="Running", reason="Other")
+    cache = WatchCache()
+    cache.job_event("ADDED", job_body(rv=3))
+    applier = Applier(Apis(fake.core, fake.custom, fake.rbac, lambda o: o), cache, 2, lambda: NOW)
+    stale = Plan(status={"phase": "Failed"}, events=[("Warning", "X", "y")], delete_job=True)
+    try:
+        assert asyncio.run(applier.execute(KEY, job_body(rv=3), stale)) is False
+    finally:
+        applier.close()
+    patch = next(args for m, args in fake.calls if m == "patch_namespaced_custom_object_status")[-1]
+    assert patch == {"metadata": {"resourceVersion": "3"}, "status": {"phase": "Failed"}}
+    assert ("get_namespaced_custom_object", (api.GROUP, api.VERSION, NS, api.PLURAL, "a")) in fake.calls
+    assert cache.job(KEY)["status"] == {"phase": "Running", "reason": "Other"}  # the fresh copy, for the next plan
+    assert methods(fake) == ["patch_namespaced_custom_object_status", "get_namespaced_custom_object"]
+
+
+def test_a_conflict_on_a_job_deleted_meanwhile_forgets_it(fake: SimpleNamespace) -> None:
+    fake.custom.fail["patch_namespaced_custom_object_status"] = api_error(409)
+    fake.custom.fail["get_namespaced_custom_object"] = api_error(404)
+    assert run(fake, Plan(status={"phase": "Running"})).job(KEY) is None
+
+
+def kwok_spec_job(rv: int = 1, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {**job_body(rv), "spec": {"workers": 2, "checkpoint": {"ephemeral": True}}, "status": status or {}}
+
+
+def controller(fake: SimpleNamespace) -> Controller:
+    """A controller whose applier calls the fake API; the job's status writes answer as the API server would."""
+    ctl = Controller(client.ApiClient(), OperatorSettings(), clock=lambda: NOW)
+    ctl.applier.close()
+    ctl.applier = Applier(Apis(fake.core, fake.custom, fake.rbac, lambda o: o), ctl.cache, 4, lambda: NOW)
+
+    def patched(*args: Any) -> dict[str, Any]:
+        current = ctl.cache.job(KEY) or {}
+        return kwok_spec_job(int(current["metadata"]["resourceVersion"]) + 1, args[-1]["status"])
+
+    fake.custom.reply["patch_namespaced_custom_object_status"] = patched
+    fake.core.reply["list_namespaced_pod"] = lambda *_, **__: SimpleNamespace(items=[
+        LivePod(p) for p in ctl.cache.pods(KEY)])  # a live read finds what the cache holds
+    ctl.applier.sanitize = lambda o: o.body if isinstance(o, LivePod) else o
+    return ctl
+
+
+class LivePod:
+    """A pod as the client's LIST returns it: a model with attributes (sanitized back to its dict)."""
+
+    def __init__(self, body: dict[str, Any]):
+        self.body = body
+        self.metadata = SimpleNamespace(name=body["metadata"]["name"])
+
+
+def reconcile(ctl: Controller) -> float | None:
+    return asyncio.run(ctl.reconcile(KEY))
+
+
+def test_the_controller_shows_a_refused_create_and_retries_it_with_backoff(fake: SimpleNamespace) -> None:
+    fake.core.fail["create_namespaced_pod"] = lambda ns, obj, **_: QUOTA if obj["metadata"]["name"] == "a-worker-1" \
+        else None
+    ctl = controller(fake)
+    try:
+        ctl.job_event("ADDED", kwok_spec_job())
+        delays = [reconcile(ctl) for _ in range(7)]
+        assert delays == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+        cond = next(c for c in ctl.cache.job(KEY)["status"]["conditions"] if c["type"] == "WorkersBlocked")
+        assert (cond["status"], cond["reason"]) == ("True", "CreateRejected") and "exceeded quota" in cond["message"]
+        assert [r for _, r, _ in events(fake)].count("CreateRejected") == 1
+        fake.core.fail.clear()  # the quota was raised
+        reconcile(ctl)
+        assert ctl.cache.create_refused(KEY) is None and ctl.queue.backoff(KEY) == 2.0  # started over
+    finally:
+        ctl.applier.close()
+
+
+def test_the_controller_shows_a_foreign_pod_and_looks_again_with_backoff(fake: SimpleNamespace) -> None:
+    fake.core.fail["create_namespaced_pod"] = lambda ns, obj, **_: api_error(409) \
+        if obj["metadata"]["name"] == "a-worker-1" else None
+    fake.core.reply["read_namespaced_pod"] = foreign_pod
+    ctl = controller(fake)
+    try:
+        ctl.job_event("ADDED", kwok_spec_job())
+        assert [reconcile(ctl), reconcile(ctl)] == [2.0, 4.0]
+        cond = next(c for c in ctl.cache.job(KEY)["status"]["conditions"] if c["type"] == "WorkersBlocked")
+        assert (cond["status"], cond["reason"]) == ("True", "ForeignObject") and "a-worker-1" in cond["message"]
+        assert [r for _, r, _ in events(fake)].count("ForeignObject") == 1
+    finally:
+        ctl.applier.close()
+
+
+def test_the_controller_plans_again_at_once_from_the_job_a_conflict_reread(fake: SimpleNamespace) -> None:
+    ctl = controller(fake)
+    fake.custom.fail["patch_namespaced_custom_object_status"] = api_error(409)
+    fake.custom.reply["get_namespaced_custom_object"] = lambda *_: kwok_spec_job(9, {"phase": "Created"})
+    try:
+        ctl.job_event("ADDED", kwok_spec_job(3))
+        assert reconcile(ctl) == 0.0
+        assert ctl.cache.job(KEY)["metadata"]["resourceVersion"] == "9"
+        fake.custom.fail.clear()
+        reconcile(ctl)
+        patch = [args[-1] for m, args in fake.calls if m == "patch_namespaced_custom_object_status"][-1]
+        assert patch["metadata"] == {"resourceVersion": "9"}
+    finally:
+        ctl.applier.close()
+
+
+def test_a_gang_going_away_drops_what_its_creates_met(fake: SimpleNamespace) -> None:
+    fake.core.fail["create_namespaced_pod"] = QUOTA
+    ctl = controller(fake)
+    try:
+        ctl.job_event("ADDED", kwok_spec_job())
+        assert reconcile(ctl) == 2.0 and ctl.cache.create_refused(KEY) is not None
+        suspended = kwok_spec_job(int(ctl.cache.job(KEY)["metadata"]["resourceVersion"]) + 1,
+                                  ctl.cache.job(KEY)["status"])
+        suspended["spec"]["suspend"] = True
+        ctl.job_event("MODIFIED", suspended)
+        reconcile(ctl)
+        assert ctl.cache.job(KEY)["status"]["phase"] == "Suspended"
+        assert ctl.cache.create_refused(KEY) is None and ctl.queue.backoff(KEY) == 2.0
+    finally:
+        ctl.applier.close()
+
+
+def test_a_gang_is_written_created_only_once_every_create_succeeded(fake: SimpleNamespace) -> None:
+    fake.core.fail["create_namespaced_pod"] = QUOTA
+    fake.custom.reply["patch_namespaced_custom_object_status"] = lambda *args: job_body(rv=2)
+    plan = Plan(create=[child("Pod", "a-worker-0")], status={"phase": "Created", "gangCreated": True})
+    run(fake, plan)
+    patches = [args[-1]["status"] for m, args in fake.calls if m == "patch_namespaced_custom_object_status"]
+    assert patches == [{"phase": "Created", "gangCreated": False}]  # a missing worker then is not a deleted one
+    fake.core.fail.clear()
+    run(fake, plan)
+    patches = [args[-1]["status"] for m, args in fake.calls if m == "patch_namespaced_custom_object_status"]
+    assert patches[-1] == {"phase": "Created", "gangCreated": True}

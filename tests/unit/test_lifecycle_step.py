@@ -300,3 +300,12 @@ def test_a_gang_that_does_not_run_in_time_is_released_and_counted():
     assert (t.status.gang_created_time, t.status.failures) == (None, {"StartTimeout": 1})
     running = step(s, created, workers(R, R), T0 + timedelta(seconds=100)).status
     assert step(s, running, workers(R, R), T0 + timedelta(hours=5)).decision.action == Action.WAIT
+
+
+def test_a_running_job_is_looked_at_again_when_its_next_deadline_can_pass():
+    s = spec(restartPolicy={"progressDeadlineSeconds": 60}, activeDeadlineSeconds=3600)
+    st = running(lastProgressTime=format_time(T0 + timedelta(seconds=50)))
+    assert step(s, st, workers(R, R), T0 + timedelta(seconds=95)).requeue_after == pytest.approx(15.0)
+    blind = Observed(workers=workers(R, R).workers, progress_unknown=Reason.PROGRESS_REPORTING_OFF)
+    assert step(s, st, blind, T0 + timedelta(seconds=95)).requeue_after == 30.0  # no progress deadline applies
+    assert step(spec(), st, workers(R, R), T0).requeue_after == 30.0

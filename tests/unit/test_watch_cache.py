@@ -152,3 +152,66 @@ def test_the_controller_forgets_a_deleted_job_everywhere() -> None:
         assert ctl.cache.size() == 1  # job b alone
     finally:
         ctl.applier.close()
+
+
+def owned(p: dict[str, Any], uid: str) -> dict[str, Any]:
+    p["metadata"]["ownerReferences"] = [{"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
+                                         "name": p["metadata"]["labels"][contract.LABEL_JOB], "uid": uid}]
+    return p
+
+
+def job_uid(name: str, uid: str, rv: int = 1) -> dict[str, Any]:
+    body = job(name, rv)
+    body["metadata"]["uid"] = uid
+    return body
+
+
+def test_only_pods_the_job_owns_by_uid_are_kept_under_it() -> None:
+    cache = WatchCache()
+    cache.job_event("ADDED", job_uid("a", "new"))
+    assert cache.pod_event("ADDED", owned(pod("a", 0), "old")) is None  # the deleted predecessor's, GC'd soon
+    assert cache.pod_event("ADDED", pod("a", 1)) is None  # made by someone else with the job's labels
+    assert cache.pod_event("ADDED", owned(pod("a", 2), "new")) == (NS, "a")
+    assert [p["metadata"]["name"] for p in cache.pods((NS, "a"))] == ["a-worker-2"]
+    live = {"a-worker-0": owned(pod("a", 0), "old"), "a-worker-2": owned(pod("a", 2), "new")}
+    assert not cache.replace_pods((NS, "a"), live)  # a live read keeps the same ones
+    assert [p["metadata"]["name"] for p in cache.pods((NS, "a"))] == ["a-worker-2"]
+
+
+def test_a_job_created_again_under_its_name_starts_from_nothing() -> None:
+    cache = WatchCache()
+    cache.job_event("ADDED", job_uid("a", "old"))
+    cache.pod_event("ADDED", owned(pod("a", 0), "old"))
+    cache.set_create_refused((NS, "a"), "exceeded quota")
+    cache.job_event("MODIFIED", job_uid("a", "old", rv=1))
+    assert cache.create_refused((NS, "a")) == "exceeded quota"
+    cache.job_event("ADDED", job_uid("a", "new", rv=5))  # its predecessor's DELETED event was missed
+    assert cache.pods((NS, "a")) == [] and cache.create_refused((NS, "a")) is None
+    cache.job_event("MODIFIED", job_uid("a", "old", rv=4))  # a late copy of the old job changes nothing
+    assert cache.job((NS, "a"))["metadata"]["uid"] == "new"
+
+
+def test_refusals_and_foreign_objects_are_kept_per_job_and_forgotten_with_it() -> None:
+    cache = WatchCache()
+    key = (NS, "a")
+    cache.set_create_refused(key, "ignored: no such job")
+    assert cache.create_refused(key) is None and cache.foreign(key) is None
+    cache.job_event("ADDED", job_uid("a", "u"))
+    cache.set_create_refused(key, 'pods "a-worker-1" is forbidden: exceeded quota')
+    cache.set_foreign(key, "Pod a-worker-1")
+    assert (cache.create_refused(key), cache.foreign(key)) == ('pods "a-worker-1" is forbidden: exceeded quota',
+                                                               "Pod a-worker-1")
+    cache.set_foreign(key, None)
+    assert cache.foreign(key) is None
+    cache.job_event("DELETED", job_uid("a", "u"))
+    assert cache.create_refused(key) is None
+
+
+def test_a_foreign_pods_events_requeue_the_job_only_while_it_holds_a_name_the_job_needs() -> None:
+    cache = WatchCache()
+    cache.job_event("ADDED", job_uid("a", "u"))
+    stranger = pod("a", 1)
+    assert cache.pod_event("MODIFIED", stranger) is None
+    cache.set_foreign((NS, "a"), "Pod a-worker-1")
+    assert cache.pod_event("DELETED", stranger) == (NS, "a")  # the name is free: look again now
+    assert cache.pods((NS, "a")) == [] and cache.size() == 1

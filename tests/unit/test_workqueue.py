@@ -216,3 +216,35 @@ def test_a_delayed_key_is_worked_on_when_it_comes_due() -> None:
         return calls
 
     assert asyncio.run(scenario()) == ["a"]
+
+
+def test_failures_back_off_doubling_to_a_cap_and_start_over_after_a_reset() -> None:
+    q = leading_queue()
+    assert [q.backoff("a") for _ in range(7)] == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    assert q.backoff("b") == 2.0  # per key
+    q.reset("a")
+    assert q.backoff("a") == 2.0
+    q.forget("a")
+    assert q.backoff("a") == 2.0
+    for _ in range(200):  # no overflow however long it fails
+        assert q.backoff("c") <= 60.0
+
+
+def test_work_that_keeps_raising_is_retried_with_growing_delays() -> None:
+    async def scenario() -> list[float | None]:
+        q: WorkQueue[str] = WorkQueue(Clock())  # a clock that stands still: the retries never come due alone
+        q.set_leading(True)
+        delays: list[float | None] = []
+
+        async def handle(key: str) -> float | None:
+            raise RuntimeError("API server unreachable")
+
+        server = asyncio.create_task(q.serve(1, handle))
+        for _ in range(3):
+            q.add("a")  # an event: tried at once, whatever the delay
+            await asyncio.sleep(0.01)
+            delays.append(q.due_in("a"))
+        server.cancel()
+        return delays
+
+    assert asyncio.run(scenario()) == [2.0, 4.0, 8.0]

@@ -1,9 +1,13 @@
 """The applier: the operator's one module that talks to the API server.
 
 It carries out a reconcile.Plan: creates the children (all at once, bounded; a Role before its
-RoleBinding; 409 means already there), deletes pods, writes the status ONCE, records Events and
-deletes a job whose time is up. It also makes the few reads the controller needs: the LIST that
-fills the caches, a live look at one job's pods and nodes, a checkpoint claim's phase.
+RoleBinding; 409 means already there, and it counts as created only when the job owns it), deletes
+pods, writes the status ONCE (on the resourceVersion the plan was made from), records Events and
+deletes a job whose time is up. A pod create the API server refuses (quota, Pod Security, an
+invalid field) and a child's name taken by a foreign object are kept in the WatchCache for the
+next plan's status, with one Warning Event each time they change. It also makes the few reads the
+controller needs: the LIST that fills the caches, a live look at one job's pods and nodes, a
+checkpoint claim's phase.
 
 The kubernetes client blocks, so every call runs on a thread pool as wide as the API calls
 allowed in flight. What the applier learns from its own writes (a created pod, a new status)
@@ -18,7 +22,7 @@ import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -26,8 +30,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kubetrain.core import api, contract
+from kubetrain.core.api import TrainingJobStatus
 from kubetrain.operator import metrics
-from kubetrain.operator.watch_cache import Key, WatchCache, node_not_ready_since, resource_version
+from kubetrain.operator.watch_cache import Key, WatchCache, node_not_ready_since, owned_by, resource_version, uid_of
 
 if TYPE_CHECKING:
     from kubetrain.operator.reconcile import Plan
@@ -82,12 +87,55 @@ CREATE: dict[str, Callable[[Apis, str, dict[str, Any]], Any]] = {
 """The API call that creates each kind of child a plan may hold."""
 
 
+def _read_pod_group(apis: Apis, ns: str, obj: dict[str, Any]) -> Any:
+    group, version = obj["apiVersion"].split("/")
+    return apis.custom.get_namespaced_custom_object(group, version, ns, "podgroups", obj["metadata"]["name"])
+
+
+READ: dict[str, Callable[[Apis, str, dict[str, Any]], Any]] = {
+    "Pod": lambda apis, ns, obj: apis.core.read_namespaced_pod(obj["metadata"]["name"], ns),
+    "Service": lambda apis, ns, obj: apis.core.read_namespaced_service(obj["metadata"]["name"], ns),
+    "ConfigMap": lambda apis, ns, obj: apis.core.read_namespaced_config_map(obj["metadata"]["name"], ns),
+    "PersistentVolumeClaim": lambda apis, ns, obj: apis.core.read_namespaced_persistent_volume_claim(
+        obj["metadata"]["name"], ns),
+    "PodGroup": _read_pod_group,
+    "Role": lambda apis, ns, obj: apis.rbac.read_namespaced_role(obj["metadata"]["name"], ns),
+    "RoleBinding": lambda apis, ns, obj: apis.rbac.read_namespaced_role_binding(obj["metadata"]["name"], ns),
+}
+"""The API call that reads the object whose name a create found taken (409), to see who owns it."""
+NOT_REFUSALS = frozenset({408, 409, 429})
+"""4xx answers that say nothing against the object: a timeout, a conflict, throttling (retried as errors)."""
+
+
 def api_message(exc: ApiException) -> str:
     """The API server's own message (the Status body), else the HTTP reason."""
     try:
         return str(json.loads(exc.body)["message"])
     except (TypeError, ValueError, KeyError):
         return str(exc.reason)
+
+
+def create_refused(exc: ApiException) -> bool:
+    """The API server will not create this object as it is (quota, admission, validation): a 4xx."""
+    return exc.status is not None and 400 <= exc.status < 500 and exc.status not in NOT_REFUSALS
+
+
+def foreign_message(kind: str, name: str, existing: dict[str, Any]) -> str:
+    why = "waiting until it is deleted" if (existing.get("metadata") or {}).get("deletionTimestamp") \
+        else "delete or rename it"
+    return f"{kind} {name} exists and is not owned by this TrainingJob: not adopting it; {why}"
+
+
+def gang_not_created(job: dict[str, Any], status: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The status to write for a plan some of whose creates were refused or found their name taken.
+    The lifecycle marks the gang created (every worker of the generation made, so a missing one was
+    deleted) when it plans the creates, on the word that the operator writes that status only once
+    they all succeeded; the job keeps its previous gangCreated instead, so that a worker never
+    created is created again at the next reconcile, not counted as a deleted one."""
+    field_name = TrainingJobStatus.model_fields["gang_created"].alias or "gang_created"
+    if status is None or not status.get(field_name):
+        return status
+    return {**status, field_name: bool((job.get("status") or {}).get(field_name))}
 
 
 def namespace_terminating(exc: ApiException) -> bool:
@@ -115,6 +163,21 @@ def event_body(job: dict[str, Any], type_: str, reason: str, message: str, now: 
         source=client.V1EventSource(component="kubetrain-operator"),
         reporting_component="kubetrain.io/operator", reporting_instance="kubetrain-operator",
     )
+
+
+@dataclass
+class Creation:
+    """What the creates of one plan met, by (kind, name): refusals (the API server's message) and
+    names taken by objects the job does not own ("<Kind> <name>", the Event's message)."""
+
+    refused: dict[tuple[str, str], str] = field(default_factory=dict)
+    foreign: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+
+    def first(self, objs: list[dict[str, Any]]) -> tuple[str | None, tuple[str, str] | None]:
+        """The refusal and the foreign object met first in plan order (stable across retries)."""
+        order = [(o["kind"], o["metadata"]["name"]) for o in objs]
+        return (next((self.refused[k] for k in order if k in self.refused), None),
+                next((self.foreign[k] for k in order if k in self.foreign), None))
 
 
 @dataclass(frozen=True)
@@ -194,44 +257,83 @@ class Applier:
 
     # ------------------------------------------------------------------ carrying out a plan
 
-    async def execute(self, key: Key, body: dict[str, Any], plan: Plan) -> None:
-        if plan.create:
-            ordered = [o for o in plan.create if o["kind"] in ORDERED]
-            rest = [self.create(key[0], o, body) for o in plan.create if o["kind"] not in ORDERED]
-            await asyncio.gather(self._create_in_order(key[0], ordered, body), *rest)
-        if plan.delete_pods:
-            await asyncio.gather(*(self.delete_pod(key, pod) for pod in plan.delete_pods))
-        if plan.status is not None:
-            await self.write_status(key, body, plan.status)
+    async def execute(self, key: Key, body: dict[str, Any], plan: Plan) -> bool:
+        """Carry the plan out; False when the job changed since `body` was read (the status write met
+        409): the fresh job is cached, and neither its Events nor a job deletion are made on stale data."""
+        status = plan.status
+        if plan.create and not await self.create_all(key, body, plan.create):
+            status = gang_not_created(body, status)
+        if plan.delete_pods or plan.force_delete_pods:
+            await asyncio.gather(*(self.delete_pod(key, pod) for pod in plan.delete_pods),
+                                 *(self.delete_pod(key, pod, force=True) for pod in plan.force_delete_pods))
+        if status is not None and not await self.write_status(key, body, status):
+            return False
         for type_, reason, message in plan.events:
             await self.io(self.record_event, body, type_, reason, message)
         if plan.delete_job:
             await self.delete_job(key)
+        return True
 
-    async def _create_in_order(self, ns: str, objs: list[dict[str, Any]], job: dict[str, Any]) -> None:
+    async def create_all(self, key: Key, body: dict[str, Any], objs: list[dict[str, Any]]) -> bool:
+        """Create the plan's children; False when one was refused or its name is taken. What they met
+        goes into the cache, replacing the last plan's, with one Warning Event each time it changes
+        (not one per retry)."""
+        seen = Creation()
+        ordered = [o for o in objs if o["kind"] in ORDERED]
+        rest = [self.create(key[0], o, body, seen) for o in objs if o["kind"] not in ORDERED]
+        await asyncio.gather(self._create_in_order(key[0], ordered, body, seen), *rest)
+        refused, foreign = seen.first(objs)
+        if refused is not None and refused != self.cache.create_refused(key):
+            await self.io(self.record_event, body, "Warning", "CreateRejected", refused)
+        if foreign is not None and foreign[0] != self.cache.foreign(key):
+            await self.io(self.record_event, body, "Warning", "ForeignObject", foreign[1])
+        self.cache.set_create_refused(key, refused)
+        self.cache.set_foreign(key, None if foreign is None else foreign[0])
+        return refused is None and foreign is None
+
+    async def _create_in_order(self, ns: str, objs: list[dict[str, Any]], job: dict[str, Any],
+                               seen: Creation) -> None:
         """In ORDERED's order; stops at the first object not created."""
         for obj in sorted(objs, key=lambda o: ORDERED.index(o["kind"])):
-            if not await self.create(ns, obj, job):
+            if not await self.create(ns, obj, job, seen):
                 return
+        self.cache.set_progress_refused((ns, job["metadata"]["name"]), False)
 
-    async def create(self, ns: str, obj: dict[str, Any], job: dict[str, Any]) -> bool:
-        """Create one child of `job`; True when it exists now (created, or 409: already there)."""
+    async def create(self, ns: str, obj: dict[str, Any], job: dict[str, Any], seen: Creation) -> bool:
+        """Create one child of `job`; True when it exists now (created, or 409 and the job owns it)."""
         kind = obj["kind"]
         if kind not in CREATE:
             raise ValueError(f"no API call creates a {kind}")
         try:
             created = await self.io(CREATE[kind], self.apis, ns, obj)
         except ApiException as exc:
-            if exc.status == 409:  # AlreadyExists: an earlier reconcile (or operator) made it
-                return True
-            return await self._refused(ns, obj, job, exc)
+            if exc.status == 409:  # AlreadyExists: an earlier reconcile (or operator) made it, or not
+                return await self._owned(ns, obj, job, seen)
+            return await self._refused(ns, obj, job, exc, seen)
         if kind == "Pod":
             metrics.PODS_CREATED.inc()
             self.cache.pod_event("ADDED", created)
         return True
 
-    async def _refused(self, ns: str, obj: dict[str, Any], job: dict[str, Any], exc: ApiException) -> bool:
-        """A create refused for a reason worth no retry: False; anything else raises."""
+    async def _owned(self, ns: str, obj: dict[str, Any], job: dict[str, Any], seen: Creation) -> bool:
+        """Whether the object already there under `obj`'s name is the job's own (its ownerReferences
+        name the job's uid). Someone else's, or an earlier job's of the same name, is never adopted."""
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        try:
+            existing = self.sanitize(await self.io(READ[kind], self.apis, ns, obj))
+        except ApiException as exc:
+            if exc.status != 403:  # 404: deleted meanwhile; the retry creates it
+                raise
+            log.debug("%s/%s: may not read %s to check its owner; taking it as ours", ns, name, kind)
+            return True
+        if owned_by(existing, uid_of(job)):
+            return True
+        seen.foreign[(kind, name)] = (f"{kind} {name}", foreign_message(kind, name, existing))
+        return False
+
+    async def _refused(self, ns: str, obj: dict[str, Any], job: dict[str, Any], exc: ApiException,
+                       seen: Creation) -> bool:
+        """A create refused for a reason a retry alone does not fix: False; anything else raises."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         if namespace_terminating(exc):
             # The namespace is being deleted with the job in it: no Event, no retry, nothing to fix.
@@ -240,35 +342,67 @@ class Applier:
         if exc.status == 403 and kind in ORDERED:
             # The progress RBAC is not worth failing the job over: it trains, its status shows
             # no progress. (The operator lacks roles/rolebindings create or get/patch on pods.)
+            self.cache.set_progress_refused((ns, job["metadata"]["name"]), True)
             await self.io(self.record_event, job, "Warning", "ProgressReportingForbidden",
                           f"could not create {kind} {name}: {api_message(exc)}; "
                           "rank 0 cannot report progress (status and progressDeadlineSeconds)")
             return False
+        if kind == "Pod" and create_refused(exc):
+            # Quota, Pod Security, an invalid field: the job says so (status, one Event) and is retried
+            # with backoff, since a raised quota or a relabelled namespace admits the pod unchanged.
+            metrics.CREATES_REFUSED.labels(str(exc.status)).inc()
+            seen.refused[(kind, name)] = api_message(exc)
+            return False
         raise exc
 
-    async def delete_pod(self, key: Key, pod: str) -> None:
+    async def delete_pod(self, key: Key, pod: str, force: bool = False) -> None:
+        """Delete a worker pod; `force`: grace 0, for a pod on a lost node whose kubelet cannot confirm."""
         try:
-            await self.io(self.apis.core.delete_namespaced_pod, pod, key[0])
+            await self.io(self.apis.core.delete_namespaced_pod, pod, key[0], **({"grace_period_seconds": 0} if force else {}))
         except ApiException as exc:
             if exc.status != 404:  # already gone: what we wanted
                 raise
         self.cache.mark_deleting(key, pod, self.clock())
 
-    async def write_status(self, key: Key, body: dict[str, Any], status: dict[str, Any]) -> None:
-        """Replace the status in one merge patch (fields no longer there set to null)."""
+    async def write_status(self, key: Key, body: dict[str, Any], status: dict[str, Any]) -> bool:
+        """Replace the status in one merge patch (fields no longer there set to null), on the condition
+        that the job is still the `body` the status was planned from: its resourceVersion in the patch
+        makes the API server answer 409 if anyone wrote the job since. False then: the fresh job is
+        cached for the next plan, and nothing is written over what the other writer wrote."""
         old = body.get("status") or {}
-        patch = {"status": {**{k: None for k in old if k not in status}, **status}}
+        patch: dict[str, Any] = {"status": {**{k: None for k in old if k not in status}, **status}}
+        if rv := (body.get("metadata") or {}).get("resourceVersion"):
+            patch["metadata"] = {"resourceVersion": rv}
         try:
             new = await self.io(self.apis.custom.patch_namespaced_custom_object_status,
                                 api.GROUP, api.VERSION, key[0], api.PLURAL, key[1], patch)
         except ApiException as exc:
             if exc.status == 404:  # the job is gone; its DELETED event follows
                 self.cache.forget(key)
-                return
-            raise
+                return True
+            if exc.status != 409:
+                raise
+            metrics.STATUS_CONFLICTS.inc()
+            await self._reread_job(key)
+            return False
+        self._cache_job(key, new)
+        return True
+
+    async def _reread_job(self, key: Key) -> None:
+        try:
+            fresh = await self.io(self.apis.custom.get_namespaced_custom_object,
+                                  api.GROUP, api.VERSION, key[0], api.PLURAL, key[1])
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.cache.forget(key)
+            return
+        self._cache_job(key, fresh)
+
+    def _cache_job(self, key: Key, job: dict[str, Any]) -> None:
         cached = self.cache.job(key)  # None: deleted meanwhile, and not to be brought back
-        if cached is not None and resource_version(new) >= resource_version(cached):
-            self.cache.job_event("MODIFIED", new)
+        if cached is not None and resource_version(job) >= resource_version(cached):
+            self.cache.job_event("MODIFIED", job)
 
     def record_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """Log and record an Event (blocking; best effort: a reconcile never fails over one)."""

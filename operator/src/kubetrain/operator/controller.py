@@ -32,6 +32,8 @@ __all__ = ["CONFIRM_LIVE", "Controller"]
 # a live read before a gang is restarted over them. A cache can lag: the watch of an operator that
 # just started, took the Lease over, or reconnected has not replayed everything yet.
 CONFIRM_LIVE = frozenset({FailureKind.DELETED, FailureKind.NO_PROGRESS, FailureKind.NODE_LOST})
+GANG_GOING = frozenset({Action.RESTART_GANG, Action.SUSPEND, Action.FAIL, Action.SUCCEED})
+"""Decisions that take the gang away: what its creates met (a refusal, a foreign object) no longer holds."""
 GAUGE_PERIOD = 5.0
 """Seconds between two refreshes of the jobs-by-phase gauge."""
 
@@ -136,17 +138,36 @@ class Controller:
             confirm = p.decision is not None and p.decision.failure_kind in CONFIRM_LIVE
             if confirm and await self.applier.refresh(key):
                 p = self._plan(key, body, claim_phase)
-            await self.applier.execute(key, body, p)
+            carried_out = await self.applier.execute(key, body, p)
         except Exception as exc:
             metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
-            raise  # the work queue logs it and retries
+            raise  # the work queue logs it and retries with backoff
+        if not carried_out:
+            return 0.0  # the job changed since it was read: plan again, at once, from the fresh copy
         self._observe(key, body, p)
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - t0)
-        return p.requeue_after
+        return self._requeue_after(key, p)
 
     def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None) -> Plan:
-        return plan(body, self.cache.pods(key), self.cache.nodes, self.clock(), self.settings.builders,
-                    self.cache.progress(key), claim_phase)
+        cache = self.cache
+        return plan(body, cache.pods(key), cache.nodes, self.clock(), self.settings.builders,
+                    cache.progress(key), claim_phase, cache.disrupted(key), cache.progress_refused(key),
+                    create_refused=cache.create_refused(key), foreign=cache.foreign(key))
+
+    def _requeue_after(self, key: Key, p: Plan) -> float | None:
+        """The plan's time to look again; with a pod create refused or a child's name taken, the backoff's
+        instead (2 s doubling to 60 s; the plan's own, a recheck of the pods just created, would retry the
+        create every 2 s): no event the operator watches says when a quota is raised or a namespace
+        relabelled. The backoff starts over once the job's creates succeed, or once its gang goes away
+        (a restart, a suspension, the end): what the creates met then no longer holds."""
+        d = p.decision
+        if d is None or d.action in GANG_GOING or d.phase in (api.Phase.SUSPENDED, *api.FINISHED_PHASES):
+            self.cache.set_create_refused(key, None)
+            self.cache.set_foreign(key, None)
+        if self.cache.create_refused(key) is None and self.cache.foreign(key) is None:
+            self.queue.reset(key)
+            return p.requeue_after
+        return self.queue.backoff(key)
 
     async def _claim_phase(self, key: Key, body: dict[str, Any]) -> str | None:
         """The checkpoint claim's phase, read live only while the scheduler says the job's pods wait

@@ -25,3 +25,8 @@ RECOVERY_SECONDS = Histogram(
     "From a worker failure to every worker of the new generation Running",
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
 )
+CREATES_REFUSED = Counter("kubetrain_operator_creates_refused_total",
+                          "Worker pod creates the API server refused (quota, Pod Security, invalid), by HTTP status",
+                          ["code"])
+STATUS_CONFLICTS = Counter("kubetrain_operator_status_conflicts_total",
+                           "Status writes refused because the job changed since it was read (re-planned)")

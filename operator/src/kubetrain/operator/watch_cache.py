@@ -7,7 +7,9 @@ leaves the queueing to the caller.
 
 Everything kept for a job hangs off its entry: forgetting the job drops its pods and tombstones
 with it, and a pod event for a job the cache does not know is ignored, so deleted jobs (whose
-pods are deleted after them) leave nothing behind.
+pods are deleted after them) leave nothing behind. A pod is kept under a job only when the job
+(by uid) owns it: a job deleted and created again under the same name must not take the old
+job's pods, which the garbage collector is deleting, nor a pod someone else made with its labels.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from kubetrain.core import contract
 from kubetrain.core.progress import Progress
 from kubetrain.operator import builders as b
+from kubetrain.operator.reconcile import disrupted
 
 Key = tuple[str, str]
 """(namespace, name) of a TrainingJob."""
@@ -47,6 +50,17 @@ def _node_of(pod: dict[str, Any]) -> str | None:
     return (pod.get("spec") or {}).get("nodeName")
 
 
+def uid_of(obj: dict[str, Any]) -> str | None:
+    return (obj.get("metadata") or {}).get("uid")
+
+
+def owned_by(obj: dict[str, Any], uid: str | None) -> bool:
+    """Whether `obj`'s ownerReferences name the owner with that uid (True when the uid is unknown)."""
+    if not uid:
+        return True
+    return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
 @dataclass
 class _Job:
     body: dict[str, Any]
@@ -55,6 +69,16 @@ class _Job:
     """pod name -> resourceVersion of its DELETED event: an older copy (a late create response, a
     stale watch event) must not bring a deleted pod back. Worker names repeat across generations,
     so there are at most as many as the job has workers."""
+    disrupted: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """pod name -> its last copy, for deleted pods that carried DisruptionTarget (preempted, evicted):
+    the pod may be gone before the job is reconciled, and a disruption is not counted as a failure."""
+    progress_refused: bool = False
+    """The API refused this job's progress Role or RoleBinding (rank 0 cannot report progress)."""
+    create_refused: str | None = None
+    """The API server's message refusing the job's last refused pod create (quota, Pod Security,
+    an invalid field); None once every create of a plan succeeded."""
+    foreign: str | None = None
+    """"<Kind> <name>" of a child the job needs whose name is taken by an object it does not own."""
 
 
 class WatchCache:
@@ -85,7 +109,37 @@ class WatchCache:
 
     def size(self) -> int:
         """Entries kept: jobs, their pods and tombstones, and nodes (what a leak would grow)."""
-        return len(self.nodes) + sum(1 + len(j.pods) + len(j.tombstones) for j in self._jobs.values())
+        return len(self.nodes) + sum(1 + len(j.pods) + len(j.tombstones) + len(j.disrupted)
+                                     for j in self._jobs.values())
+
+    def disrupted(self, key: Key) -> list[dict[str, Any]]:
+        """The last copies of the job's deleted pods that were disrupted."""
+        entry = self._jobs.get(key)
+        return list(entry.disrupted.values()) if entry else []
+
+    def progress_refused(self, key: Key) -> bool:
+        entry = self._jobs.get(key)
+        return entry is not None and entry.progress_refused
+
+    def set_progress_refused(self, key: Key, refused: bool) -> None:
+        if (entry := self._jobs.get(key)) is not None:
+            entry.progress_refused = refused
+
+    def create_refused(self, key: Key) -> str | None:
+        entry = self._jobs.get(key)
+        return entry.create_refused if entry else None
+
+    def set_create_refused(self, key: Key, message: str | None) -> None:
+        if (entry := self._jobs.get(key)) is not None:
+            entry.create_refused = message
+
+    def foreign(self, key: Key) -> str | None:
+        entry = self._jobs.get(key)
+        return entry.foreign if entry else None
+
+    def set_foreign(self, key: Key, what: str | None) -> None:
+        if (entry := self._jobs.get(key)) is not None:
+            entry.foreign = what
 
     def progress(self, key: Key) -> Progress | None:
         """Rank 0's progress: the annotation on worker 0 of the job's current generation."""
@@ -116,7 +170,10 @@ class WatchCache:
         if entry is None:
             self._jobs[key] = _Job(body)
         elif resource_version(body) >= resource_version(entry.body):
-            entry.body = body
+            if uid_of(body) == uid_of(entry.body):
+                entry.body = body
+            else:  # a new job under a known name (its predecessor's DELETED missed): nothing carries over
+                self._jobs[key] = _Job(body)
         return key
 
     def forget(self, key: Key) -> None:
@@ -124,18 +181,24 @@ class WatchCache:
         self._jobs.pop(key, None)
 
     def pod_event(self, kind: str | None, body: dict[str, Any]) -> Key | None:
-        """Keep a worker pod under its job; the job's key, or None when no known job owns it."""
+        """Keep a worker pod under its job; the job's key, or None when no known job owns it. A pod with
+        the job's label that the job does not own is never kept; while a name the job needs is taken
+        by such an object, its events still return the job's key (its going frees the name)."""
         meta = body["metadata"]
         job = (meta.get("labels") or {}).get(contract.LABEL_JOB)
         key = (meta["namespace"], job) if job else None
         entry = self._jobs.get(key) if key else None
         if key is None or entry is None:
             return None
+        if not owned_by(body, uid_of(entry.body)):
+            return key if entry.foreign is not None else None
         name = meta["name"]
         rv = resource_version(body)
         if kind == DELETED:
             entry.pods.pop(name, None)
             entry.tombstones[name] = max(rv, entry.tombstones.get(name, 0))
+            if disrupted(body):
+                entry.disrupted[name] = body
         elif rv > entry.tombstones.get(name, -1) and rv >= resource_version(entry.pods.get(name, {})):
             entry.pods[name] = body
             entry.tombstones.pop(name, None)
@@ -170,6 +233,7 @@ class WatchCache:
         entry = self._jobs.get(key)
         if entry is None:
             return False
+        live = {n: p for n, p in live.items() if owned_by(p, uid_of(entry.body))}
         cached = entry.pods
         changed = set(cached) != set(live) or any(
             resource_version(live[n]) != resource_version(cached[n]) for n in live)

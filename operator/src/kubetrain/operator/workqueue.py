@@ -7,6 +7,8 @@
 - `forget(key)`: whatever is queued or due for a key that went away is dropped, and a worker
   busy with it does not requeue it.
 - Keys are handed out only while leading (leader election); meanwhile they wait, deduplicated.
+- `backoff(key)`: the delay before a failed key is tried again, doubling with each failure in a
+  row (`retry_after` up to `max_retry_after`) until `reset(key)`; work that raised is retried so.
 
 The clock is injected (monotonic seconds) and read only by add_after and promote_due; `take`
 and `done` are the synchronous halves of what a worker does, so the rules test without a loop.
@@ -30,10 +32,14 @@ K = TypeVar("K", bound=Hashable)
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, clock: Callable[[], float] = time.monotonic, retry_after: float = 2.0):
+    def __init__(self, clock: Callable[[], float] = time.monotonic, retry_after: float = 2.0,
+                 max_retry_after: float = 60.0):
         self._clock = clock
         self.retry_after = retry_after
-        """Delay before a key whose work raised is tried again."""
+        """Delay before a key that failed once is tried again."""
+        self.max_retry_after = max_retry_after
+        self._failures: dict[K, int] = {}
+        """Failures in a row, per key, since its last reset()."""
         self._ready: deque[K] = deque()
         self._queued: set[K] = set()
         """The keys in _ready."""
@@ -104,6 +110,7 @@ class WorkQueue(Generic[K]):
 
     def forget(self, key: K) -> None:
         self._cancel_delay(key)
+        self._failures.pop(key, None)
         self._dirty.discard(key)
         if key in self._queued:
             self._queued.discard(key)
@@ -134,6 +141,18 @@ class WorkQueue(Generic[K]):
                 self.add(key)
             heapq.heappop(self._heap)
         return None
+
+    # ------------------------------------------------------------------ failures
+
+    def backoff(self, key: K) -> float:
+        """One more failure of `key`: the delay before trying it again."""
+        n = self._failures.get(key, 0)
+        self._failures[key] = n + 1
+        return min(self.retry_after * 2 ** min(n, 32), self.max_retry_after)
+
+    def reset(self, key: K) -> None:
+        """`key` succeeded: its next failure waits retry_after again."""
+        self._failures.pop(key, None)
 
     # ------------------------------------------------------------------ workers
 
@@ -185,7 +204,7 @@ class WorkQueue(Generic[K]):
             try:
                 requeue = await handle(key)
             except Exception:  # one key's failure must not stop the worker: it is retried
-                log.exception("work on %s failed; retrying in %.0fs", key, self.retry_after)
-                requeue = self.retry_after
+                requeue = self.backoff(key)
+                log.exception("work on %s failed; retrying in %.0fs", key, requeue)
             finally:
                 self.done(key, requeue)

@@ -263,13 +263,28 @@ def start(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None
                     f"creating {len(missing)} of {spec.workers} worker(s) of generation {gen}{origin}", gen)
 
 
+def next_deadline(spec: TrainingJobSpec, job: JobView, now: datetime, default: float) -> float:
+    """Seconds until the next deadline could pass (progress, start, active), at most `default`: a hang or
+    a stuck start is seen when its deadline passes, not at the next periodic look."""
+    policy, at = spec.restart_policy, []
+    if policy.progress_deadline_seconds is not None and job.running_since and not job.progress_unknown:
+        last = max(t for t in (job.last_progress_time, job.running_since) if t is not None)
+        at.append(last + timedelta(seconds=policy.progress_deadline_seconds))
+    if policy.start_timeout_seconds is not None and job.gang_created_time and job.running_since is None:
+        at.append(job.gang_created_time + timedelta(seconds=policy.start_timeout_seconds))
+    if spec.active_deadline_seconds is not None and job.start_time is not None:
+        at.append(job.start_time + timedelta(seconds=spec.active_deadline_seconds))
+    return max(0.5, min([default, *((t - now).total_seconds() for t in at)]))
+
+
 def wait(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision:
     if all(w.phase in (WorkerPhase.RUNNING, WorkerPhase.SUCCEEDED) for w in job.workers):
         return Decision(Action.WAIT, Phase.RUNNING, Reason.ALL_WORKERS_RUNNING, f"{spec.workers} worker(s) running",
-                        job.generation, 30.0)
+                        job.generation, next_deadline(spec, job, now, 30.0))
     pending = sum(w.phase == WorkerPhase.PENDING for w in job.workers)
     return Decision(Action.WAIT, Phase.CREATED if job.generation == 0 else Phase.RESTARTING,
-                    Reason.WAITING_FOR_WORKERS, f"{pending} of {spec.workers} worker(s) pending", job.generation, 5.0)
+                    Reason.WAITING_FOR_WORKERS, f"{pending} of {spec.workers} worker(s) pending", job.generation,
+                    next_deadline(spec, job, now, 5.0))
 
 
 POLICIES: tuple[Policy, ...] = (suspend, deadline, old_generation, success, failure, start, wait)

@@ -1,0 +1,82 @@
+"""Failures the operator must answer, against the real control plane with kwok GPU nodes: a lost node
+whose pods stay Terminating, an eviction (a disruption, not counted), and a job resumed after its
+deadline would have passed while suspended. (Progress that cannot be reported is in
+test_progress_reporting.py: it needs an operator under a trimmed RBAC and no other operator running.)"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from support.cluster import kubeconfig_path
+from support.jobs import TrainingJobs
+from support.kwok import kwok_job, set_node_ready
+from support.operator_process import OperatorProcess
+
+from kubetrain.operator import builders as b
+
+pytestmark = pytest.mark.integration
+
+UNREACHABLE = "kwok.kubetrain.io/unreachable"
+"""kwok leaves a terminating pod with this label Terminating, as a lost node's kubelet would."""
+
+
+@pytest.fixture(scope="module")
+def operator(crd: None, kube_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    with OperatorProcess(kubeconfig_path(), tmp_path_factory.mktemp("operator") / "operator.log") as op:
+        yield op
+
+
+class Jobs(TrainingJobs):
+    def create(self, name: str, **spec: Any) -> dict[str, Any]:
+        return self.submit(kwok_job(name, {"workers": 2, **spec}))
+
+    def running(self, name: str, generation: int, timeout: float = 90) -> dict[str, Any]:
+        def ok(s: dict[str, Any]) -> bool:
+            pods = [p for p in self.pods(name) if p.metadata.labels.get(b.LABEL_GENERATION) == str(generation)
+                    and p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+            return s.get("phase") == "Running" and s.get("restartGeneration", 0) == generation and len(pods) == 2
+        return self.wait_status(name, ok, timeout, what=f"{name} Running in generation {generation}")
+
+
+@pytest.fixture
+def jobs(admin_api: client.ApiClient, namespace: str, operator: OperatorProcess) -> Jobs:
+    return Jobs(admin_api, namespace, operator)
+
+
+def test_a_lost_nodes_terminating_pod_is_force_deleted_and_the_new_gang_runs(jobs: Jobs) -> None:
+    jobs.create("lost", restartPolicy={"nodeNotReadyGraceSeconds": 2, "backoffSeconds": 0})
+    jobs.running("lost", 0)
+    victim = next(p for p in jobs.pods("lost") if p.metadata.name == "lost-worker-1")
+    jobs.core.patch_namespaced_pod(victim.metadata.name, jobs.ns, {"metadata": {"labels": {UNREACHABLE: "true"}}})
+    set_node_ready(jobs.core, victim.spec.node_name, False)
+    try:
+        st = jobs.running("lost", 1)
+        assert st["failures"] == {"NodeLost": 1}
+        assert all(p.metadata.uid != victim.metadata.uid for p in jobs.pods("lost"))
+    finally:
+        set_node_ready(jobs.core, victim.spec.node_name, True)
+
+
+def test_an_eviction_restarts_the_gang_without_spending_the_backoff_limit(jobs: Jobs) -> None:
+    jobs.create("evict", restartPolicy={"backoffLimit": 0, "backoffSeconds": 0})
+    jobs.running("evict", 0)
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="evict-worker-1", namespace=jobs.ns))
+    jobs.core.create_namespaced_pod_eviction("evict-worker-1", jobs.ns, eviction)
+    st = jobs.running("evict", 1)
+    assert (st["restartCount"], st["ignoredRestarts"], st["failures"]) == (1, 1, {"Disrupted": 1}), st
+    assert "not counted against backoffLimit" in next(e.message for e in jobs.events("evict") if e.reason == "Disrupted")
+
+
+def test_suspended_time_does_not_count_against_the_active_deadline(jobs: Jobs) -> None:
+    jobs.create("pause", activeDeadlineSeconds=15)
+    first = jobs.running("pause", 0)["startTime"]
+    jobs.patch_spec("pause", {"suspend": True})
+    jobs.wait_status("pause", lambda s: s.get("phase") == "Suspended", what="Suspended")
+    time.sleep(16)  # longer than the whole deadline, all of it suspended
+    jobs.patch_spec("pause", {"suspend": False})
+    st = jobs.running("pause", 1)
+    assert st["startTime"] > first and st.get("reason") != "DeadlineExceeded", st
