@@ -108,3 +108,21 @@ def test_the_api_server_refuses_what_validate_refuses(
     assert rejected.value.status in (400, 422), rejected.value.body
     for problem in problems:
         assert problem.path in rejected.value.body, (problem, rejected.value.body)
+
+
+@pytest.mark.parametrize(("patch", "field"), [
+    ({"strategy": "ddp"}, "spec.strategy"),
+    ({"model": {"dModel": 512}}, "spec.model"),
+    ({"command": ["python", "train.py"]}, "spec.command"),  # an optional field set afterwards
+])
+def test_an_immutable_field_cannot_be_edited_but_workers_can(
+    trainingjobs: Any, namespace: str, patch: dict[str, Any], field: str,
+) -> None:
+    name = "edit-" + field.split(".")[1].lower()
+    trainingjobs.create(body=example_job(name), namespace=namespace)
+    with pytest.raises(ApiException) as refused:
+        trainingjobs.patch(body={"spec": patch}, name=name, namespace=namespace, content_type="application/merge-patch+json")
+    assert refused.value.status == 422 and f"{field} cannot change once the job exists" in refused.value.body
+    edited = trainingjobs.patch(body={"spec": {"workers": 3, "suspend": True}}, name=name, namespace=namespace,
+                                content_type="application/merge-patch+json")
+    assert (edited.spec.workers, edited.spec.suspend) == (3, True)

@@ -5,6 +5,7 @@ test_progress_reporting.py: it needs an operator under a trimmed RBAC and no oth
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -34,11 +35,11 @@ class Jobs(TrainingJobs):
     def create(self, name: str, **spec: Any) -> dict[str, Any]:
         return self.submit(kwok_job(name, {"workers": 2, **spec}))
 
-    def running(self, name: str, generation: int, timeout: float = 90) -> dict[str, Any]:
+    def running(self, name: str, generation: int, timeout: float = 90, workers: int = 2) -> dict[str, Any]:
         def ok(s: dict[str, Any]) -> bool:
             pods = [p for p in self.pods(name) if p.metadata.labels.get(b.LABEL_GENERATION) == str(generation)
                     and p.status.phase == "Running" and not p.metadata.deletion_timestamp]
-            return s.get("phase") == "Running" and s.get("restartGeneration", 0) == generation and len(pods) == 2
+            return s.get("phase") == "Running" and s.get("restartGeneration", 0) == generation and len(pods) == workers
         return self.wait_status(name, ok, timeout, what=f"{name} Running in generation {generation}")
 
 
@@ -80,3 +81,18 @@ def test_suspended_time_does_not_count_against_the_active_deadline(jobs: Jobs) -
     jobs.patch_spec("pause", {"suspend": False})
     st = jobs.running("pause", 1)
     assert st["startTime"] > first and st.get("reason") != "DeadlineExceeded", st
+
+
+def test_a_workers_edit_restarts_the_gang_at_its_new_size_and_updates_its_config(jobs: Jobs) -> None:
+    jobs.create("resize", restartPolicy={"backoffLimit": 0, "backoffSeconds": 0})
+    jobs.running("resize", 0)
+    for size, generation in ((3, 1), (1, 2)):
+        jobs.patch_spec("resize", {"workers": size})
+        st = jobs.wait_status("resize", lambda s, g=generation, n=size: s.get("phase") == "Running"
+                              and s.get("restartGeneration") == g and s.get("workersReady") == n, 90,
+                              what=f"resize Running with {size} worker(s)")
+        live = [p for p in jobs.pods("resize") if not p.metadata.deletion_timestamp]
+        assert sorted(p.metadata.name for p in live) == [f"resize-worker-{i}" for i in range(size)], live
+        config = jobs.core.read_namespaced_config_map("resize-config", jobs.ns).data["config.json"]
+        assert json.loads(config)["workers"] == size
+    assert (st["failures"], st["ignoredRestarts"], st["restartCount"]) == ({}, 2, 2), st

@@ -68,8 +68,11 @@ app.kubernetes.io/component: operator
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
 - apiGroups: [""]
-  resources: ["services", "configmaps", "persistentvolumeclaims"]
+  resources: ["services", "persistentvolumeclaims"]
   verbs: ["get", "create"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]  # patch: a new gang after a spec edit reads the new config
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]

@@ -341,6 +341,11 @@ EnvVar = Annotated[
 
 # --------------------------------------------------------------------------- cross-field rules
 
+MUTABLE_SPEC_FIELDS = ("workers", "suspend", "restartPolicy", "scheduling", "activeDeadlineSeconds",
+                       "ttlSecondsAfterFinished", "cleanPodPolicy")
+"""Spec fields a job takes edits of once it exists: `workers` restarts the gang at its new size (a planned
+restart), the others apply at the next reconcile. The API server refuses an edit of any other field."""
+
 
 @dataclass(frozen=True)
 class Rule:

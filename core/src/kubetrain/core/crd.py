@@ -20,6 +20,13 @@ from kubetrain.core import api
 _DROP = {"title", "additionalProperties"}
 
 
+def _immutable(field: str) -> dict[str, str]:
+    """A transition rule on one spec field: the API server refuses an update that changes it."""
+    return {"rule": "self == oldSelf",
+            "message": f"spec.{field} cannot change once the job exists: delete and recreate the job "
+                       "(its checkpoints stay on the claim); editable: " + ", ".join(api.MUTABLE_SPEC_FIELDS)}
+
+
 def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     if isinstance(node, list):
         return [_resolve(n, defs) for n in node]
@@ -104,6 +111,12 @@ def openapi_schema() -> dict[str, Any]:
     spec["x-kubernetes-validations"] = [
         {"rule": r.cel, "message": r.message, "fieldPath": "." + r.path} for r in api.SPEC_RULES
     ]
+    for name, prop in spec["properties"].items():
+        if name not in api.MUTABLE_SPEC_FIELDS:
+            prop.setdefault("x-kubernetes-validations", []).append(_immutable(name))
+            if "default" not in prop:  # an optional field: setting or removing it is a change too
+                spec["x-kubernetes-validations"].append(
+                    {**_immutable(name), "rule": f"has(self.{name}) == has(oldSelf.{name})", "fieldPath": "." + name})
     status = schema["properties"]["status"]
     _strip_defaults(status)
     schema["x-kubernetes-validations"] = [

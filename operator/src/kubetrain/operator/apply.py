@@ -327,6 +327,9 @@ class Applier:
             log.debug("%s/%s: may not read %s to check its owner; taking it as ours", ns, name, kind)
             return True
         if owned_by(existing, uid_of(job)):
+            if kind == "ConfigMap" and existing.get("data") != obj.get("data"):
+                # The spec changed (workers, say): the new gang must read the new config.json.
+                await self.io(self.apis.core.patch_namespaced_config_map, name, ns, {"data": obj.get("data")})
             return True
         seen.foreign[(kind, name)] = (f"{kind} {name}", foreign_message(kind, name, existing))
         return False

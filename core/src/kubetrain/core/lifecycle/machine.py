@@ -34,7 +34,7 @@ CREATE_RECHECK_SECONDS = 2.0
 """How soon to look again after creating workers."""
 
 
-def view(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed) -> JobView:
+def view(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed, gang_size: int | None = None) -> JobView:
     """The job as the policies see it: every worker index of the current generation, missing ones filled in."""
     present = {w.index: w for w in observed.workers}
     workers = tuple(present.get(i) or WorkerState(i, WorkerPhase.MISSING, created=status.gang_created)
@@ -54,6 +54,7 @@ def view(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed) -
         checkpoints_durable=observed.checkpoints_durable,
         progress_unknown=observed.progress_unknown,
         resuming=status.phase == Phase.SUSPENDED and not spec.suspend,
+        gang_size=gang_size,
     )
 
 
@@ -64,7 +65,8 @@ def step(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed, n
     new = status.model_copy(deep=True)
     new.max_steps, new.workers_total = spec.max_steps, spec.workers
     take_progress(new, observed, now)
-    job = view(spec, new, observed)
+    resized = status.gang_created and status.workers_total not in (0, spec.workers)
+    job = view(spec, new, observed, status.workers_total if resized else None)
     d = decide(spec, job, now)
     effects = _carry_out(spec, new, job, d, now)
     if d.phase != status.phase and d.action not in (Action.RESTART_GANG, Action.FAIL, Action.SUCCEED):
@@ -109,8 +111,10 @@ def _carry_out(spec: TrainingJobSpec, st: TrainingJobStatus, job: JobView, d: De
         if spec.checkpoint.ephemeral:
             st.last_checkpoint = None  # it was in the pods being deleted
         st.last_restart_time = format_time(now)
-        st.last_failure_time = st.last_failure_time or format_time(now)
-        return [DeleteWorkers(Scope.ALL), RecordEvent("Warning", d.reason, d.message)]
+        planned = d.failure_kind is None  # a resize, not a failure
+        if not planned:
+            st.last_failure_time = st.last_failure_time or format_time(now)
+        return [DeleteWorkers(Scope.ALL), RecordEvent("Normal" if planned else "Warning", d.reason, d.message)]
     if d.action == Action.DELETE_STALE:
         return [DeleteWorkers(Scope.STALE)]
     if d.action == Action.SUSPEND:

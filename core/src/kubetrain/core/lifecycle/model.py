@@ -62,6 +62,7 @@ class Reason(enum.StrEnum):
     PROGRESS_REPORTING_OFF = "ProgressReportingOff"
     PROGRESS_REPORTING_FORBIDDEN = "ProgressReportingForbidden"
     PROGRESS_REPORTED = "ProgressReported"
+    RESIZED = "Resized"
 
 
 @dataclass(frozen=True)

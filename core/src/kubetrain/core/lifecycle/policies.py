@@ -1,6 +1,6 @@
 """One function per policy. Each looks at the job and answers with a Decision, or None to pass it on.
 
-`decide` asks them in a fixed order (POLICIES): suspend, deadline, old generation, success, failure
+`decide` asks them in a fixed order (POLICIES): suspend, deadline, old generation, success, resize, failure
 (permanent exit code, backoff limit, restart with backoff, node loss and no progress included), start,
 and finally wait. None of them reads a clock or does I/O: `now` comes in.
 """
@@ -48,6 +48,8 @@ class JobView:
     """Why rank 0 cannot report progress (then no-progress never fires); None when it can."""
     gang_created_time: datetime | None = None
     """When the current gang's workers were created (None: not yet)."""
+    gang_size: int | None = None
+    """How many workers the current gang was created with, when it differs from spec.workers."""
     resuming: bool = False
     """The job was suspended and is not any more: its deadline restarts with the new gang."""
 
@@ -98,6 +100,18 @@ def old_generation(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decisi
     return Decision(Action.DELETE_STALE, Phase.RESTARTING, Reason.DELETING_OLD_GENERATION,
                     f"waiting for {job.stale_workers} worker(s) of an older generation to go", job.generation,
                     requeue_after=1.0)
+
+
+def resize(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None:
+    """spec.workers changed under a running gang: a planned restart with the new size from the latest
+    checkpoint; neither a failure nor counted against backoffLimit."""
+    if job.gang_size is None:
+        return None
+    delay = max(IGNORED_RESTART_FLOOR, backoff_seconds(spec, max(0, job.counted_restarts - 1)))
+    return Decision(Action.RESTART_GANG, Phase.RESTARTING, Reason.RESIZED,
+                    f"spec.workers changed from {job.gang_size} to {spec.workers}: restarting the whole gang "
+                    f"{restart_origin(job)} (a planned restart, not counted against backoffLimit, in {delay:g}s)",
+                    job.generation + 1, requeue_after=delay, ignored=True)
 
 
 def success(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None:
@@ -287,7 +301,7 @@ def wait(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision:
                     next_deadline(spec, job, now, 5.0))
 
 
-POLICIES: tuple[Policy, ...] = (suspend, deadline, old_generation, success, failure, start, wait)
+POLICIES: tuple[Policy, ...] = (suspend, deadline, old_generation, success, resize, failure, start, wait)
 
 
 def decide(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision:
