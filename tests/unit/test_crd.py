@@ -72,7 +72,18 @@ def test_names_columns_status_and_defaults():
 def test_cel_rules_come_from_the_shared_rule_list():
     version = crd()["spec"]["versions"][0]
     rules = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"]
+    rules = [r for r in rules if "oldSelf" not in r["rule"]]  # transition rules: see below
     assert [(r["rule"], r["message"]) for r in rules] == [(r.cel, r.message) for r in api.SPEC_RULES]
+
+
+def test_every_spec_field_but_the_editable_ones_is_immutable():
+    props = _spec_schema()["properties"]
+    immutable = {name for name, p in props.items()
+                 if any(v["rule"] == "self == oldSelf" for v in p.get("x-kubernetes-validations", []))}
+    assert immutable == set(props) - set(api.MUTABLE_SPEC_FIELDS)
+    assert {"strategy", "model", "checkpoint", "podTemplate", "maxSteps"} <= immutable
+    optional = [v["rule"] for v in _spec_schema()["x-kubernetes-validations"] if "oldSelf" in v["rule"]]
+    assert "has(self.podTemplate) == has(oldSelf.podTemplate)" in optional
 
 
 def _spec_schema():

@@ -309,3 +309,16 @@ def test_a_running_job_is_looked_at_again_when_its_next_deadline_can_pass():
     blind = Observed(workers=workers(R, R).workers, progress_unknown=Reason.PROGRESS_REPORTING_OFF)
     assert step(s, st, blind, T0 + timedelta(seconds=95)).requeue_after == 30.0  # no progress deadline applies
     assert step(spec(), st, workers(R, R), T0).requeue_after == 30.0
+
+
+@pytest.mark.parametrize("new_size", [1, 3])
+def test_a_workers_edit_restarts_the_gang_at_its_new_size_without_counting(new_size):
+    st = running(workersTotal=2, lastCheckpoint={"step": 40})
+    obs = workers(R, R)
+    t = step(spec(workers=new_size, restartPolicy={"backoffLimit": 0}), st, obs, T0)
+    assert (t.decision.action, t.status.reason, t.effects[0]) == (Action.RESTART_GANG, "Resized", DeleteWorkers(Scope.ALL))
+    assert t.effects[1].type == "Normal" and f"from 2 to {new_size}" in t.status.message
+    assert "from the checkpoint at step 40" in t.status.message
+    assert (t.status.failures, t.status.ignored_restarts, t.status.workers_total) == ({}, 1, new_size)
+    nxt = step(spec(workers=new_size), t.status, Observed(), T0 + timedelta(seconds=t.requeue_after))
+    assert nxt.effects[0] == CreateWorkers(1, tuple(range(new_size)))
