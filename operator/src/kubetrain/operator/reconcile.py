@@ -17,20 +17,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubetrain.core import contract
+from kubetrain.core import lifecycle as lc
 from kubetrain.core.api import Condition, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
 from kubetrain.core.contract import format_time
 from kubetrain.core.lifecycle import (
     Action,
-    CreateWorkers,
     Decision,
-    DeleteJob,
-    DeleteWorkers,
-    Effect,
     Observed,
     Reason,
-    RecordEvent,
-    Scope,
-    Transition,
     WorkerPhase,
     WorkerState,
     phase_conditions,
@@ -240,29 +234,29 @@ def _invalid(old: TrainingJobStatus, problems: list[str], now: datetime) -> Plan
 
 
 def _translate(
-    effect: Effect, job: TrainingJob, body: dict[str, Any], ours: list[dict[str, Any]], t: Transition,
+    effect: lc.Effect, job: TrainingJob, body: dict[str, Any], ours: list[dict[str, Any]], t: lc.Transition,
     settings: b.Settings, out: Plan, lost: set[str],
 ) -> None:
     """One lifecycle effect as Kubernetes objects to create or delete. `lost`: pods on a lost node,
     deleted at once (grace 0) even when already Terminating."""
-    if isinstance(effect, CreateWorkers):
+    if isinstance(effect, lc.CreateWorkers):
         owner = b.owner_reference(body)
         out.create.extend(_shared_children(job, owner))
         out.create.extend(b.worker_pod(job, i, effect.generation, settings, owner) for i in effect.indices)
-    elif isinstance(effect, DeleteWorkers):
+    elif isinstance(effect, lc.DeleteWorkers):
         scoped = _in_scope(effect.scope, ours, t.status.restart_generation)
         out.force_delete_pods.extend(p["metadata"]["name"] for p in scoped if p["metadata"]["name"] in lost)
         out.delete_pods.extend(_alive([p for p in scoped if p["metadata"]["name"] not in lost]))
-    elif isinstance(effect, RecordEvent):
+    elif isinstance(effect, lc.RecordEvent):
         out.events.append((effect.type, effect.reason, effect.message))
-    elif isinstance(effect, DeleteJob):
+    elif isinstance(effect, lc.DeleteJob):
         out.delete_job = True
 
 
-def _in_scope(scope: Scope, pods: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
-    if scope == Scope.STALE:
+def _in_scope(scope: lc.Scope, pods: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
+    if scope == lc.Scope.STALE:
         return [p for p in pods if pod_generation(p) != generation]
-    if scope == Scope.UNFINISHED:
+    if scope == lc.Scope.UNFINISHED:
         return [p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running", None)]
     return pods
 
@@ -277,7 +271,7 @@ class Blocked:
 
 
 def _presented(
-    job: TrainingJob, body: dict[str, Any], ours: list[dict[str, Any]], t: Transition, blocked: Blocked,
+    job: TrainingJob, body: dict[str, Any], ours: list[dict[str, Any]], t: lc.Transition, blocked: Blocked,
     now: datetime, out: Plan,
 ) -> dict[str, Any]:
     """The lifecycle's status plus what only pods tell: readiness, and the side conditions."""
