@@ -5,6 +5,7 @@ test_progress_reporting.py: it needs an operator under a trimmed RBAC and no oth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -96,3 +97,39 @@ def test_a_workers_edit_restarts_the_gang_at_its_new_size_and_updates_its_config
         config = jobs.core.read_namespaced_config_map("resize-config", jobs.ns).data["config.json"]
         assert json.loads(config)["workers"] == size
     assert (st["failures"], st["ignoredRestarts"], st["restartCount"]) == ({}, 2, 2), st
+
+
+def gpu_pod(name: str, priority: str) -> dict[str, Any]:
+    """A pod that takes a whole kwok node's 8 GPUs (the namespace routes it to kwok)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"priorityClassName": priority, "containers": [{
+                "name": "c", "image": "kwok.invalid/none", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}}
+
+
+@pytest.fixture
+def priorities(admin_api: client.ApiClient) -> Iterator[tuple[str, str]]:
+    sched = client.SchedulingV1Api(admin_api)
+    names = ("kubetrain-test-low", "kubetrain-test-high")
+    for name, value in zip(names, (10, 1000), strict=True):
+        with contextlib.suppress(client.ApiException):  # 409: kept from an earlier run
+            sched.create_priority_class(client.V1PriorityClass(metadata=client.V1ObjectMeta(name=name), value=value))
+    yield names
+
+
+def test_a_worker_preempted_by_the_scheduler_is_a_disruption_not_counted(
+    jobs: Jobs, priorities: tuple[str, str],
+) -> None:
+    """The real kube-scheduler preempts a worker for a higher-priority pod (DisruptionTarget,
+    PreemptionByScheduler): the gang restarts without spending backoffLimit 0."""
+    low, high = priorities
+    jobs.create("preempt", resources={"gpusPerWorker": 8}, scheduling={"priorityClassName": low},
+                restartPolicy={"backoffLimit": 0, "backoffSeconds": 0})
+    jobs.running("preempt", 0)
+    nodes = {n.metadata.name for n in jobs.core.list_node(label_selector="type=kwok").items}
+    busy = {p.spec.node_name for p in jobs.pods("preempt")}
+    for i, _ in enumerate(sorted(nodes - busy)):  # fill every other GPU node, so only a worker can make room
+        jobs.core.create_namespaced_pod(jobs.ns, gpu_pod(f"filler-{i}", high))
+    jobs.core.create_namespaced_pod(jobs.ns, gpu_pod("preemptor", high))
+    st = jobs.wait_status("preempt", lambda s: s.get("restartCount", 0) >= 1, 90, what="preemption restart")
+    assert (st["ignoredRestarts"], st["failures"]) == (1, {"Disrupted": 1}), st
+    assert st["phase"] != "Failed", st
