@@ -1,6 +1,6 @@
 """Failures the operator must answer, against the real control plane with kwok GPU nodes: a lost node
-whose pods stay Terminating, an eviction (a disruption, not counted), and a job resumed after its
-deadline would have passed while suspended. (Progress that cannot be reported is in
+whose pods stay Terminating, an eviction and a preemption (disruptions, not counted), a job resumed
+after its deadline would have passed while suspended, and an edit of its size. (Progress that cannot be reported is in
 test_progress_reporting.py: it needs an operator under a trimmed RBAC and no other operator running.)"""
 
 from __future__ import annotations
@@ -109,8 +109,9 @@ def gpu_pod(name: str, priority: str) -> dict[str, Any]:
 @pytest.fixture
 def priorities(admin_api: client.ApiClient) -> Iterator[tuple[str, str]]:
     sched = client.SchedulingV1Api(admin_api)
-    names = ("kubetrain-test-low", "kubetrain-test-high")
-    for name, value in zip(names, (10, 1000), strict=True):
+    names = ("kubetrain-test-lowest", "kubetrain-test-high")
+    # Below the default 0: a pod another test left behind is never the scheduler's cheaper victim.
+    for name, value in zip(names, (-10, 1000), strict=True):
         with contextlib.suppress(client.ApiException):  # 409: kept from an earlier run
             sched.create_priority_class(client.V1PriorityClass(metadata=client.V1ObjectMeta(name=name), value=value))
     yield names
