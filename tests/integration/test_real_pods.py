@@ -256,4 +256,6 @@ def test_a_sidecar_that_never_exits_does_not_hold_the_job(jobs: RealJobs) -> Non
                                   podTemplate={"spec": {"containers": [sidecar]}}), name="sidecar")
     st = jobs.wait_phase(name, "Succeeded", timeout=180)
     assert st["reason"] == "Succeeded", st
-    wait_for(lambda: not jobs.pods(name), 60, what="the sidecar's pod removed by cleanPodPolicy")
+    # The sidecar still runs, so cleanPodPolicy (Running) deletes its pod (it ends after its grace period).
+    wait_for(lambda: all(p.metadata.deletion_timestamp for p in jobs.pods(name)), 60,
+             what="the sidecar's pod deleted by cleanPodPolicy")

@@ -412,3 +412,11 @@ def test_pods_on_a_lost_node_are_deleted_at_once_even_when_terminating():
     assert (stuck.decision.action, stuck.force_delete_pods) == ("DeleteStale", ["j-worker-1"])
     healthy = plan(body(status=st), [pod(1, node="n2", deleting=True)], lost, T0, S)
     assert (healthy.force_delete_pods, healthy.delete_pods) == ([], [])  # a kubelet will confirm it
+
+
+def test_on_success_a_pod_whose_containers_all_ended_is_kept_even_if_its_phase_lags():
+    rank0 = pod(0)
+    rank0["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": 0}}}]
+    sidecar = with_trainer_exit(pod(1), 0)  # the trainer ended, its sidecar still runs
+    p = plan(body(status=RUNNING), [rank0, sidecar], {}, T0, S)
+    assert (p.status["phase"], p.delete_pods) == ("Succeeded", ["j-worker-1"])  # rank 0's log is kept

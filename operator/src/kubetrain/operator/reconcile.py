@@ -257,8 +257,20 @@ def _in_scope(scope: lc.Scope, pods: list[dict[str, Any]], generation: int) -> l
     if scope == lc.Scope.STALE:
         return [p for p in pods if pod_generation(p) != generation]
     if scope == lc.Scope.UNFINISHED:
-        return [p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running", None)]
+        return [p for p in pods if still_running(p)]
     return pods
+
+
+def still_running(pod: dict[str, Any]) -> bool:
+    """Pending, or a container (a sidecar, native or not) still runs. A pod whose containers all ended
+    is finished even while its phase still says Running: the kubelet updates the phase a moment later,
+    and deleting that pod would lose rank 0's log."""
+    status = pod.get("status") or {}
+    if status.get("phase") not in ("Pending", "Running", None):
+        return False
+    statuses = [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]
+    return status.get("phase") != "Running" or not statuses or \
+        any(not (cs.get("state") or {}).get("terminated") for cs in statuses)
 
 
 @dataclass(frozen=True)
