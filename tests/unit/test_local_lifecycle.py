@@ -3,9 +3,11 @@
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
 from kubetrain.core.api import Phase, TrainingJob
 from kubetrain.core.lifecycle import Action, CreateWorkers, DeleteJob, Transition, step
-from kubetrain.core.local import LocalRun, RunOptions
+from kubetrain.core.local import LocalRun, LocalRunError, RunOptions
 
 GEN0_FAILS = "import os, sys; sys.exit({code} if os.environ['KUBETRAIN_RESTART_GENERATION'] == '0' else 0)"
 
@@ -80,3 +82,10 @@ def test_delete_job_keeps_the_local_output(tmp_path):
     (tmp_path / "out").mkdir()
     run.carry_out(Transition(run.job_status, (DeleteJob(),)), datetime.now(UTC))
     assert (tmp_path / "out").is_dir()
+
+
+def test_metrics_ports_past_65535_on_one_host_are_refused_before_anything_starts(tmp_path):
+    big = job("pass", metricsPort=65530)
+    with pytest.raises(LocalRunError, match=r"spec.metricsPort: 8 processes on one host need ports 65530-65537"):
+        LocalRun(big, tmp_path, RunOptions(output_dir=tmp_path / "out", workers=8))
+    assert not (tmp_path / "out").exists()

@@ -33,6 +33,7 @@ PYTHON_WORDS = ("python", "python3")
 """A custom command starting with one of these runs under the interpreter kubetrain runs under."""
 STOP_GRACE_SECONDS = 120.0
 """How long Ctrl-C waits for workers to write their SIGTERM checkpoint."""
+MAX_PORT = 65535
 KILL_GRACE_SECONDS = 3.0
 """How long a gang being restarted gets between SIGTERM and SIGKILL."""
 
@@ -112,6 +113,10 @@ def resolve_spec(job: TrainingJob, manifest_dir: Path, opts: RunOptions) -> Trai
     spec.data.path = str(data if data.is_absolute() else (manifest_dir / data).resolve())
     ckpt = Path(spec.checkpoint.dir) if spec.checkpoint.dir else opts.output_dir / "checkpoints"
     spec.checkpoint.dir = str(ckpt.resolve())
+    last_port = spec.metrics_port + spec.world_size - 1  # one host: a metrics port per rank
+    if last_port > MAX_PORT:
+        raise LocalRunError(f"spec.metricsPort: {spec.world_size} processes on one host need ports "
+                            f"{spec.metrics_port}-{last_port}, above {MAX_PORT}: lower metricsPort or run fewer workers")
     return TrainingJobSpec.model_validate(spec.dump())
 
 
