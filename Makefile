@@ -42,7 +42,8 @@ lint: $(STAMP)
 
 crds: $(STAMP)
 	$(BIN)/kubetrain crd -o crds/kubetrain.io_trainingjobs.yaml
-	cp crds/kubetrain.io_trainingjobs.yaml charts/kubetrain/crds/kubetrain.io_trainingjobs.yaml
+	$(BIN)/kubetrain crd --kind TrainingSweep -o crds/kubetrain.io_trainingsweeps.yaml
+	cp crds/kubetrain.io_trainingjobs.yaml crds/kubetrain.io_trainingsweeps.yaml charts/kubetrain/crds/
 
 clean:
 	rm -rf $(VENV) runs

@@ -357,9 +357,11 @@ class Rule:
     """
 
     path: str
-    cel: str
+    cel: str | None
+    """None: the API server cannot say it (CEL does not see untyped values); `kubetrain validate` and the controller do."""
     message: str
-    check: Callable[[TrainingJobSpec], bool]
+    check: Callable[[Any], bool]
+    """Takes the object the rule is attached to (a TrainingJobSpec for SPEC_RULES)."""
 
 
 SPEC_RULES: list[Rule] = [
@@ -637,4 +639,291 @@ class TrainingJob(_Model):
     spec: TrainingJobSpec = Field(default_factory=TrainingJobSpec)
     """Desired state."""
     status: TrainingJobStatus | None = None
+    """Observed state."""
+
+
+# =========================================================================== TrainingSweep
+
+SWEEP_KIND: Final = "TrainingSweep"
+SWEEP_PLURAL = "trainingsweeps"
+SWEEP_SINGULAR = "trainingsweep"
+SWEEP_SHORT_NAMES = ["tsw", "sweep"]
+MAX_TRIALS: Final = 500
+"""A sweep's status records every trial; 500 keeps the object well inside etcd's 1.5 MiB."""
+MAX_SWEEP_PARALLELISM: Final = 100
+MAX_SWEEP_NAME: Final = 46
+"""Trial jobs are named `<sweep>-<index>` (index < 500), and a job name has at most 50 characters."""
+MAX_INTERMEDIATE_VALUES: Final = 50
+"""Intermediate values kept per trial: the pruner's interval is widened so that maxSteps fits in this many."""
+SWEEP_MUTABLE_SPEC_FIELDS = ("maxTrials", "parallelism")
+"""Spec fields a sweep takes edits of once it exists; the API server refuses an edit of any other field."""
+SPEC_PATH_PATTERN = r"^[a-z][A-Za-z0-9]*(\.[a-z][A-Za-z0-9]*)*$"
+
+ParameterValue = Annotated[
+    bool | int | float | str,
+    WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True, "description": "A number, string or boolean."}),
+]
+"""A value a parameter takes: the type of the spec field it sets."""
+
+
+class SweepPhase(enum.StrEnum):
+    """A TrainingSweep's status.phase."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class TrialState(enum.StrEnum):
+    """The state of one trial of a sweep."""
+
+    PENDING = "Pending"
+    """Recorded with its parameters; its TrainingJob is being created."""
+    RUNNING = "Running"
+    """Its TrainingJob exists and has not finished."""
+    COMPLETE = "Complete"
+    """Its TrainingJob succeeded; value holds the objective."""
+    PRUNED = "Pruned"
+    """Stopped early by the pruner; value holds its last intermediate value."""
+    FAILED = "Failed"
+    """Its TrainingJob failed or disappeared."""
+
+
+FINISHED_TRIAL_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAILED)
+
+
+class SweepParameter(_Model):
+    """One dimension of the search space: a TrainingJob spec field and the values it may take."""
+
+    path: str = Field(..., max_length=128, pattern=SPEC_PATH_PATTERN)
+    """The spec field to set, as in a manifest, e.g. `optimizer.lr`, `microBatchSize`, `model.nLayers`."""
+    type: Literal["float", "int", "categorical"] = "float"
+    """`float` and `int` take values in [low, high]; `categorical` one of `values`."""
+    low: float | None = None
+    """Lowest value (float and int)."""
+    high: float | None = None
+    """Highest value (float and int)."""
+    log: bool = False
+    """Sample on a log scale (needs low > 0), e.g. for learning rates."""
+    step: float | None = Field(None, gt=0)
+    """Spacing of the values between low and high (discrete search; needed by the grid sampler)."""
+    values: list[ParameterValue] | None = Field(None, min_length=1, max_length=1000)
+    """The choices of a categorical parameter."""
+
+
+PARAMETER_RULES: list[Rule] = [
+    Rule(
+        "values",
+        None,
+        "a categorical parameter needs values; a float or int parameter takes low and high instead",
+        lambda p: (p.values is not None) == (p.type == "categorical"),
+    ),
+    Rule(
+        "low",
+        "self.type == 'categorical' || (has(self.low) && has(self.high) && self.low < self.high)",
+        "a float or int parameter needs low and high, with low < high",
+        lambda p: p.type == "categorical" or (p.low is not None and p.high is not None and p.low < p.high),
+    ),
+    Rule(
+        "log",
+        "!self.log || (self.type != 'categorical' && has(self.low) && self.low > 0.0 && !has(self.step))",
+        "log needs a float or int parameter with low > 0, and no step",
+        lambda p: not p.log or (p.type != "categorical" and p.low is not None and p.low > 0 and p.step is None),
+    ),
+    Rule(
+        "type",
+        "self.type != 'int' || ((!has(self.low) || self.low == double(int(self.low)))"
+        " && (!has(self.high) || self.high == double(int(self.high)))"
+        " && (!has(self.step) || self.step == double(int(self.step))))",
+        "an int parameter needs whole numbers for low, high and step",
+        lambda p: p.type != "int" or all(v is None or float(v).is_integer() for v in (p.low, p.high, p.step)),
+    ),
+]
+"""Rules on each entry of a TrainingSweep's spec.parameters (paths relative to the entry)."""
+
+
+class SweepObjective(_Model):
+    """What the sweep minimises."""
+
+    metric: Literal["loss"] = "loss"
+    """The training loss that rank 0 reports (status.loss of the trial's TrainingJob)."""
+    goal: Literal["minimize"] = "minimize"
+    """Direction: losses are minimised."""
+    value: Literal["final", "best"] = "final"
+    """A finished trial's value: its `final` reported loss, or the `best` (lowest) one it reported."""
+
+
+class SweepSampler(_Model):
+    """How parameters are chosen (Optuna samplers)."""
+
+    type: Literal["tpe", "random", "grid"] = "tpe"
+    """`tpe` (Tree-structured Parzen Estimator), `random`, or `grid` (every combination; each parameter needs `values` or `step`)."""
+    startup_trials: int = Field(4, ge=0, le=MAX_TRIALS)
+    """TPE: random trials before the model takes over. At most 500."""
+
+
+class SweepPruner(_Model):
+    """How unpromising trials are stopped early (Optuna pruners), judged on the loss trials report."""
+
+    type: Literal["asha", "median", "none"] = "asha"
+    """`asha` (asynchronous successive halving), `median` (stop a trial worse than the median of earlier trials at the same step) or `none`."""
+    min_steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    """No trial is pruned before this step (ASHA's minimum resource, median's warm-up). Default: a tenth of the template's maxSteps."""
+    reduction_factor: int = Field(3, ge=2, le=100)
+    """ASHA: one trial in reductionFactor goes on at each rung."""
+    startup_trials: int = Field(2, ge=0, le=MAX_TRIALS)
+    """Median: finished trials needed before any trial is pruned."""
+    interval_steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    """Steps between the intermediate values recorded per trial (every trial is compared at the same steps). Default and minimum: maxSteps / 50."""
+
+
+class TrainingJobTemplate(_Model):
+    """The TrainingJob every trial runs, before the trial's parameters are set."""
+
+    metadata: dict[str, Any] | None = None
+    """Labels and annotations for the trial jobs (`labels`, `annotations`)."""
+    spec: TrainingJobSpec = Field(default_factory=TrainingJobSpec)
+    """The TrainingJob spec."""
+
+
+class TrainingSweepSpec(_Model):
+    """Desired state of a TrainingSweep: a search space over a TrainingJob template."""
+
+    template: TrainingJobTemplate
+    """The TrainingJob each trial runs, with the trial's parameters set."""
+    parameters: list[SweepParameter] = Field(..., min_length=1, max_length=32)
+    """The search space: the spec fields to tune and their ranges. At most 32."""
+    objective: SweepObjective = Field(default_factory=SweepObjective)
+    """What is minimised."""
+    max_trials: int = Field(10, ge=1, le=MAX_TRIALS)
+    """Trials to run in all (pruned and failed ones count). At most 500."""
+    parallelism: int = Field(1, ge=1, le=MAX_SWEEP_PARALLELISM)
+    """Trials running at once. At most 100."""
+    max_failed_trials: int = Field(3, ge=0, le=MAX_TRIALS)
+    """The sweep fails when more trials than this have failed."""
+    sampler: SweepSampler = Field(default_factory=SweepSampler)
+    """Parameter sampler."""
+    pruner: SweepPruner = Field(default_factory=SweepPruner)
+    """Early stopping."""
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Seed of the sampler: the same seed and the same results give the same trials."""
+
+    def rule_violations(self) -> list[tuple[str, str]]:
+        """(spec-relative path, message) for every cross-field rule this spec breaks, the template's included."""
+        found = [(r.path, r.message) for r in SWEEP_RULES if not r.check(self)]
+        for i, param in enumerate(self.parameters):
+            found += [(f"parameters[{i}].{r.path}", r.message) for r in PARAMETER_RULES if not r.check(param)]
+        return found + [(f"template.spec.{path}", message) for path, message in self.template.spec.rule_violations()]
+
+
+SWEEP_RULES: list[Rule] = [
+    Rule(
+        "parameters",
+        "self.parameters.all(p, self.parameters.exists_one(q, q.path == p.path))",
+        "every parameter needs its own path (a spec field is tuned once)",
+        lambda s: len({p.path for p in s.parameters}) == len(s.parameters),
+    ),
+    Rule(
+        "sampler.type",
+        None,
+        "the grid sampler needs values or step on every parameter",
+        lambda s: s.sampler.type != "grid" or all(p.values is not None or p.step is not None for p in s.parameters),
+    ),
+]
+"""Cross-field rules of a TrainingSweep's spec."""
+
+
+class TrialValue(_Model):
+    """A loss a trial reported at a step."""
+
+    step: int
+    """Optimizer step."""
+    value: float
+    """Its loss."""
+
+
+class TrialRecord(_Model):
+    """One trial of a sweep, as the sweep controller recorded it."""
+
+    index: int
+    """Trial number, from 0."""
+    job_name: str
+    """Its TrainingJob: `<sweep>-<index>`."""
+    params: dict[str, ParameterValue] = Field(default_factory=dict)
+    """The parameters it runs with, by spec path."""
+    state: TrialState = TrialState.PENDING
+    """Pending, Running, Complete, Pruned or Failed."""
+    step: int = 0
+    """Last step its rank 0 reported."""
+    value: float | None = None
+    """Objective value: the final (or best) loss when Complete, the last one when Pruned."""
+    intermediate: list[TrialValue] = Field(default_factory=list)
+    """Losses recorded at the pruner's interval."""
+    pruner_state: dict[str, float] = Field(default_factory=dict)
+    """The pruner's bookkeeping for this trial (ASHA rungs), kept so that the study can be rebuilt."""
+    message: str = ""
+    """Why it ended (pruned at which step, why it failed)."""
+    start_time: str | None = None
+    """When it was recorded (RFC 3339)."""
+    completion_time: str | None = None
+    """When it ended (RFC 3339)."""
+
+
+class TrainingSweepStatus(_Model):
+    """Observed state of a TrainingSweep, written by the sweep controller; the study is rebuilt from it."""
+
+    phase: SweepPhase = SweepPhase.PENDING
+    """Pending, Running, Succeeded or Failed."""
+    conditions: list[Condition] = Field(default_factory=list)
+    """Conditions with reasons and messages."""
+    reason: str = ""
+    """Reason of the latest phase."""
+    message: str = ""
+    """Message of the latest phase."""
+    trials: list[TrialRecord] = Field(default_factory=list)
+    """Every trial so far, by index."""
+    trials_running: int = 0
+    """Trials Pending or Running."""
+    trials_complete: int = 0
+    """Trials that finished their maxSteps."""
+    trials_pruned: int = 0
+    """Trials stopped by the pruner."""
+    trials_failed: int = 0
+    """Trials that failed."""
+    trials_summary: str = ""
+    """done/maxTrials, for the printer column."""
+    best_trial: int | None = None
+    """Index of the best trial so far."""
+    best_value: float | None = None
+    """Its objective value."""
+    best_params: dict[str, ParameterValue] | None = None
+    """Its parameters."""
+    start_time: str | None = None
+    """When the sweep started (RFC 3339)."""
+    completion_time: str | None = None
+    """When it finished (RFC 3339)."""
+    observed_generation: int = 0
+    """metadata.generation this status reflects."""
+
+
+class SweepMeta(ObjectMeta):
+    """The subset of metadata kubetrain reads; a sweep's name leaves room for `-<index>` in trial job names."""
+
+    name: str = Field(..., min_length=1, max_length=MAX_SWEEP_NAME, pattern=DNS_LABEL_PATTERN)
+    """Sweep name: a DNS label of at most 46 characters that starts with a letter (trial jobs are `<sweep>-<index>`)."""
+
+
+class TrainingSweep(_Model):
+    """A hyperparameter sweep: trials of a TrainingJob template chosen by an Optuna sampler and stopped early by a pruner."""
+
+    api_version: Literal["kubetrain.io/v1alpha1"] = API_VERSION
+    """kubetrain.io/v1alpha1"""
+    kind: Literal["TrainingSweep"] = SWEEP_KIND
+    """TrainingSweep"""
+    metadata: SweepMeta
+    """Standard object metadata."""
+    spec: TrainingSweepSpec
+    """Desired state."""
+    status: TrainingSweepStatus | None = None
     """Observed state."""

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from kubetrain.core import __version__, kube_cli
-from kubetrain.core.api import Phase
-from kubetrain.core.crd import crd_yaml
+from kubetrain.core.api import KIND, Phase
+from kubetrain.core.crd import CRDS, crd_yaml
 from kubetrain.core.lifecycle import Reason
 from kubetrain.core.local import LocalRun, LocalRunError, RunOptions
 from kubetrain.core.validate import ManifestError, load_documents, load_job, problems_of
@@ -29,7 +29,7 @@ def _fail_at(value: str) -> tuple[int, int]:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    text = crd_yaml()
+    text = crd_yaml(args.kind)
     if args.output:
         Path(args.output).write_text(text)
     else:
@@ -122,7 +122,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"kubetrain {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("crd", help="print the TrainingJob CustomResourceDefinition (generated from the API models)")
+    c = sub.add_parser("crd", help="print a CustomResourceDefinition (generated from the API models)")
+    c.add_argument("--kind", choices=sorted(CRDS), default=KIND, help="TrainingJob (default) or TrainingSweep")
     c.add_argument("-o", "--output", help="write to this file instead of stdout")
     c.set_defaults(func=cmd_crd)
 

@@ -1,10 +1,10 @@
-"""Generate the TrainingJob CustomResourceDefinition from the pydantic models.
+"""Generate the TrainingJob and TrainingSweep CustomResourceDefinitions from the pydantic models.
 
 Pydantic emits JSON Schema (draft 2020-12, with $ref and anyOf for optionals);
 the API server wants a *structural* OpenAPI v3.0 schema: every node typed, no
 $ref, no anyOf-of-null, `exclusiveMinimum` as a boolean, free-form objects
 marked `x-kubernetes-preserve-unknown-fields`. This module does that
-translation, attaches the cross-field CEL rules from :data:`api.SPEC_RULES`,
+translation, attaches the cross-field CEL rules (:data:`api.SPEC_RULES` and the sweep's),
 and adds printer columns, short names and the status subresource.
 """
 
@@ -20,11 +20,29 @@ from kubetrain.core import api
 _DROP = {"title", "additionalProperties"}
 
 
-def _immutable(field: str) -> dict[str, str]:
+_JOB_IMMUTABLE = "cannot change once the job exists: delete and recreate the job (its checkpoints stay on the claim)"
+_SWEEP_IMMUTABLE = "cannot change once the sweep exists: delete and recreate the sweep"
+
+
+def _immutable(field: str, why: str = _JOB_IMMUTABLE, mutable: tuple[str, ...] = api.MUTABLE_SPEC_FIELDS) -> dict[str, str]:
     """A transition rule on one spec field: the API server refuses an update that changes it."""
-    return {"rule": "self == oldSelf",
-            "message": f"spec.{field} cannot change once the job exists: delete and recreate the job "
-                       "(its checkpoints stay on the claim); editable: " + ", ".join(api.MUTABLE_SPEC_FIELDS)}
+    return {"rule": "self == oldSelf", "message": f"spec.{field} {why}; editable: " + ", ".join(mutable)}
+
+
+def _freeze(spec: dict[str, Any], why: str, mutable: tuple[str, ...]) -> None:
+    """Transition rules on every spec field but the mutable ones."""
+    for name, prop in spec["properties"].items():
+        if name in mutable:
+            continue
+        prop.setdefault("x-kubernetes-validations", []).append(_immutable(name, why, mutable))
+        if "default" not in prop:  # an optional field: setting or removing it is a change too
+            spec.setdefault("x-kubernetes-validations", []).append(
+                {**_immutable(name, why, mutable), "rule": f"has(self.{name}) == has(oldSelf.{name})",
+                 "fieldPath": "." + name})
+
+
+def _cel(rules: list[api.Rule]) -> list[dict[str, str]]:
+    return [{"rule": r.cel, "message": r.message, "fieldPath": "." + r.path} for r in rules if r.cel is not None]
 
 
 def _resolve(node: Any, defs: dict[str, Any]) -> Any:
@@ -49,8 +67,32 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     return {k: _resolve(v, defs) for k, v in node.items()}
 
 
+def _untyped(node: dict[str, Any]) -> dict[str, Any] | None:
+    """A node that may hold any JSON value (a number, string or boolean parameter value), else None."""
+    if node.get("x-kubernetes-preserve-unknown-fields") and "type" not in node:
+        return {k: v for k, v in node.items() if k in ("x-kubernetes-preserve-unknown-fields", "description")}
+    return None
+
+
+def _object(node: dict[str, Any]) -> dict[str, Any]:
+    """An object node's type and members: its properties, a typed map, or anything."""
+    props = node.get("properties")
+    addl = node.get("additionalProperties")
+    if props:
+        out: dict[str, Any] = {"type": "object", "properties": {name: _structural(sub) for name, sub in props.items()}}
+        if node.get("required"):
+            out["required"] = list(node["required"])
+        return out
+    if isinstance(addl, dict) and addl:
+        return {"type": "object", "additionalProperties": _structural(addl)}
+    return {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
 def _structural(node: dict[str, Any]) -> dict[str, Any]:
     """Rewrite one resolved JSON Schema node (recursively) into structural OpenAPI v3.0."""
+    untyped = _untyped(node)
+    if untyped is not None:
+        return untyped
     out: dict[str, Any] = {}
     if "const" in node:
         out["type"] = "string"
@@ -64,17 +106,7 @@ def _structural(node: dict[str, Any]) -> dict[str, Any]:
             out[flag] = node[key]
             out[key] = True
     if out.get("type") == "object" or "properties" in node:
-        out["type"] = "object"
-        props = node.get("properties")
-        addl = node.get("additionalProperties")
-        if props:
-            out["properties"] = {name: _structural(sub) for name, sub in props.items()}
-            if node.get("required"):
-                out["required"] = list(node["required"])
-        elif isinstance(addl, dict) and addl:
-            out["additionalProperties"] = _structural(addl)
-        else:
-            out["x-kubernetes-preserve-unknown-fields"] = True
+        out.update(_object(node))
     if out.get("type") == "array":
         out["items"] = _structural(node.get("items", {"type": "object"}))
     if "type" not in out:
@@ -95,41 +127,55 @@ def _object_defaults(schema: dict[str, Any], model: type[api._Model]) -> None:
             _object_defaults(sub, ann)
 
 
-def openapi_schema() -> dict[str, Any]:
-    """The structural schema of the whole TrainingJob object."""
-    raw = api.TrainingJob.model_json_schema(by_alias=True, mode="validation")
-    resolved = _resolve({k: v for k, v in raw.items() if k != "$defs"}, raw.get("$defs", {}))
-    schema = _structural(resolved)
-    schema["properties"]["apiVersion"] = {"type": "string", "description": "APIVersion of this object: kubetrain.io/v1alpha1."}
-    schema["properties"]["kind"] = {"type": "string", "description": "Kind of this object: TrainingJob."}
+def _resolved(model: type[api._Model]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    schema = _structural(_resolve({k: v for k, v in raw.items() if k != "$defs"}, raw.get("$defs", {})))
+    schema["properties"]["apiVersion"] = {"type": "string", "description": f"APIVersion of this object: {api.API_VERSION}."}
+    schema["properties"]["kind"] = {"type": "string", "description": f"Kind of this object: {model.__name__}."}
     schema["properties"]["metadata"] = {"type": "object"}
     # spec itself has no default: the API server checks a default against the CEL rules without
     # applying the nested defaults first, and every manifest has a spec anyway.
     schema["required"] = ["spec"]
+    _strip_defaults(schema["properties"]["status"])
+    return schema
+
+
+def _name_rules(max_length: int, why: str) -> list[dict[str, str]]:
+    return [
+        {"rule": f"self.metadata.name.size() <= {max_length}",
+         "message": f"metadata.name must be at most {max_length} characters ({why})"},
+        {"rule": f"self.metadata.name.matches('{api.JOB_NAME_PATTERN}')",
+         "message": "metadata.name must be a lowercase DNS label (a-z, 0-9, '-') that starts with a letter"
+         " (it is also the name of the job's Service, a DNS-1035 label)"},
+    ]
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The structural schema of the whole TrainingJob object."""
+    schema = _resolved(api.TrainingJob)
     spec = schema["properties"]["spec"]
     _object_defaults(spec, api.TrainingJobSpec)
-    spec["x-kubernetes-validations"] = [
-        {"rule": r.cel, "message": r.message, "fieldPath": "." + r.path} for r in api.SPEC_RULES
-    ]
-    for name, prop in spec["properties"].items():
-        if name not in api.MUTABLE_SPEC_FIELDS:
-            prop.setdefault("x-kubernetes-validations", []).append(_immutable(name))
-            if "default" not in prop:  # an optional field: setting or removing it is a change too
-                spec["x-kubernetes-validations"].append(
-                    {**_immutable(name), "rule": f"has(self.{name}) == has(oldSelf.{name})", "fieldPath": "." + name})
-    status = schema["properties"]["status"]
-    _strip_defaults(status)
-    schema["x-kubernetes-validations"] = [
-        {
-            "rule": "self.metadata.name.size() <= 50",
-            "message": "metadata.name must be at most 50 characters (worker hostnames append -worker-<i>)",
-        },
-        {
-            "rule": f"self.metadata.name.matches('{api.JOB_NAME_PATTERN}')",
-            "message": "metadata.name must be a lowercase DNS label (a-z, 0-9, '-') that starts with a letter"
-            " (it is also the name of the job's Service, a DNS-1035 label)",
-        },
-    ]
+    spec["x-kubernetes-validations"] = _cel(api.SPEC_RULES)
+    _freeze(spec, _JOB_IMMUTABLE, api.MUTABLE_SPEC_FIELDS)
+    schema["x-kubernetes-validations"] = _name_rules(50, "worker hostnames append -worker-<i>")
+    return schema
+
+
+def sweep_openapi_schema() -> dict[str, Any]:
+    """The structural schema of the whole TrainingSweep object."""
+    schema = _resolved(api.TrainingSweep)
+    spec = schema["properties"]["spec"]
+    _object_defaults(spec, api.TrainingSweepSpec)
+    template = spec["properties"]["template"]
+    template["required"] = ["spec"]  # no default, as for a job's spec: the API server checks it against the rules
+    template_spec = template["properties"]["spec"]
+    template_spec.pop("default", None)
+    _object_defaults(template_spec, api.TrainingJobSpec)
+    template_spec["x-kubernetes-validations"] = _cel(api.SPEC_RULES)
+    spec["properties"]["parameters"]["items"]["x-kubernetes-validations"] = _cel(api.PARAMETER_RULES)
+    spec["x-kubernetes-validations"] = _cel(api.SWEEP_RULES)
+    _freeze(spec, _SWEEP_IMMUTABLE, api.SWEEP_MUTABLE_SPEC_FIELDS)
+    schema["x-kubernetes-validations"] = _name_rules(api.MAX_SWEEP_NAME, "trial jobs are named <sweep>-<index>")
     return schema
 
 
@@ -141,7 +187,7 @@ def _strip_defaults(node: dict[str, Any]) -> None:
         _strip_defaults(node["items"])
 
 
-PRINTER_COLUMNS = [
+PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase"},
     {"name": "Workers", "type": "string", "jsonPath": ".status.workersSummary", "description": "Workers ready/total"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.currentStep", "description": "Last step rank 0 reported"},
@@ -151,24 +197,35 @@ PRINTER_COLUMNS = [
 ]
 
 
-def crd() -> dict[str, Any]:
-    """The CustomResourceDefinition object."""
+SWEEP_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Sweep phase"},
+    {"name": "Trials", "type": "string", "jsonPath": ".status.trialsSummary", "description": "Trials done/maxTrials"},
+    {"name": "Running", "type": "integer", "jsonPath": ".status.trialsRunning", "description": "Trials running"},
+    {"name": "Pruned", "type": "integer", "jsonPath": ".status.trialsPruned", "description": "Trials stopped early"},
+    {"name": "Best", "type": "number", "jsonPath": ".status.bestValue", "description": "Best objective value"},
+    {"name": "Best-Trial", "type": "integer", "jsonPath": ".status.bestTrial", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _definition(kind: str, plural: str, singular: str, short: list[str], schema: dict[str, Any],
+                columns: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{api.PLURAL}.{api.GROUP}",
+            "name": f"{plural}.{api.GROUP}",
             "labels": {"app.kubernetes.io/name": "kubetrain", "app.kubernetes.io/part-of": "kubetrain"},
         },
         "spec": {
             "group": api.GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": api.KIND,
-                "listKind": f"{api.KIND}List",
-                "plural": api.PLURAL,
-                "singular": api.SINGULAR,
-                "shortNames": list(api.SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short),
                 "categories": ["all", "kubetrain"],
             },
             "versions": [
@@ -176,17 +233,32 @@ def crd() -> dict[str, Any]:
                     "name": api.VERSION,
                     "served": True,
                     "storage": True,
-                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "schema": {"openAPIV3Schema": schema},
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "additionalPrinterColumns": columns,
                 }
             ],
         },
     }
 
 
+def crd() -> dict[str, Any]:
+    """The TrainingJob CustomResourceDefinition."""
+    return _definition(api.KIND, api.PLURAL, api.SINGULAR, api.SHORT_NAMES, openapi_schema(), PRINTER_COLUMNS)
+
+
+def sweep_crd() -> dict[str, Any]:
+    """The TrainingSweep CustomResourceDefinition."""
+    return _definition(api.SWEEP_KIND, api.SWEEP_PLURAL, api.SWEEP_SINGULAR, api.SWEEP_SHORT_NAMES,
+                       sweep_openapi_schema(), SWEEP_PRINTER_COLUMNS)
+
+
+CRDS = {api.KIND: crd, api.SWEEP_KIND: sweep_crd}
+"""Each kind's CRD, by kind; `make crds` writes one file per kind."""
+
+
 HEADER = "# Generated by `kubetrain crd` from kubetrain.core.api. Do not edit: run `make crds`.\n"
 
 
-def crd_yaml() -> str:
-    return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=120)
+def crd_yaml(kind: str = api.KIND) -> str:
+    return HEADER + yaml.safe_dump(CRDS[kind](), sort_keys=False, width=120)
