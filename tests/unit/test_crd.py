@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from kubetrain.core import api
 from kubetrain.core.cli import main
-from kubetrain.core.crd import crd, crd_yaml
+from kubetrain.core.crd import crd, crd_yaml, sweep_crd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,3 +118,65 @@ def test_name_rule_in_cel_and_in_python_agree():
         except ValidationError:
             python_accepts = False
         assert cel_accepts == python_accepts, name
+
+
+# --------------------------------------------------------------------------- TrainingSweep
+
+UNTYPED_SWEEP_NODES = {"$.spec.parameters[].values[]", "$.status.trials[].params{}", "$.status.bestParams{}"}
+"""A parameter's value is a number, string or boolean (the type of the field it sets): any JSON value."""
+
+
+def _sweep_schema():
+    return sweep_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_sweep_crd_in_crds_dir_matches_models(capsys):
+    committed = (REPO / "crds" / "kubetrain.io_trainingsweeps.yaml").read_text()
+    assert main(["crd", "--kind", "TrainingSweep"]) == 0
+    assert capsys.readouterr().out == committed, "crds/ drifted from kubetrain.core.api: run `make crds`"
+
+
+def test_sweep_schema_is_structural_but_for_parameter_values():
+    untyped = set()
+    for path, node in _walk(_sweep_schema()):
+        if "type" not in node:
+            untyped.add(path)
+            assert node == {"x-kubernetes-preserve-unknown-fields": True, "description": "A number, string or boolean."}
+        for banned in ("$ref", "anyOf", "oneOf", "allOf", "title", "const"):
+            assert banned not in node, f"{path} has {banned}"
+        if "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True and "minimum" in node
+        if node.get("properties"):
+            assert "additionalProperties" not in node, f"{path}: properties and additionalProperties"
+    assert untyped == UNTYPED_SWEEP_NODES
+
+
+def test_every_sweep_spec_field_is_documented():
+    fields = [(p, n) for p, n in _walk(_sweep_schema()["properties"]["spec"], "spec") if not p.endswith(("[]", "{}"))]
+    assert [p for p, n in fields if not n.get("description")] == []
+    assert len(fields) > len(api.TrainingSweepSpec.model_fields)  # nested fields (the template's) are walked too
+
+
+def test_sweep_cel_rules_come_from_the_shared_rule_lists():
+    spec = _sweep_schema()["properties"]["spec"]
+    rules = [r for r in spec["x-kubernetes-validations"] if "oldSelf" not in r["rule"]]
+    assert [(r["rule"], r["message"]) for r in rules] == [(r.cel, r.message) for r in api.SWEEP_RULES if r.cel]
+    per_parameter = spec["properties"]["parameters"]["items"]["x-kubernetes-validations"]
+    assert [(r["rule"], r["message"]) for r in per_parameter] == [
+        (r.cel, r.message) for r in api.PARAMETER_RULES if r.cel]
+    template = spec["properties"]["template"]["properties"]["spec"]["x-kubernetes-validations"]
+    assert [(r["rule"], r["message"]) for r in template] == [(r.cel, r.message) for r in api.SPEC_RULES]
+
+
+def test_sweep_names_columns_and_editable_fields():
+    obj = yaml.safe_load(crd_yaml(api.SWEEP_KIND))
+    assert obj["metadata"]["name"] == "trainingsweeps.kubetrain.io"
+    assert obj["spec"]["names"]["shortNames"] == api.SWEEP_SHORT_NAMES
+    version = obj["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Trials"] == ".status.trialsSummary" and columns["Best"] == ".status.bestValue"
+    props = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    immutable = {name for name, p in props.items()
+                 if any(v["rule"] == "self == oldSelf" for v in p.get("x-kubernetes-validations", []))}
+    assert immutable == set(props) - set(api.SWEEP_MUTABLE_SPEC_FIELDS)

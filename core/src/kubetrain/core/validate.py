@@ -1,4 +1,4 @@
-"""Load TrainingJob manifests and explain what is wrong with them, one line per problem.
+"""Load TrainingJob and TrainingSweep manifests and explain what is wrong with them, one line per problem.
 
 Every problem names the field path as a user writes it (`spec.deepspeed.zeroStage`)
 and the reason (`must be <= 3`). A manifest is judged as the API server judges it:
@@ -20,7 +20,8 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from kubetrain.core.api import API_VERSION, KIND, OWN_ERROR, PATTERN_REASONS, TrainingJob
+from kubetrain.core.api import API_VERSION, KIND, OWN_ERROR, PATTERN_REASONS, SWEEP_KIND, TrainingJob, TrainingSweep
+from kubetrain.core.sweep import space
 
 MAX_MANIFEST_BYTES = 1_572_864
 """1.5 MiB, etcd's default limit for one object: a bigger manifest cannot be stored anyway."""
@@ -41,7 +42,7 @@ class Problem:
 
 
 class ManifestError(Exception):
-    """A manifest that cannot be turned into a TrainingJob; `problems` says why."""
+    """A manifest that cannot be turned into a TrainingJob (or TrainingSweep); `problems` says why."""
 
     def __init__(self, source: str, problems: list[Problem]):
         self.source = source
@@ -207,43 +208,86 @@ def as_json(doc: Any) -> Any:
 # --------------------------------------------------------------------------- judging one document
 
 
-def check(doc: Any) -> tuple[TrainingJob | None, list[Problem]]:
-    """The TrainingJob of one parsed manifest document, or None and every problem it has."""
+def _as_submitted(doc: Any, kind: str) -> tuple[Any, list[Problem]]:
+    """The document as the API server has it, or None and why it is not a `kind` manifest at all."""
     if not isinstance(doc, dict):
-        return None, [Problem("(root)", "must be a mapping (a TrainingJob manifest)")]
+        return None, [Problem("(root)", f"must be a mapping (a {kind} manifest)")]
     found: list[Problem] = []
     if doc.get("apiVersion") != API_VERSION:
         found.append(Problem("apiVersion", f"must be {API_VERSION}"))
-    if doc.get("kind") != KIND:
-        found.append(Problem("kind", f"must be {KIND}"))
+    if doc.get("kind") != kind:
+        found.append(Problem("kind", f"must be {kind}"))
     if found:
         return None, found
     try:
-        plain = as_json(doc)
+        return as_json(doc), []
     except _Unacceptable as exc:
         return None, [exc.problem]
+
+
+def _errors(exc: ValidationError) -> list[Problem]:
+    return [Problem(_path(e["loc"]), _reason(e)) for e in exc.errors()]
+
+
+def check(doc: Any) -> tuple[TrainingJob | None, list[Problem]]:
+    """The TrainingJob of one parsed manifest document, or None and every problem it has."""
+    plain, found = _as_submitted(doc, KIND)
+    if plain is None:
+        return None, found
     if "spec" not in plain:  # the CRD requires it; the model has a default for code that builds jobs
         found.append(Problem("spec", "required"))
     try:
         job = TrainingJob.model_validate_json(json.dumps(plain), strict=True)
     except ValidationError as exc:
-        return None, found + [Problem(_path(e["loc"]), _reason(e)) for e in exc.errors()]
+        return None, found + _errors(exc)
     found += [Problem(f"spec.{path}", message) for path, message in job.spec.rule_violations()]
     return (None if found else job), found
 
 
+def check_sweep(doc: Any) -> tuple[TrainingSweep | None, list[Problem]]:
+    """The TrainingSweep of one parsed manifest document, or None and every problem it has.
+
+    Beyond its schema and rules: every parameter must name a scalar field of a TrainingJob spec, and
+    each of its bounds or values must give the template a valid spec (see sweep.space.check_space).
+    """
+    plain, found = _as_submitted(doc, SWEEP_KIND)
+    if plain is None:
+        return None, found
+    try:
+        sweep = TrainingSweep.model_validate_json(json.dumps(plain), strict=True)
+    except ValidationError as exc:
+        return None, _errors(exc)
+    found = [Problem(f"spec.{path}", reason) for path, reason in space.check_space(sweep.spec)]
+    return (None if found else sweep), found
+
+
 def problems_of(doc: Any) -> list[Problem]:
-    """Every problem of one parsed manifest document; empty when it is a valid TrainingJob."""
+    """Every problem of one parsed manifest document (a TrainingSweep when its kind says so, else a
+    TrainingJob); empty when it is valid."""
+    if isinstance(doc, dict) and doc.get("kind") == SWEEP_KIND:
+        return check_sweep(doc)[1]
     return check(doc)[1]
+
+
+def _single(path: Path, kind: str) -> Any:
+    docs = load_documents(path)
+    found = [d for d in docs if isinstance(d, dict) and d.get("kind") == kind] or docs
+    if len(found) != 1:
+        raise ManifestError(str(path), [Problem("(file)", f"must hold exactly one {kind}, found {len(found)}")])
+    return found[0]
 
 
 def load_job(path: Path) -> TrainingJob:
     """The single TrainingJob in a manifest file, or ManifestError naming every problem."""
-    docs = load_documents(path)
-    jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == KIND] or docs
-    if len(jobs) != 1:
-        raise ManifestError(str(path), [Problem("(file)", f"must hold exactly one TrainingJob, found {len(jobs)}")])
-    job, problems = check(jobs[0])
+    job, problems = check(_single(path, KIND))
     if job is None:
         raise ManifestError(str(path), problems)
     return job
+
+
+def load_sweep(path: Path) -> TrainingSweep:
+    """The single TrainingSweep in a manifest file, or ManifestError naming every problem."""
+    sweep, problems = check_sweep(_single(path, SWEEP_KIND))
+    if sweep is None:
+        raise ManifestError(str(path), problems)
+    return sweep

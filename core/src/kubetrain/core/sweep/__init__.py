@@ -1,0 +1,1 @@
+"""Hyperparameter sweeps: one pure policy over an Optuna study, two backends (local, operator)."""

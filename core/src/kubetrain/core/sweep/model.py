@@ -1,0 +1,91 @@
+"""What the sweep policy observes and what it asks its backend to do.
+
+The policy (:func:`kubetrain.core.sweep.policy.step`) is pure: the backend (the local
+sweep runner or the operator's sweep controller) observes its trials, calls it, and
+carries out the effects. The sweep's status is the whole state: the Optuna study is
+rebuilt from it on every step, so a restarted backend loses nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from kubetrain.core.api import Phase, TrainingSweepStatus
+
+
+class SweepReason(enum.StrEnum):
+    """status.reason of a sweep, its trials' StopTrial reasons, and its Event reasons."""
+
+    CREATED = "Created"
+    """Pending: no trial recorded yet."""
+    TRIALS_RUNNING = "TrialsRunning"
+    INVALID_SPEC = "InvalidSpec"
+    """Failed: the search space cannot give valid TrainingJobs (see the message)."""
+    TOO_MANY_FAILED_TRIALS = "TooManyFailedTrials"
+    COMPLETED = "Completed"
+    """Succeeded: every trial finished and at least one completed."""
+    NO_TRIAL_COMPLETED = "NoTrialCompleted"
+    """Failed: every trial finished and none completed."""
+    TRIAL_COMPLETED = "TrialCompleted"
+    TRIAL_FAILED = "TrialFailed"
+    TRIAL_PRUNED = "TrialPruned"
+    PRUNED = "Pruned"
+    """StopTrial: the pruner stopped the trial."""
+    SWEEP_FINISHED = "SweepFinished"
+    """StopTrial: the sweep finished (failed) while the trial ran."""
+
+
+@dataclass(frozen=True)
+class TrialObservation:
+    """What a backend sees of one trial's TrainingJob (or local run)."""
+
+    phase: Phase | None
+    """The job's phase; None when the job does not exist (not yet created, or deleted)."""
+    step: int = 0
+    """Last step its rank 0 reported."""
+    loss: float | None = None
+    """Last loss its rank 0 reported."""
+    message: str = ""
+    """The job's status message (why it failed)."""
+
+
+@dataclass(frozen=True)
+class StartTrial:
+    """Create the trial's job (idempotent: the job name is deterministic) with these parameters."""
+
+    index: int
+    job_name: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StopTrial:
+    """Stop the trial's job and release its resources (delete it in a cluster, end its processes locally)."""
+
+    index: int
+    job_name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SweepEvent:
+    """Something a user should see (a Kubernetes Event, a line of the local run's output)."""
+
+    type: str
+    """Normal or Warning."""
+    reason: str
+    message: str
+
+
+Effect = StartTrial | StopTrial | SweepEvent
+
+
+@dataclass(frozen=True)
+class SweepTransition:
+    """The new status, what to do, and when to look again (None: on the next change)."""
+
+    status: TrainingSweepStatus
+    effects: tuple[Effect, ...]
+    requeue_after: float | None = None
