@@ -38,6 +38,9 @@ def sweep(**changes):
 
 # changes to SWEEP -> the lines `kubetrain validate` prints for it
 BROKEN = [
+    ({"spec__template__spec__suspend": True},
+     ["spec.template.spec.suspend: trial jobs start unsuspended: drop template.spec.suspend (a queue such as Kueue "
+      "suspends and resumes them itself)"]),
     ({"spec__parameters__0__path": "optimizer.lrr"},
      ["spec.parameters[0].path: optimizer has no field 'lrr'; its fields: beta1, beta2, gradClip, lr, minLr, name, "
       "warmupSteps, weightDecay"]),

@@ -830,6 +830,12 @@ SWEEP_RULES: list[Rule] = [
         "the grid sampler needs values or step on every parameter",
         lambda s: s.sampler.type != "grid" or all(p.values is not None or p.step is not None for p in s.parameters),
     ),
+    Rule(
+        "template.spec.suspend",
+        "!self.template.spec.suspend",
+        "trial jobs start unsuspended: drop template.spec.suspend (a queue such as Kueue suspends and resumes them itself)",
+        lambda s: not s.template.spec.suspend,
+    ),
 ]
 """Cross-field rules of a TrainingSweep's spec."""
 

@@ -1,4 +1,4 @@
-"""`kubetrain` command line: crd, validate, run.
+"""`kubetrain` command line: crd, validate, run, sweep.
 
 Exit codes: 0 success, 1 the job failed, 2 bad input (with one line per problem),
 130 stopped by Ctrl-C (the run can be resumed by running it again).
@@ -11,11 +11,22 @@ import sys
 from pathlib import Path
 
 from kubetrain.core import __version__, kube_cli
-from kubetrain.core.api import KIND, Phase
+from kubetrain.core.api import KIND, Phase, SweepPhase, TrialState
 from kubetrain.core.crd import CRDS, crd_yaml
 from kubetrain.core.lifecycle import Reason
 from kubetrain.core.local import LocalRun, LocalRunError, RunOptions
-from kubetrain.core.validate import ManifestError, load_documents, load_job, problems_of
+from kubetrain.core.sweep import report
+from kubetrain.core.sweep.local import (
+    STATUS_FILE,
+    LocalSweep,
+    SweepOptions,
+    SweepResult,
+    SweepRunError,
+    template_manifest,
+    to_yaml,
+)
+from kubetrain.core.sweep.trials import TRIALS_DIR
+from kubetrain.core.validate import ManifestError, load_documents, load_job, load_sweep, problems_of
 
 
 def _fail_at(value: str) -> tuple[int, int]:
@@ -61,7 +72,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             if problems:
                 bad += 1
             else:
-                print(f"{where}: valid TrainingJob {doc['metadata']['name']!r}")
+                print(f"{where}: valid {doc['kind']} {doc['metadata']['name']!r}")
     return 2 if bad else 0
 
 
@@ -91,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         quiet=args.quiet,
     )
     try:
-        summary = LocalRun(job, manifest.parent.resolve(), opts).run()
+        summary = LocalRun(job, Path(args.base_dir or manifest.parent).resolve(), opts).run()
     except LocalRunError as exc:
         print(f"kubetrain run: {exc}", file=sys.stderr)
         return 2
@@ -113,11 +124,77 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if summary.phase == Phase.SUCCEEDED else 1
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    manifest = Path(args.file)
+    try:
+        sweep = load_sweep(manifest)
+    except ManifestError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{manifest}: cannot read: {exc.strerror}", file=sys.stderr)
+        return 2
+    if args.export_template:
+        sys.stdout.write(to_yaml(template_manifest(sweep, manifest.parent)))
+        return 0
+    opts = SweepOptions(
+        output_dir=Path(args.output_dir or Path("runs") / sweep.metadata.name),
+        storage=args.storage,
+        fresh=args.fresh,
+        quiet=args.quiet,
+        summary_json=Path(args.summary_json) if args.summary_json else None,
+    )
+    try:
+        result = LocalSweep(sweep, manifest.parent, opts).run()
+    except SweepRunError as exc:
+        print(f"kubetrain sweep: {exc}", file=sys.stderr)
+        return 2
+    _print_sweep(result)
+    if result.interrupted:
+        return 130
+    return 0 if result.status.phase == SweepPhase.SUCCEEDED else 1
+
+
+def _print_sweep(result: SweepResult) -> None:
+    """The outcome on stdout: counts, the best trial, the time comparison and the best manifest."""
+    st = result.status
+    print(f"sweep {result.name}: {'stopped, run again to resume' if result.interrupted else st.phase} "
+          f"({st.reason}): {len(st.trials)} trials: {st.trials_complete} complete, {st.trials_pruned} pruned, "
+          f"{st.trials_failed} failed, {st.trials_running} unfinished")
+    logs = [str(result.output_dir / TRIALS_DIR / t.job_name / "run.log") for t in st.trials if t.state == TrialState.FAILED]
+    if logs:
+        print(f"logs of the failed trials: {', '.join(logs)}")
+    if st.best_trial is not None and st.best_value is not None:
+        print(f"best: trial {st.best_trial}, {st.best_value:.6g} {result.objective} loss "
+              f"({report.format_params(st.best_params or {})})")
+    for line in result.timing.lines():
+        print(line)
+    print(f"status: {result.output_dir / STATUS_FILE}")
+    if result.best_file is not None and result.best_manifest is not None:
+        print(f"best manifest: {result.best_file} (kubetrain run {result.best_file}):")
+        sys.stdout.write(to_yaml(result.best_manifest))
+
+
+def _add_sweep(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    w = sub.add_parser("sweep", help="run a TrainingSweep (hyperparameter search) on this machine as local runs")
+    w.add_argument("file", metavar="FILE", help="TrainingSweep manifest (YAML)")
+    w.add_argument("--output-dir", help="sweep-status.json, trials/<job>/, best.yaml (default: runs/<sweep name>)")
+    w.add_argument("--storage", metavar="URL",
+                   help="also copy every finished trial into the Optuna study named after the sweep at this "
+                   "storage URL (e.g. sqlite:///runs/lr-sweep/optuna.db, for optuna-dashboard)")
+    w.add_argument("--fresh", action="store_true", help="discard a sweep saved in the output dir, do not resume it")
+    w.add_argument("-q", "--quiet", action="store_true", help="no live table; events and the result only")
+    w.add_argument("--summary-json", help="also write the final status, the best trial and the timings (JSON) here")
+    w.add_argument("--export-template", action="store_true",
+                   help="print the template as a TrainingJob of its own (<sweep>-template) and exit")
+    w.set_defaults(func=cmd_sweep)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kubetrain",
-        description="Distributed PyTorch training jobs: run a TrainingJob locally, validate it, print the CRD, "
-        "and submit / list / status / logs against the cluster of the current kubeconfig.",
+        description="Distributed PyTorch training jobs: run a TrainingJob or a TrainingSweep locally, validate them, "
+        "print the CRDs, and submit / list / status / logs against the cluster of the current kubeconfig.",
     )
     p.add_argument("--version", action="version", version=f"kubetrain {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -127,7 +204,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", help="write to this file instead of stdout")
     c.set_defaults(func=cmd_crd)
 
-    v = sub.add_parser("validate", help="check TrainingJob manifests; exit 2 with one line per problem")
+    v = sub.add_parser("validate", help="check TrainingJob and TrainingSweep manifests; exit 2, one line per problem")
     v.add_argument("files", nargs="+", metavar="FILE")
     v.set_defaults(func=cmd_validate)
 
@@ -139,7 +216,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--fail-at", type=_fail_at, metavar="RANK:STEP", help="kill RANK when it reaches STEP (once)")
     r.add_argument("--fresh", action="store_true", help="discard an unfinished run in the output dir")
     r.add_argument("-q", "--quiet", action="store_true", help="no live progress line")
+    r.add_argument("--base-dir", metavar="DIR",
+                   help="resolve the manifest's relative paths (spec.data.path) against DIR, not its own directory")
     r.set_defaults(func=cmd_run)
+
+    _add_sweep(sub)
 
     kube_cli.register(sub)
     return p
