@@ -3,9 +3,10 @@ and every panel query of the shipped Grafana dashboard returns data.
 
 One scenario feeds every metric: the operator (a process, watching the test namespace) takes a
 TrainingJob to Running on kwok GPU nodes, restarts the gang after a worker fails and then sees it
-succeed; meanwhile `kubetrain run` trains a tiny model as 2 local workers, with one injected
-failure (a restart from checkpoint). Prometheus (Debian's package, hack/prometheus.sh) scrapes both
-every second and also loads the chart's alert rules.
+succeed, then runs a one-trial TrainingSweep to its best value; meanwhile `kubetrain run` trains a
+tiny model as 2 local workers, with one injected failure (a restart from checkpoint). Prometheus
+(Debian's package, hack/prometheus.sh) scrapes both every second and also loads the chart's alert
+rules.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from support.operator_process import OperatorProcess
 from support.paths import CHART, EXAMPLE_DATA
 from support.ports import free_port
 from support.processes import stop_process
-from support.resources import apply
+from support.resources import apply, apply_crds
+from support.sweeps import TrainingSweeps, finish_trial, kwok_sweep
 from support.waiting import wait_for
 
 from kubetrain.core import api, contract
@@ -101,12 +103,21 @@ def operator_scenario(admin: client.ApiClient, ns: str, op: OperatorProcess) -> 
         raise AssertionError(f"{exc}\n{jobs.explain('prom')}") from exc
 
 
+def sweep_scenario(admin: client.ApiClient, ns: str, op: OperatorProcess) -> None:
+    """A one-trial TrainingSweep that completes: its trials by state and its best value are exported."""
+    sweeps = TrainingSweeps(admin, ns, op)
+    sweeps.submit(kwok_sweep("promsweep", maxTrials=1, parallelism=1))
+    finish_trial(sweeps.jobs, "promsweep-0", 1.5)
+    sweeps.wait_status("promsweep", lambda s: s.get("phase") == "Succeeded", 30, "promsweep Succeeded")
+
+
 def test_prometheus_scrapes_operator_and_workers_and_every_panel_has_data(
     kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp_path: Path,
     local_run: tuple[subprocess.Popen[bytes], int, Path],
 ) -> None:
     run, trainer_port, run_log = local_run
     apply(admin_api, yaml.safe_load((CHART / "crds" / "kubetrain.io_trainingjobs.yaml").read_text()))
+    apply_crds(admin_api, [yaml.safe_load((CHART / "crds" / "kubetrain.io_trainingsweeps.yaml").read_text())])
 
     op_port = free_port()
     scrape = [
@@ -122,6 +133,7 @@ def test_prometheus_scrapes_operator_and_workers_and_every_panel_has_data(
             # Scraped before the scenario starts, so every counter is seen rising (rates need 2 samples).
             wait_for(lambda: prom.finite('kubetrain_operator_jobs{phase="Pending"}'), 60, what="operator scraped")
             operator_scenario(admin_api, namespace, op)
+            sweep_scenario(admin_api, namespace, op)
 
             def trainer_ready() -> bool:
                 assert run.poll() is None, f"local run ended early:\n{run_log.read_text()[-3000:]}"
@@ -134,6 +146,8 @@ def test_prometheus_scrapes_operator_and_workers_and_every_panel_has_data(
             wait_for(trainer_ready, 90, what="workers scraped after their restart from checkpoint")
             wait_for(lambda: prom.finite("sum(kubetrain_operator_jobs_finished_total)"), 15,
                      what="operator finished-job counter scraped")
+            wait_for(lambda: prom.finite('kubetrain_operator_sweep_best_value{sweep="promsweep"}'), 15,
+                     what="the sweep's best value scraped")
 
             targets = prom.api("targets")["activeTargets"]
             assert {t["scrapePool"] for t in targets if t["health"] == "up"} == {"kubetrain-operator", "kubetrain-workers"}
@@ -144,6 +158,8 @@ def test_prometheus_scrapes_operator_and_workers_and_every_panel_has_data(
             assert prom.finite('kubetrain_operator_gang_restarts_total{reason="OOMKilled"} >= 1') or prom.finite(
                 "sum(kubetrain_operator_gang_restarts_total) >= 1")
             assert prom.finite('kubetrain_operator_jobs_finished_total{phase="Succeeded"} >= 1')
+            assert prom.finite('kubetrain_operator_sweep_best_value{sweep="promsweep"} == 1.5')
+            assert prom.finite('kubetrain_operator_sweep_trials{sweep="promsweep", state="Complete"} == 1')
             rules = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
             assert {r["name"] for r in rules} == {"KubetrainOperatorDown", "KubetrainJobFailed",
                                                   "KubetrainRestartStorm", "KubetrainJobNoProgress"}

@@ -8,5 +8,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # resolved: bench/support is a 
 HACK_DIR = REPO_ROOT / "hack"
 CHART = REPO_ROOT / "charts" / "kubetrain"
 CRD_FILE = REPO_ROOT / "crds" / "kubetrain.io_trainingjobs.yaml"
+SWEEP_CRD_FILE = REPO_ROOT / "crds" / "kubetrain.io_trainingsweeps.yaml"
 QUICKSTART = REPO_ROOT / "examples" / "quickstart.yaml"
 EXAMPLE_DATA = REPO_ROOT / "examples" / "data"

@@ -41,3 +41,14 @@ def wait_for(
             name = what or getattr(condition, "__name__", repr(condition))
             raise WaitTimeout(f"timed out after {timeout:.1f}s waiting for {name}; last: {last!r}")
         time.sleep(interval)
+
+
+def holds(condition: Callable[[], object], seconds: float, *, interval: float = 0.5, what: str = "") -> None:
+    """``condition()`` is truthy now and at every ``interval`` for ``seconds``: something that must NOT
+    happen (a retry, a second Event) did not happen in that time."""
+    deadline = time.monotonic() + seconds
+    while True:
+        assert condition(), f"no longer holds: {what or getattr(condition, '__name__', repr(condition))}"
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)

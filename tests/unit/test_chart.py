@@ -218,3 +218,33 @@ def test_operator_may_create_the_per_job_progress_rbac(helm_ok: None, scope: str
                 for verb in granted["verbs"]:
                     assert _allows(rules, group, resource, verb), f"the operator lacks {verb} {resource}"
     assert not any(v in r["verbs"] for r in rules for v in ("escalate", "bind", "impersonate"))
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespaced"])
+def test_operator_may_run_sweeps(helm_ok: None, scope: str) -> None:
+    """The sweep controller watches TrainingSweeps, writes their status, creates their trial TrainingJobs,
+    suspends pruned ones (patch) and records Events; in the same object as the job rights, per scope."""
+    docs = ht.render(set_values={"rbac.scope": scope})
+    rules = ht.find(docs, "Role" if scope == "namespaced" else "ClusterRole")["rules"]
+    wanted = {("kubetrain.io", "trainingsweeps"): ("get", "list", "watch"),
+              ("kubetrain.io", "trainingsweeps/status"): ("get", "patch"),
+              ("kubetrain.io", "trainingjobs"): ("create", "patch"),
+              ("", "events"): ("create",)}
+    for (group, resource), verbs in wanted.items():
+        for verb in verbs:
+            assert _allows(rules, group, resource, verb), f"{scope}: the operator lacks {verb} {resource}"
+    assert not _allows(rules, "kubetrain.io", "trainingsweeps", "delete"), "the operator never deletes a sweep"
+    assert not _allows(rules, "kubetrain.io", "trainingsweeps", "create")
+
+
+def test_dashboard_has_a_sweeps_row() -> None:
+    panels = json.loads((CHART / "dashboards" / "kubetrain-overview.json").read_text())["panels"]
+    titles = [p["title"] for p in panels]
+    row = titles.index("Sweeps")
+    assert panels[row]["type"] == "row"
+    sweeps = panels[row + 1:]
+    exprs = [t["expr"] for p in sweeps for t in p["targets"]]
+    assert any("kubetrain_operator_sweep_best_value" in e and "sweep" in e for e in exprs)
+    assert any("kubetrain_operator_sweep_trials" in e and "state" in e for e in exprs)
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "panel ids are unique"

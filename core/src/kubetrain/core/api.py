@@ -675,6 +675,9 @@ class SweepPhase(enum.StrEnum):
     FAILED = "Failed"
 
 
+FINISHED_SWEEP_PHASES = (SweepPhase.SUCCEEDED, SweepPhase.FAILED)
+
+
 class TrialState(enum.StrEnum):
     """The state of one trial of a sweep."""
 

@@ -150,12 +150,13 @@ def namespace_terminating(exc: ApiException) -> bool:
 
 
 def event_body(job: dict[str, Any], type_: str, reason: str, message: str, now: datetime) -> client.CoreV1Event:
-    """A core/v1 Event about a TrainingJob (the API server keeps at most 1024 characters of message)."""
+    """A core/v1 Event about a TrainingJob, or a TrainingSweep (its `kind`); the API server keeps at most
+    1024 characters of message."""
     meta = job["metadata"]
     return client.CoreV1Event(
         metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
         involved_object=client.V1ObjectReference(
-            api_version=api.API_VERSION, kind=api.KIND, name=meta["name"], namespace=meta["namespace"],
+            api_version=api.API_VERSION, kind=job.get("kind") or api.KIND, name=meta["name"], namespace=meta["namespace"],
             uid=meta.get("uid"), resource_version=meta.get("resourceVersion"),
         ),
         type=type_, reason=reason, message=message[:1024],

@@ -3,6 +3,8 @@
 kopf delivers watch events (handlers.py); they update the WatchCache and queue the job's key.
 The WorkQueue hands keys to a few workers (never the same key to two at once); a worker plans
 from the cache (pure) and the Applier carries the plan out. Deleting a job forgets it everywhere.
+TrainingSweeps are reconciled beside the jobs by a SweepController (sweep_controller.py), under
+the same leadership, on the same API call pool.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kubetrain.operator import metrics
 from kubetrain.operator.apply import Apis, Applier
 from kubetrain.operator.reconcile import Plan, claim_to_check, plan
 from kubetrain.operator.settings import OperatorSettings
+from kubetrain.operator.sweep_controller import SweepController
 from kubetrain.operator.watch_cache import DELETED, Key, WatchCache
 from kubetrain.operator.workqueue import WorkQueue
 
@@ -47,6 +50,8 @@ class Controller:
         self.cache = WatchCache()
         self.queue: WorkQueue[Key] = WorkQueue()
         self.applier = Applier(Apis.of(api_client), self.cache, settings.create_parallelism, clock)
+        self.sweeps = SweepController(self.applier, settings.reconcile_workers, clock)
+        """TrainingSweeps: their own cache and queue, this applier's pool, this leadership."""
         self.first_running: set[Key] = set()
         """Jobs whose first time Running was observed (kubetrain_operator_time_to_running_seconds)."""
         self.tasks: list[asyncio.Task[None]] = []
@@ -54,6 +59,7 @@ class Controller:
     # ------------------------------------------------------------------ watch events (kopf handlers)
 
     def job_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        self.sweeps.job_event(kind, body)  # a sweep's trial queues its sweep
         key = self.cache.job_event(kind, body)
         if kind == DELETED:
             self.forget(key)
@@ -82,7 +88,7 @@ class Controller:
         else only after start_leading()."""
         await self._fill_cache()
         self.tasks = [asyncio.create_task(self.queue.serve(self.settings.reconcile_workers, self.reconcile)),
-                      asyncio.create_task(self._gauges())]
+                      asyncio.create_task(self.sweeps.serve()), asyncio.create_task(self._gauges())]
         if self.settings.leader_election is None:
             self._lead(True)
 
@@ -104,10 +110,11 @@ class Controller:
 
     def _lead(self, leading: bool) -> None:
         self.queue.set_leading(leading)
+        self.sweeps.set_leading(leading)
         metrics.LEADER.set(int(leading))
 
     async def _fill_cache(self) -> None:
-        """LIST jobs, pods and nodes, so that no decision is taken on a half-filled cache (a pod not
+        """LIST jobs, pods, nodes and sweeps, so that no decision is taken on a half-filled cache (a pod not
         yet seen would look deleted); watch events keep them fresh after. Jobs first: the cache
         keeps pods only under a job it knows."""
         snapshot = await self.applier.io(self.applier.list_all, self.settings.namespace)
@@ -117,6 +124,7 @@ class Controller:
             self.pod_event(None, pod)
         for node in snapshot.nodes:
             self.node_event(None, node)
+        await self.sweeps.fill(self.settings.namespace)
 
     async def _gauges(self) -> None:
         while True:

@@ -106,6 +106,11 @@ def job_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> Non
     memo.running().job_event(event.get("type"), copy.deepcopy(dict(body)))
 
 
+@kopf.on.event(api.GROUP, api.VERSION, api.SWEEP_PLURAL)
+def sweep_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+    memo.running().sweeps.sweep_event(event.get("type"), copy.deepcopy(dict(body)))
+
+
 @kopf.on.event("", "v1", "pods", labels={contract.LABEL_JOB: kopf.PRESENT})
 def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
     memo.running().pod_event(event.get("type"), copy.deepcopy(dict(body)))

@@ -30,3 +30,9 @@ CREATES_REFUSED = Counter("kubetrain_operator_creates_refused_total",
                           ["code"])
 STATUS_CONFLICTS = Counter("kubetrain_operator_status_conflicts_total",
                            "Status writes refused because the job changed since it was read (re-planned)")
+SWEEP_TRIALS = Gauge("kubetrain_operator_sweep_trials",
+                     "Trials of each TrainingSweep, by state (Pending, Running, Complete, Pruned, Failed)",
+                     ["namespace", "sweep", "state"])
+SWEEP_BEST_VALUE = Gauge("kubetrain_operator_sweep_best_value",
+                         "The best objective value (the lowest trial loss) of each TrainingSweep so far",
+                         ["namespace", "sweep"])

@@ -62,7 +62,7 @@ class StartTrial:
 
 @dataclass(frozen=True)
 class StopTrial:
-    """Stop the trial's job and release its resources (delete it in a cluster, end its processes locally)."""
+    """Stop the trial's job and release its resources (suspend its TrainingJob in a cluster, end its processes locally)."""
 
     index: int
     job_name: str

@@ -21,6 +21,7 @@ from datetime import datetime
 import optuna
 
 from kubetrain.core.api import (
+    FINISHED_SWEEP_PHASES,
     FINISHED_TRIAL_STATES,
     Condition,
     Phase,
@@ -44,7 +45,6 @@ from kubetrain.core.sweep.model import (
     TrialObservation,
 )
 
-FINISHED_SWEEP_PHASES = (SweepPhase.SUCCEEDED, SweepPhase.FAILED)
 PHASE_CONDITIONS = (SweepPhase.RUNNING, SweepPhase.SUCCEEDED, SweepPhase.FAILED)
 STOPPED_JOB_PHASES = (None, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED)
 """Job phases in which a trial's job holds no workers: a finished trial's job in any other phase is stopped."""
