@@ -432,6 +432,21 @@ SPEC_RULES: list[Rule] = [
         lambda s: s.precision != "fp16" or s.strategy != "deepspeed" or s.resources.gpus_per_worker > 0,
     ),
     Rule(
+        "fabricOptions",
+        "!has(self.fabricOptions) || self.fabric != 'none'",
+        "fabricOptions needs a fabric: set spec.fabric (infiniband, roce, efa, tcpx, tcpxo, aks-infiniband)",
+        lambda s: s.fabric_options is None or s.fabric != "none",
+    ),
+    Rule(
+        "fabricOptions.gpuNetworks",
+        "!has(self.fabricOptions) || !has(self.fabricOptions.gpuNetworks)"
+        " || (self.fabric == 'tcpx' && size(self.fabricOptions.gpuNetworks) == 4)"
+        " || (self.fabric == 'tcpxo' && size(self.fabricOptions.gpuNetworks) == 8)",
+        "fabricOptions.gpuNetworks names one GKE network per GPU NIC: 4 for fabric tcpx (A3 High), 8 for tcpxo (A3 Mega)",
+        lambda s: s.fabric_options is None or s.fabric_options.gpu_networks is None
+        or len(s.fabric_options.gpu_networks) == GKE_GPU_NICS.get(s.fabric),
+    ),
+    Rule(
         "metricsPort",
         "self.metricsPort + (has(self.procsPerWorker) ? self.procsPerWorker"
         " : (self.resources.gpusPerWorker > 0 ? self.resources.gpusPerWorker : 1)) - 1 <= 65535",
@@ -442,6 +457,43 @@ SPEC_RULES: list[Rule] = [
 
 
 # --------------------------------------------------------------------------- spec and status
+
+
+Fabric = Literal["none", "infiniband", "roce", "efa", "tcpx", "tcpxo", "aks-infiniband"]
+"""spec.fabric: the network fabric profiles (kubetrain.operator.fabrics renders them)."""
+EXTENDED_RESOURCE_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+"""A domain-prefixed extended resource name (`rdma/ib`, `rdma/shared_ib`, `nvidia.com/mlnxnics`)."""
+EFA_INSTANCE_TYPES: Final[dict[str, int]] = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32}
+"""EFA devices per EC2 instance type (its network cards: AWS EC2 User Guide, "Network cards" and "EFA
+configuration for P5 and P5e instances"); spec.fabricOptions.instanceType picks one."""
+GKE_GPU_NICS: Final[dict[str, int]] = {"tcpx": 4, "tcpxo": 8}
+"""GPU NICs of a GKE A3 High (tcpx) and A3 Mega (tcpxo) node: one GKE network each, eth1..ethN in the pod."""
+
+
+class FabricOptions(_Model):
+    """Node-specific settings of spec.fabric. Each applies to the profiles its text names; unset means the default the cloud's docs publish."""
+
+    rdma_resource: str | None = Field(None, max_length=253, pattern=EXTENDED_RESOURCE_PATTERN)
+    """infiniband, roce, aks-infiniband: the RDMA device plugin's extended resource (its `rdma/<resourceName>`). Default `rdma/ib` (infiniband), `rdma/roce` (roce), `rdma/shared_ib` (aks-infiniband: Azure's NicClusterPolicy for the RDMA shared device plugin)."""
+    rdma_devices: int = Field(1, ge=1, le=64)
+    """infiniband, roce, aks-infiniband: how many of rdmaResource each worker requests (1 for the shared device plugin, which gives the pod every HCA; the number of HCAs for the SR-IOV plugin)."""
+    ib_hca: str = Field("mlx5", min_length=1, max_length=253)
+    """infiniband, roce, aks-infiniband: NCCL_IB_HCA, the HCAs NCCL may use (a prefix filter: `mlx5` matches mlx5_0, mlx5_1, ...; `=mlx5_0:1,mlx5_1:1` names ports exactly)."""
+    gid_index: int = Field(3, ge=0, le=255)
+    """roce: NCCL_IB_GID_INDEX, the GID table entry of the RoCE v2 address (3 on a default Linux setup with IPv4; check `show_gids`)."""
+    traffic_class: int | None = Field(None, ge=0, le=255)
+    """roce: NCCL_IB_TC, the traffic class of NCCL's packets (must match the switches' lossless RoCE class, e.g. 106 for DSCP 26). Unset: NCCL's default (0)."""
+    socket_ifname: str = Field("eth0", min_length=1, max_length=253, pattern=r"^[\^=]?[A-Za-z0-9._,=^-]+$")
+    """infiniband, roce, aks-infiniband, tcpx, tcpxo: NCCL_SOCKET_IFNAME, the pod interface for NCCL's bootstrap and control traffic."""
+    instance_type: Literal["p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge"] | None = None
+    """efa: the EC2 instance type of the GPU nodes. Requests every EFA device it has (4 on p4d/p4de, 32 on p5/p5e) and selects nodes of that type (`node.kubernetes.io/instance-type`). Unset: 32 EFA devices (p5.48xlarge, the EKS guide's example) and no node selector; other types: set `resources.extra` `vpc.amazonaws.com/efa`."""
+    daemon_image: str | None = Field(None, min_length=1, max_length=1024)
+    """tcpx, tcpxo: image of the receive-datapath manager sidecar (`tcpx-daemon` / `tcpxo-daemon`). Default: the image GKE's manifests publish. Its version must match the NCCL plugin the cluster's nccl-tcpx(o)-installer DaemonSet installed."""
+    gpu_networks: list[Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]] | None = Field(
+        None, min_length=4, max_length=8)
+    """tcpx, tcpxo: the GKE Network objects of the GPU NICs, attached as eth1, eth2, ... (annotation networking.gke.io/interfaces). tcpx (A3 High) needs 4, tcpxo (A3 Mega) 8. Default vpc1..vpc4 / vpc1..vpc8, as in GKE's guide."""
+    topo_file: str = Field("/opt/microsoft/ndv5/topo.xml", max_length=4096, pattern=r"^(/.*)?$")
+    """aks-infiniband: NCCL_TOPO_FILE, the ND-series topology file inside the image (Azure's HPC images: /opt/microsoft/ndv5/topo.xml for ND H100 v5). Empty: not set (NCCL detects the topology itself)."""
 
 
 class TrainingJobSpec(_Model):
@@ -493,8 +545,10 @@ class TrainingJobSpec(_Model):
     """Placement of worker pods."""
     pod_template: dict[str, Any] | None = None
     """Anything else for worker pods: a partial core/v1 PodTemplateSpec (`metadata`, `spec`) merged over the generated pod. Maps merge key by key; `containers`, `initContainers`, `volumes`, `env`, `volumeMounts` and `ports` merge by `name` (kubetrain's container is named `trainer`). Your values win, except kubetrain's own `kubetrain.io/*` labels."""
-    fabric: Literal["none", "infiniband", "roce", "efa", "tcpx"] = "none"
-    """Network fabric profile: adds the device resources, IPC_LOCK, NCCL/libfabric environment and annotations for it. Your own env and resources win."""
+    fabric: Fabric = "none"
+    """Network fabric profile, one per cloud (docs/scheduling.md#fabrics): `infiniband` and `roce` (RDMA shared device plugin), `efa` (EKS), `tcpx` (GKE A3 High, GPUDirect-TCPX), `tcpxo` (GKE A3 Mega, GPUDirect-TCPXO), `aks-infiniband` (AKS ND-series). Adds the device resources, capabilities, NCCL/libfabric environment, annotations, volumes and sidecars the cloud publishes for it. Your own env and resources win."""
+    fabric_options: FabricOptions | None = None
+    """What a fabric profile cannot know about your nodes (device plugin resource name, instance type, network names, daemon image); every field has the default the cloud's docs publish."""
     metrics_port: int = Field(9400, ge=1024, le=65535)
     """Port of every worker's Prometheus endpoint; a worker's processes use consecutive ports from it (local runs: every rank), so metricsPort + procsPerWorker - 1 must be at most 65535."""
     progress_reporting: bool = True

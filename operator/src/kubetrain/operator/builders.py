@@ -29,6 +29,14 @@ from kubetrain.core.contract import (  # also read as builders.LABEL_JOB etc. by
     LABEL_ROLE,
     QUEUE_LABEL,
 )
+from kubetrain.operator import fabrics
+
+# Re-exported: tests, docs and other modules read them as builders.FABRICS etc.
+from kubetrain.operator.fabrics import ADDABLE_CAPABILITIES as ADDABLE_CAPABILITIES
+from kubetrain.operator.fabrics import FABRICS as FABRICS
+from kubetrain.operator.fabrics import POD_SECURITY_LEVELS as POD_SECURITY_LEVELS
+from kubetrain.operator.fabrics import FabricProfile
+from kubetrain.operator.fabrics import pod_security_level as pod_security_level
 
 GPU_RESOURCE = "nvidia.com/gpu"
 CHECKPOINT_MOUNT = "/checkpoints"
@@ -215,27 +223,6 @@ def progress_role_binding(job: TrainingJob, owner: dict[str, Any] | None = None)
 
 # --------------------------------------------------------------------------- Pod Security Standards
 
-POD_SECURITY_LEVELS = ("restricted", "baseline", "privileged")
-"""Pod Security Admission's levels (label pod-security.kubernetes.io/enforce), strictest first."""
-ADDABLE_CAPABILITIES = {
-    "restricted": frozenset({"NET_BIND_SERVICE"}),
-    "baseline": frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-                           "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}),
-}
-"""The capabilities a container may add at each level (the Pod Security Standards); `privileged`: any."""
-
-
-def pod_security_level(added_capabilities: tuple[str, ...]) -> str:
-    """The strictest level that admits the default worker pod when its container adds these capabilities.
-
-    The rest of the default pod (non-root, seccomp RuntimeDefault, no privilege escalation, every
-    capability dropped first) passes `restricted`, so the added capabilities alone decide.
-    """
-    for level in POD_SECURITY_LEVELS[:-1]:
-        if set(added_capabilities) <= ADDABLE_CAPABILITIES[level]:
-            return level
-    return POD_SECURITY_LEVELS[-1]
-
 
 def _pod_security_context(claim: str | None) -> dict[str, Any]:
     """Pod level: what `restricted` asks of every pod; fsGroup where a claim is mounted."""
@@ -255,56 +242,15 @@ def _container_security_context(added_capabilities: tuple[str, ...]) -> dict[str
     return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
 
 
-# --------------------------------------------------------------------------- fabric profiles
-
-
-@dataclass(frozen=True)
-class FabricProfile:
-    resources: dict[str, str]
-    env: dict[str, str]
-    capabilities: tuple[str, ...] = ()
-    annotations: dict[str, str] | None = None
-
-    @property
-    def pod_security(self) -> str:
-        """The Pod Security Admission level a namespace needs to admit this profile's worker pods."""
-        return pod_security_level(self.capabilities)
-
-
-FABRICS: dict[str, FabricProfile] = {
-    "none": FabricProfile({}, {}),
-    "infiniband": FabricProfile(
-        {"rdma/ib": "1"},
-        {"NCCL_IB_DISABLE": "0", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_SOCKET_IFNAME": "eth0"},
-        ("IPC_LOCK",),
-    ),
-    "roce": FabricProfile(
-        {"rdma/roce": "1"},
-        {"NCCL_IB_DISABLE": "0", "NCCL_IB_GID_INDEX": "3", "NCCL_SOCKET_IFNAME": "eth0"},
-        ("IPC_LOCK",),
-    ),
-    "efa": FabricProfile(
-        {"vpc.amazonaws.com/efa": "4"},
-        {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "NCCL_PROTO": "simple"},
-        ("IPC_LOCK",),
-    ),
-    "tcpx": FabricProfile(
-        {},
-        {"NCCL_SOCKET_IFNAME": "eth0", "NCCL_CROSS_NIC": "0", "NCCL_NET_GDR_LEVEL": "PIX"},
-        (),
-        {"networking.gke.io/default-interface": "eth0"},
-    ),
-}
-
-
-def _resources(spec: TrainingJobSpec) -> dict[str, Any]:
-    amounts: dict[str, str] = dict(FABRICS[spec.fabric].resources)
+def _resources(spec: TrainingJobSpec, fabric: FabricProfile) -> dict[str, Any]:
+    amounts: dict[str, str] = dict(fabric.resources)
     if spec.resources.gpus_per_worker:
         amounts[GPU_RESOURCE] = str(spec.resources.gpus_per_worker)
     if spec.resources.cpu:
         amounts["cpu"] = spec.resources.cpu
-    if spec.resources.memory:
-        amounts["memory"] = spec.resources.memory
+    memory = spec.resources.memory or fabric.default_memory
+    if memory:
+        amounts["memory"] = memory
     amounts.update(spec.resources.extra or {})  # the user's own win over the profile's
     if not amounts:
         return {}
@@ -330,7 +276,7 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
             metrics_port=spec.metrics_port,
         ),
     }
-    values.update(FABRICS[spec.fabric].env)
+    values.update(fabrics.profile(spec).env)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
     if spec.progress_reporting:  # the pod's own identity, for rank 0's progress annotation (Downward API)
         env += [
@@ -349,17 +295,20 @@ def worker_pod(
     if spec.scheduling.queue:
         labels[QUEUE_LABEL] = spec.scheduling.queue
     claim = claim_name(job)
+    fabric = fabrics.profile(spec)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",  # kubetrain restarts the whole gang, never one container
         "hostname": worker_name(name, index),
         "subdomain": service_name(name),
         "terminationGracePeriodSeconds": settings.termination_grace_seconds,
-        "containers": [_worker_container(job, index, generation, settings)],
-        "volumes": _worker_volumes(job, claim),
+        "containers": [_worker_container(job, index, generation, settings, fabric)],
+        "volumes": _worker_volumes(job, claim) + [dict(v) for v in fabric.volumes],
     }
+    if fabric.sidecars:
+        pod_spec["initContainers"] = [dict(c) for c in fabric.sidecars]
     sched = spec.scheduling
     optional = {
-        "nodeSelector": sched.node_selector,
+        "nodeSelector": {**fabric.node_selector, **(sched.node_selector or {})},  # the user's keys win
         "tolerations": sched.tolerations,
         "affinity": sched.affinity,
         "priorityClassName": sched.priority_class_name,
@@ -388,7 +337,7 @@ def _worker_meta(job: TrainingJob, index: int, generation: int, labels: dict[str
     meta = _meta(job, worker_name(name, index), owner, **labels)
     meta["annotations"] = {
         contract.GENERATION_ANNOTATION: str(generation),
-        **(FABRICS[job.spec.fabric].annotations or {}),
+        **fabrics.profile(job.spec).annotations,
     }
     if job.spec.scheduling.gang != "none":
         meta["annotations"][contract.GANG_GROUP_ANNOTATION] = name
@@ -405,7 +354,8 @@ def _worker_volumes(job: TrainingJob, claim: str | None) -> list[dict[str, Any]]
     ]
 
 
-def _worker_container(job: TrainingJob, index: int, generation: int, settings: Settings) -> dict[str, Any]:
+def _worker_container(job: TrainingJob, index: int, generation: int, settings: Settings,
+                      fabric: FabricProfile) -> dict[str, Any]:
     spec = job.spec
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -421,15 +371,16 @@ def _worker_container(job: TrainingJob, index: int, generation: int, settings: S
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "checkpoints", "mountPath": checkpoint_mount(spec)},
             {"name": "output", "mountPath": OUTPUT_MOUNT},
+            *(dict(m) for m in fabric.mounts),
         ],
-        "resources": _resources(spec),
+        "resources": _resources(spec, fabric),
     }
     command, args = worker_command(spec)
     if command:
         container["command"] = command
     if args:
         container["args"] = args
-    container["securityContext"] = _container_security_context(FABRICS[spec.fabric].capabilities)
+    container["securityContext"] = _container_security_context(fabric.capabilities)
     return container
 
 
