@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import ValidationError
@@ -259,6 +260,25 @@ def check_sweep(doc: Any) -> tuple[TrainingSweep | None, list[Problem]]:
         return None, _errors(exc)
     found = [Problem(f"spec.{path}", reason) for path, reason in space.check_space(sweep.spec)]
     return (None if found else sweep), found
+
+
+Stored = TypeVar("Stored", TrainingJob, TrainingSweep)
+
+
+def stored_object(model: type[Stored], body: Mapping[str, Any]) -> tuple[Stored | None, list[str]]:
+    """An object the API server accepted, as `model`; else None and the problems its schema could not express
+    (the Python-only rules, and objects stored before a field got stricter). Metadata beyond name, namespace,
+    labels and annotations is not read."""
+    meta = body.get("metadata") or {}
+    data: dict[str, Any] = {k: body.get(k) for k in ("apiVersion", "kind", "spec") if body.get(k) is not None}
+    data["metadata"] = {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                        "labels": meta.get("labels"), "annotations": meta.get("annotations")}
+    try:
+        obj = model.model_validate(data)
+    except ValidationError as exc:
+        return None, [f"{_path(e['loc'])}: {_reason(e)}" for e in exc.errors()]
+    problems = [f"spec.{p}: {m}" for p, m in obj.spec.rule_violations()]
+    return (None if problems else obj), problems
 
 
 def problems_of(doc: Any) -> list[Problem]:

@@ -32,7 +32,7 @@ from kubetrain.core.lifecycle import (
     step,
 )
 from kubetrain.core.progress import Progress
-from kubetrain.core.validate import _path, _reason
+from kubetrain.core.validate import stored_object
 from kubetrain.operator import builders as b
 from kubetrain.operator.conditions import (
     announce,
@@ -161,17 +161,7 @@ def _index(pod: dict[str, Any]) -> int:
 
 
 def _job_model(body: dict[str, Any]) -> tuple[TrainingJob | None, list[str]]:
-    """Validate what the API server accepted; returns the problems the schema could not express."""
-    data = {k: body.get(k) for k in ("apiVersion", "kind", "spec") if body.get(k) is not None}
-    meta = body.get("metadata", {})
-    data["metadata"] = {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                        "labels": meta.get("labels"), "annotations": meta.get("annotations")}
-    try:
-        job = TrainingJob.model_validate(data)
-    except ValidationError as exc:
-        return None, [f"{_path(e['loc'])}: {_reason(e)}" for e in exc.errors()]
-    problems = [f"spec.{p}: {m}" for p, m in job.spec.rule_violations()]
-    return (None if problems else job), problems
+    return stored_object(TrainingJob, body)
 
 
 def _status_of(body: dict[str, Any]) -> TrainingJobStatus:

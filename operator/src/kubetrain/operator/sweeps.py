@@ -33,7 +33,7 @@ from kubetrain.core.api import (
 from kubetrain.core.contract import format_time
 from kubetrain.core.sweep import policy, space
 from kubetrain.core.sweep.model import StartTrial, StopTrial, SweepEvent, SweepReason, TrialObservation
-from kubetrain.core.validate import _path, _reason
+from kubetrain.core.validate import stored_object
 
 __all__ = ["SweepPlan", "finished", "needs_live_look", "observation", "observe",
            "owned_jobs", "plan", "sweep_owner_reference", "trial_key"]
@@ -140,17 +140,7 @@ def needs_live_look(sweep: Mapping[str, Any], jobs: Iterable[Mapping[str, Any]])
 
 
 def _sweep_model(body: Mapping[str, Any]) -> tuple[TrainingSweep | None, list[str]]:
-    """Validate what the API server accepted; the problems the schema could not express."""
-    meta = body.get("metadata") or {}
-    data: dict[str, Any] = {k: body.get(k) for k in ("apiVersion", "kind", "spec") if body.get(k) is not None}
-    data["metadata"] = {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                        "labels": meta.get("labels"), "annotations": meta.get("annotations")}
-    try:
-        sweep = TrainingSweep.model_validate(data)
-    except ValidationError as exc:
-        return None, [f"{_path(e['loc'])}: {_reason(e)}" for e in exc.errors()]
-    problems = [f"spec.{p}: {m}" for p, m in sweep.spec.rule_violations()]
-    return (None if problems else sweep), problems
+    return stored_object(TrainingSweep, body)
 
 
 def _status_of(body: Mapping[str, Any]) -> TrainingSweepStatus:
