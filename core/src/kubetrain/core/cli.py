@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from kubetrain.core import __version__, kube_cli
 from kubetrain.core.api import KIND, Phase, SweepPhase, TrialState
@@ -76,15 +78,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 2 if bad else 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    manifest = Path(args.file)
+Loaded = TypeVar("Loaded")
+
+
+def _load(loader: Callable[[Path], Loaded], manifest: Path) -> Loaded | None:
+    """The manifest's object, or None after saying on stderr why it cannot be used."""
     try:
-        job = load_job(manifest)
+        return loader(manifest)
     except ManifestError as exc:
         print(exc, file=sys.stderr)
-        return 2
     except OSError as exc:
         print(f"{manifest}: cannot read: {exc.strerror}", file=sys.stderr)
+    return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    manifest = Path(args.file)
+    job = _load(load_job, manifest)
+    if job is None:
         return 2
     if args.workers is not None and args.workers < 1:
         print("--workers: must be >= 1", file=sys.stderr)
@@ -126,13 +137,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     manifest = Path(args.file)
-    try:
-        sweep = load_sweep(manifest)
-    except ManifestError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"{manifest}: cannot read: {exc.strerror}", file=sys.stderr)
+    sweep = _load(load_sweep, manifest)
+    if sweep is None:
         return 2
     if args.export_template:
         sys.stdout.write(to_yaml(template_manifest(sweep, manifest.parent)))
