@@ -1,7 +1,7 @@
 """Every fabric profile on the real API server: the operator's worker pod is admitted (resources,
 annotations, native sidecars, host paths all valid), carries the profile's requirements, and is
 scheduled onto a kwok node that advertises the devices the profile requests. What each profile must
-contain is checked against the clouds' sources in tests/unit/test_fabrics.py."""
+contain is checked against the clouds' sources in tests/unit/test_fabric_profiles.py."""
 
 from __future__ import annotations
 
