@@ -60,11 +60,15 @@ JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 JOB_NAME_START_REASON: Final = "must start with a letter (it is also the name of the job's Service, a DNS-1035 label)"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+"""A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters."""
 PATTERN_REASONS: Final = {
     DNS_LABEL_PATTERN: "must be a lowercase DNS label (a-z, 0-9, '-')",
     QUANTITY_PATTERN: "must be a Kubernetes quantity (e.g. 500m, 16, 128Gi)",
     DNS_SUBDOMAIN_PATTERN: "must be a lowercase DNS subdomain (a-z, 0-9, '-', '.')",
     LABEL_VALUE_PATTERN: "must be a label value: letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+    LABEL_KEY_PATTERN: "must be a label key: an optional DNS subdomain and '/', then a name of letters, digits, '-', '_' or '.'",
 }
 """How `kubetrain validate` words a value that does not match one of these patterns."""
 OWN_ERROR: Final = "kubetrain"
@@ -88,10 +92,13 @@ CHECKPOINTS_DURABLE = "CheckpointsDurable"
 """Condition: checkpoints survive a gang restart (True: on a claim; False: spec.checkpoint.ephemeral)."""
 WORKERS_BLOCKED = "WorkersBlocked"
 """Condition: a worker pod of the current generation cannot start (image, configuration, scheduling); the job waits."""
+FABRIC_DEGRADED = "FabricDegraded"
+"""Condition: spec.fabric names a fabric, but NCCL on rank 0 chose another network transport (most often
+TCP sockets, which NCCL falls back to without a word when the fabric is not wired into the pods)."""
 
 
 class ConditionReason(enum.StrEnum):
-    """Reasons of the CheckpointsDurable and WorkersBlocked conditions."""
+    """Reasons of the CheckpointsDurable, WorkersBlocked and FabricDegraded conditions."""
 
     DEFAULT_CLAIM = "DefaultClaim"
     """CheckpointsDurable: on the claim `<job>-checkpoints` the operator created."""
@@ -116,6 +123,14 @@ class ConditionReason(enum.StrEnum):
     """WorkersBlocked: the API server refused a worker pod (ResourceQuota, Pod Security Admission, an invalid field)."""
     FOREIGN_OBJECT = "ForeignObject"
     """WorkersBlocked: an object with a child's name exists and is not owned by this job; it is not adopted."""
+    GANG_SCHEDULER_MISSING = "GangSchedulerMissing"
+    """WorkersBlocked: the API server does not serve the PodGroup kind of spec.scheduling.gang (its CRD is not installed); no worker pod is created until it is."""
+    NCCL_FALLBACK_TO_SOCKET = "NcclFallbackToSocket"
+    """FabricDegraded: NCCL fell back to TCP sockets instead of the fabric's transport."""
+    UNEXPECTED_TRANSPORT = "UnexpectedTransport"
+    """FabricDegraded: NCCL chose a network transport that is neither the fabric's nor sockets."""
+    FABRIC_IN_USE = "FabricInUse"
+    """FabricDegraded False: NCCL uses the fabric's transport (again)."""
 
 
 class _Model(BaseModel):
@@ -158,6 +173,17 @@ class DeepSpeedSpec(_Model):
     """Offload parameters to CPU. Needs zeroStage 3."""
     config: dict[str, Any] | None = None
     """Extra DeepSpeed config merged over the generated one (expert use; kubetrain's own keys win for batch size, precision and ZeRO stage)."""
+
+
+class DDPSpec(_Model):
+    """Options for strategy `ddp` (PyTorch DistributedDataParallel)."""
+
+    gradient_compression: Literal["none", "powersgd"] = "none"
+    """Gradient all-reduce: `none` (full gradients) or `powersgd` (PowerSGD low-rank compression with error feedback; helps when the network, not the GPUs, limits the step time)."""
+    power_sgd_rank: int = Field(1, ge=1, le=32)
+    """PowerSGD: rank of the low-rank approximation of each weight matrix's gradient (1-32). Lower compresses more; raise it (1, 2, 4, ...) when the loss lags uncompressed training."""
+    power_sgd_start_step: int = Field(10, ge=2, le=MAX_STEPS)
+    """PowerSGD: optimizer steps that use the plain all-reduce before compression starts (at least 2; PyTorch suggests about 10% of the steps, and no fewer than the learning-rate warm-up steps)."""
 
 
 class ModelSpec(_Model):
@@ -299,10 +325,12 @@ class SchedulingSpec(_Model):
     """PriorityClass of worker pods."""
     queue: str | None = Field(None, min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)
     """Kueue LocalQueue: set as the `kueue.x-k8s.io/queue-name` label (so a label value: at most 63 characters); Kueue admits the job by clearing spec.suspend."""
-    gang: Literal["none", "volcano", "coscheduling"] = "none"
-    """Create a PodGroup so that a gang scheduler places all workers at once or none."""
-    scheduler_name: str | None = None
-    """Scheduler for worker pods (set automatically for gang `volcano`)."""
+    gang: Literal["none", "volcano", "coscheduling", "kubernetes"] = "none"
+    """Create a PodGroup so that a gang scheduler places all workers at once or none: `volcano` (scheduling.volcano.sh/v1beta1 PodGroup `<job>`, pods go to the scheduler `volcano`), `coscheduling` (scheduler-plugins, scheduling.x-k8s.io/v1alpha1 PodGroup `<job>`, pods go to the operator's coscheduling scheduler, by default `scheduler-plugins-scheduler`), both with minMember: workers and minResources: the workers' summed requests; or `kubernetes` (the kube-scheduler's own gang scheduling, alpha: scheduling.k8s.io/v1alpha2 PodGroup `<job>-<generation>` with a gang policy of minCount: workers). Where the cluster does not serve that PodGroup the job waits with WorkersBlocked=GangSchedulerMissing and no pods."""
+    scheduler_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Scheduler for worker pods; unset: the default scheduler, or the gang's (`volcano`, or the operator's coscheduling scheduler)."""
+    topology_key: str | None = Field(None, max_length=317, pattern=LABEL_KEY_PATTERN)
+    """Keep the gang within one topology domain: a node label key (e.g. `topology.kubernetes.io/zone`, or a rack or network-block label). Every worker gets a required pod affinity to the other workers of its generation on that key, so all land on nodes with the same value of the label."""
 
 
 ENV_VAR_KEYS: Final = ("name", "value", "valueFrom")
@@ -376,6 +404,19 @@ SPEC_RULES: list[Rule] = [
         "!has(self.fsdp) || self.strategy == 'fsdp'",
         "fsdp options need strategy 'fsdp'",
         lambda s: s.fsdp is None or s.strategy == "fsdp",
+    ),
+    Rule(
+        "ddp",
+        "!has(self.ddp) || self.strategy == 'ddp'",
+        "ddp options need strategy 'ddp'",
+        lambda s: s.ddp is None or s.strategy == "ddp",
+    ),
+    Rule(
+        "ddp.gradientCompression",
+        "!has(self.ddp) || self.ddp.gradientCompression != 'powersgd' || self.precision != 'fp16'",
+        "ddp.gradientCompression powersgd cannot run with precision fp16 (one overflow step poisons its error"
+        " feedback for good); use bf16 or fp32",
+        lambda s: s.ddp is None or s.ddp.gradient_compression != "powersgd" or s.precision != "fp16",
     ),
     Rule(
         "model.nHeads",
@@ -468,6 +509,16 @@ EFA_INSTANCE_TYPES: Final[dict[str, int]] = {"p4d.24xlarge": 4, "p4de.24xlarge":
 configuration for P5 and P5e instances"); spec.fabricOptions.instanceType picks one."""
 GKE_GPU_NICS: Final[dict[str, int]] = {"tcpx": 4, "tcpxo": 8}
 """GPU NICs of a GKE A3 High (tcpx) and A3 Mega (tcpxo) node: one GKE network each, eth1..ethN in the pod."""
+FABRIC_TRANSPORTS: Final[dict[str, str]] = {
+    "infiniband": contract.TRANSPORT_IB,
+    "roce": contract.TRANSPORT_IB,
+    "aks-infiniband": contract.TRANSPORT_IB,
+    "efa": contract.TRANSPORT_OFI,
+    "tcpx": contract.TRANSPORT_TCPX,
+    "tcpxo": contract.TRANSPORT_TCPXO,
+}
+"""The NCCL network transport each spec.fabric profile is for (RoCE runs over NCCL's IB verbs transport,
+EFA through aws-ofi-nccl); another one reported by rank 0 sets the FabricDegraded condition."""
 
 
 class FabricOptions(_Model):
@@ -513,6 +564,8 @@ class TrainingJobSpec(_Model):
     """Extra environment variables for every worker container (core/v1 EnvVar objects). They override kubetrain's."""
     strategy: Strategy = "ddp"
     """Parallelism strategy: `ddp` (DistributedDataParallel), `fsdp` (FSDP2 fully_shard) or `deepspeed` (ZeRO)."""
+    ddp: DDPSpec | None = None
+    """DDP options (strategy ddp only): gradient compression."""
     fsdp: FSDPSpec | None = None
     """FSDP options (strategy fsdp only)."""
     deepspeed: DeepSpeedSpec | None = None
@@ -582,7 +635,7 @@ class Condition(_Model):
     """A standard Kubernetes condition."""
 
     type: str
-    """Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed, CheckpointsDurable, WorkersBlocked."""
+    """Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed, CheckpointsDurable, WorkersBlocked, FabricDegraded."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = ""
@@ -651,6 +704,8 @@ class TrainingJobStatus(_Model):
     """Newest complete checkpoint."""
     last_progress_time: str | None = None
     """When rank 0 last reported a new step."""
+    network_transport: str | None = None
+    """The network transport NCCL chose, as rank 0 of the current generation reported it: IB, OFI (EFA), GPUDirectTCPX, FasTrak (TCPXO), Socket (TCP), P2P/SHM (one node, no network) or gloo (CPU). Unset until reported."""
     start_time: str | None = None
     """When the job first started running (RFC 3339)."""
     completion_time: str | None = None
