@@ -32,6 +32,10 @@ PKI="${D}/pki"
 KUBECONFIG_ADMIN="${D}/kubeconfig"
 SERVER="https://127.0.0.1:${APISERVER_PORT}"
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+# The kube-scheduler's own gang scheduling (alpha in v1.36: the scheduling.k8s.io/v1alpha2 PodGroup API and
+# the GangScheduling plugin), for TrainingJobs with spec.scheduling.gang: kubernetes. Pods without a
+# schedulingGroup are scheduled as before.
+FEATURE_GATES="GenericWorkload=true,GangScheduling=true"
 REAL_NODE="${KUBETRAIN_REAL_NODE:-auto}"
 # Packages are installed where the node is asked for (1) or required (CI); auto only looks.
 if [[ "$REAL_NODE" == 1 || "${CI:-}" == true ]]; then "${HACK_DIR}/node-deps.sh"; fi
@@ -206,6 +210,7 @@ launch kube-apiserver "$(bin_path kube-apiserver)" \
   --api-audiences=https://kubernetes.default.svc.cluster.local \
   --service-cluster-ip-range="${SERVICE_CIDR}" \
   --allow-privileged=true --profiling=false --v=1 \
+  --feature-gates="${FEATURE_GATES}" --runtime-config=scheduling.k8s.io/v1alpha2=true \
   ${audit_args[@]+"${audit_args[@]}"}
 wait_until 90 kube-apiserver kubectl_admin get --raw=/readyz
 
@@ -223,7 +228,7 @@ launch kube-controller-manager "$(bin_path kube-controller-manager)" \
 launch kube-scheduler "$(bin_path kube-scheduler)" \
   --kubeconfig="${D}/kube-scheduler.kubeconfig" \
   --authentication-skip-lookup=true \
-  --secure-port=0 --leader-elect=false --v=1
+  --secure-port=0 --leader-elect=false --v=1 --feature-gates="${FEATURE_GATES}"
 
 mkdir -p "${D}/kwok"
 kwok_cfg=()

@@ -84,6 +84,9 @@ app.kubernetes.io/component: operator
 {{- if .Values.rbac.gangScheduling }}
 - apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh"]
   resources: ["podgroups"]
+  verbs: ["get", "create", "update"]
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["podgroups"]
   verbs: ["get", "create"]
 {{- end }}
 {{- end }}

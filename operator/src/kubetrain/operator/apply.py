@@ -5,7 +5,8 @@ RoleBinding; 409 means already there, and it counts as created only when the job
 pods, writes the status ONCE (on the resourceVersion the plan was made from), records Events and
 deletes a job whose time is up. A pod create the API server refuses (quota, Pod Security, an
 invalid field) and a child's name taken by a foreign object are kept in the WatchCache for the
-next plan's status, with one Warning Event each time they change. It also makes the few reads the
+next plan's status, with one Warning Event each time they change. A gang's PodGroup is created before
+its pods, which wait while it is not (a 404: the cluster does not serve the gang scheduler's kind). It also makes the few reads the
 controller needs: the LIST that fills the caches, a live look at one job's pods and nodes, a
 checkpoint claim's phase.
 
@@ -32,6 +33,8 @@ from kubernetes.client.rest import ApiException
 from kubetrain.core import api, contract
 from kubetrain.core.api import TrainingJobStatus
 from kubetrain.operator import metrics
+from kubetrain.operator.builders import GANGS
+from kubetrain.operator.conditions import gang_missing, is_gang_missing
 from kubetrain.operator.watch_cache import Key, WatchCache, node_not_ready_since, owned_by, resource_version, uid_of
 
 if TYPE_CHECKING:
@@ -136,6 +139,24 @@ def gang_not_created(job: dict[str, Any], status: dict[str, Any] | None) -> dict
     if status is None or not status.get(field_name):
         return status
     return {**status, field_name: bool((job.get("status") or {}).get(field_name))}
+
+
+POD_GROUP_MANAGED = ("minMember", "minResources")
+"""PodGroup spec fields the operator keeps as the job says; the schedulers may default others (queue)."""
+
+
+def pod_group_spec(existing: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any] | None:
+    """The spec an existing PodGroup of the job needs now, or None when it has it: the desired fields over
+    the existing ones, managed fields the desired spec lacks removed."""
+    have = dict(existing.get("spec") or {})
+    want = dict(desired.get("spec") or {})
+    spec = {k: v for k, v in have.items() if k not in POD_GROUP_MANAGED} | want
+    return None if spec == have else spec
+
+
+def per_generation(pod_group: dict[str, Any]) -> bool:
+    """A PodGroup made anew for each generation, whose spec is immutable (gang kubernetes)."""
+    return any(g.per_generation and g.api_version == pod_group["apiVersion"] for g in GANGS.values())
 
 
 def namespace_terminating(exc: ApiException) -> bool:
@@ -280,12 +301,17 @@ class Applier:
         goes into the cache, replacing the last plan's, with one Warning Event each time it changes
         (not one per retry)."""
         seen = Creation()
+        groups = [o for o in objs if o["kind"] == "PodGroup"]
+        # The PodGroup first: pods made without it would be scheduled one by one, bypassing the gang.
+        if groups and not all(await asyncio.gather(*(self.create(key[0], o, body, seen) for o in groups))):
+            objs = [o for o in objs if o["kind"] != "Pod"]
         ordered = [o for o in objs if o["kind"] in ORDERED]
-        rest = [self.create(key[0], o, body, seen) for o in objs if o["kind"] not in ORDERED]
+        rest = [self.create(key[0], o, body, seen) for o in objs if o["kind"] not in ORDERED + ("PodGroup",)]
         await asyncio.gather(self._create_in_order(key[0], ordered, body, seen), *rest)
         refused, foreign = seen.first(objs)
         if refused is not None and refused != self.cache.create_refused(key):
-            await self.io(self.record_event, body, "Warning", "CreateRejected", refused)
+            reason = api.ConditionReason.GANG_SCHEDULER_MISSING if is_gang_missing(refused) else "CreateRejected"
+            await self.io(self.record_event, body, "Warning", reason, refused)
         if foreign is not None and foreign[0] != self.cache.foreign(key):
             await self.io(self.record_event, body, "Warning", "ForeignObject", foreign[1])
         self.cache.set_create_refused(key, refused)
@@ -331,9 +357,24 @@ class Applier:
             if kind == "ConfigMap" and existing.get("data") != obj.get("data"):
                 # The spec changed (workers, say): the new gang must read the new config.json.
                 await self.io(self.apis.core.patch_namespaced_config_map, name, ns, {"data": obj.get("data")})
+            if kind == "PodGroup" and not per_generation(obj) and (spec := pod_group_spec(existing, obj)) is not None:
+                # Kept across generations; a resized gang (spec.workers) needs the new minMember and minResources.
+                await self.io(self._replace_pod_group, ns, {**existing, "spec": spec})
             return True
         seen.foreign[(kind, name)] = (f"{kind} {name}", foreign_message(kind, name, existing))
         return False
+
+    def _replace_pod_group(self, ns: str, obj: dict[str, Any]) -> None:
+        group, version = obj["apiVersion"].split("/")
+        try:
+            self.apis.custom.replace_namespaced_custom_object(group, version, ns, "podgroups",
+                                                              obj["metadata"]["name"], obj)
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            # A Role without update on podgroups: the gang still starts where the old spec allows it.
+            log.warning("%s/%s: may not update the PodGroup's spec to %s (grant update on podgroups): %s", ns,
+                        obj["metadata"]["name"], obj["spec"], api_message(exc))
 
     async def _refused(self, ns: str, obj: dict[str, Any], job: dict[str, Any], exc: ApiException,
                        seen: Creation) -> bool:
@@ -350,6 +391,9 @@ class Applier:
             await self.io(self.record_event, job, "Warning", "ProgressReportingForbidden",
                           f"could not create {kind} {name}: {api_message(exc)}; "
                           "rank 0 cannot report progress (status and progressDeadlineSeconds)")
+            return False
+        if kind == "PodGroup" and exc.status == 404:  # the API server does not serve the gang scheduler's kind
+            seen.refused[(kind, name)] = gang_missing(obj["apiVersion"])
             return False
         if kind == "Pod" and create_refused(exc):
             # Quota, Pod Security, an invalid field: the job says so (status, one Event) and is retried

@@ -9,12 +9,17 @@ create is idempotent (409 means it is already there):
   PVC           <job>-checkpoints unless checkpoint.claimName or checkpoint.ephemeral is set
   Role          <job>-progress    get/patch of the pod <job>-worker-0 only (progressReporting)
   RoleBinding   <job>-progress    that Role for the workers' ServiceAccount
+  PodGroup      <job>             for the gang scheduler of scheduling.gang (volcano, coscheduling), kept
+                                  across restart generations; <job>-<generation> for gang kubernetes
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -45,6 +50,40 @@ OUTPUT_MOUNT = "/var/run/kubetrain"
 SIGTERM_CHECKPOINT_GRACE = 300
 TRAINER_GID = 1000
 """The trainer image's group (trainer-image/Dockerfile: USER 1000:1000): fsGroup of the checkpoint claim."""
+VOLCANO_SCHEDULER = "volcano"
+"""The scheduler name Volcano's scheduler serves (its chart's default)."""
+COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
+"""The scheduler name of scheduler-plugins installed as a second scheduler (its as-a-second-scheduler chart's
+default), the one that runs the Coscheduling plugin."""
+
+
+@dataclass(frozen=True)
+class Gang:
+    """What one value of scheduling.gang asks of the cluster."""
+
+    api_version: str
+    """The PodGroup's apiVersion."""
+    needs: str
+    """What must serve that kind: a CustomResourceDefinition, or a built-in API."""
+    fix: str
+    """How to make the cluster serve it."""
+    per_generation: bool = False
+    """One PodGroup per restart generation (`<job>-<generation>`; its spec is immutable), else one `<job>`
+    kept for the job's life."""
+
+
+GANGS: dict[str, Gang] = {
+    "volcano": Gang("scheduling.volcano.sh/v1beta1", "the CustomResourceDefinition podgroups.scheduling.volcano.sh",
+                    "install Volcano (volcano.sh; its chart installs the CRDs and the scheduler `volcano`)"),
+    "coscheduling": Gang("scheduling.x-k8s.io/v1alpha1", "the CustomResourceDefinition podgroups.scheduling.x-k8s.io",
+                         "install scheduler-plugins (sigs.k8s.io/scheduler-plugins: manifests/coscheduling/crd.yaml, "
+                         "and a scheduler running the Coscheduling plugin)"),
+    "kubernetes": Gang("scheduling.k8s.io/v1alpha2", "the built-in API scheduling.k8s.io/v1alpha2 (Kubernetes 1.36)",
+                       "enable the feature gates GenericWorkload and GangScheduling on kube-apiserver and "
+                       "kube-scheduler, and --runtime-config=scheduling.k8s.io/v1alpha2=true on kube-apiserver",
+                       per_generation=True),
+}
+"""scheduling.gang values other than none, by name."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +93,8 @@ class Settings:
     trainer_image: str = "ghcr.io/kubetrain/trainer:0.1.0"
     image_pull_policy: str = "IfNotPresent"
     termination_grace_seconds: int = SIGTERM_CHECKPOINT_GRACE
+    coscheduling_scheduler: str = COSCHEDULING_SCHEDULER
+    """The schedulerName of `gang: coscheduling` pods: the scheduler that runs the Coscheduling plugin."""
 
 
 def worker_name(job: str, index: int) -> str:
@@ -310,11 +351,13 @@ def worker_pod(
     optional = {
         "nodeSelector": {**fabric.node_selector, **(sched.node_selector or {})},  # the user's keys win
         "tolerations": sched.tolerations,
-        "affinity": sched.affinity,
+        "affinity": worker_affinity(job, generation),
         "priorityClassName": sched.priority_class_name,
-        "schedulerName": sched.scheduler_name or ("volcano" if sched.gang == "volcano" else None),
+        "schedulerName": scheduler_name(spec, settings),
     }
     pod_spec.update({k: v for k, v in optional.items() if v})
+    if sched.gang == "kubernetes":  # the kube-scheduler's own gang: the pod names its group
+        pod_spec["schedulingGroup"] = {"podGroupName": pod_group_name(job, generation)}
     user_spec = (spec.pod_template or {}).get("spec") or {}
     # A user's securityContext (the pod's, or the trainer container's) replaces ours whole: merged, a
     # `privileged: true` of theirs would meet our allowPrivilegeEscalation: false, which the API server refuses.
@@ -331,6 +374,32 @@ def worker_pod(
     return pod
 
 
+def scheduler_name(spec: TrainingJobSpec, settings: Settings) -> str | None:
+    """scheduling.schedulerName, else the gang scheduler's name, else None (the default scheduler)."""
+    sched = spec.scheduling
+    if sched.scheduler_name:
+        return sched.scheduler_name
+    return {"volcano": VOLCANO_SCHEDULER, "coscheduling": settings.coscheduling_scheduler}.get(sched.gang)
+
+
+def worker_affinity(job: TrainingJob, generation: int) -> dict[str, Any] | None:
+    """scheduling.affinity, plus with scheduling.topologyKey a required pod affinity to the job's workers
+    of this generation on that key: the scheduler places the first worker anywhere that fits (a pod
+    matching its own term is allowed where no match exists yet), and every later one in its domain."""
+    sched = job.spec.scheduling
+    if not sched.topology_key:
+        return sched.affinity
+    affinity = copy.deepcopy(sched.affinity or {})
+    term = {
+        "labelSelector": {"matchLabels": {LABEL_JOB: job.metadata.name, LABEL_ROLE: "worker",
+                                          LABEL_GENERATION: str(generation)}},
+        "topologyKey": sched.topology_key,
+    }
+    pod_affinity = affinity.setdefault("podAffinity", {})
+    pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+    return affinity
+
+
 def _worker_meta(job: TrainingJob, index: int, generation: int, labels: dict[str, str],
                  owner: dict[str, Any] | None) -> dict[str, Any]:
     name = job.metadata.name
@@ -339,7 +408,7 @@ def _worker_meta(job: TrainingJob, index: int, generation: int, labels: dict[str
         contract.GENERATION_ANNOTATION: str(generation),
         **fabrics.profile(job.spec).annotations,
     }
-    if job.spec.scheduling.gang != "none":
+    if job.spec.scheduling.gang in ("volcano", "coscheduling"):  # either scheduler reads its own marker
         meta["annotations"][contract.GANG_GROUP_ANNOTATION] = name
         meta["labels"][contract.GANG_GROUP_LABEL] = name
     return meta
@@ -415,13 +484,72 @@ def merge(base: Any, override: Any, key: str = "") -> Any:
     return override
 
 
-def pod_group(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """A PodGroup for the gang scheduler named in scheduling.gang, so all workers are placed at once or none."""
-    gang = job.spec.scheduling.gang
-    if gang == "none":
+_QUANTITY = re.compile(r"^(?P<number>[0-9.]+(?:[eE][-+]?[0-9]+)?)(?P<suffix>[KMGTPE]i|[numkMGTPE])?$")
+
+
+def scale_quantity(quantity: str, factor: int) -> str:
+    """`factor` times a resource quantity, exactly, in the quantity's own unit ("500m" x 4 = "2000m")."""
+    match = _QUANTITY.match(quantity)
+    if match is None:
+        raise ValueError(f"not a resource quantity: {quantity!r}")
+    number = format((Decimal(match["number"]) * factor).normalize(), "f")
+    return number + (match["suffix"] or "")
+
+
+def worker_requests(job: TrainingJob) -> dict[str, str]:
+    """What one worker pod requests of a node: its containers' and native sidecars' requests (limits where
+    a request is unset, as the API server defaults them), podTemplate included."""
+    spec = worker_pod(job, 0, 0, Settings())["spec"]
+    sidecars = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+    total: dict[str, str] = {}
+    for container in [*spec["containers"], *sidecars]:
+        resources = container.get("resources") or {}
+        for name, amount in {**(resources.get("limits") or {}), **(resources.get("requests") or {})}.items():
+            total[name] = _add_quantities(total[name], str(amount)) if name in total else str(amount)
+    return total
+
+
+_SUFFIX_FACTORS = {"": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+                   **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTPE")},
+                   **{s + "i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")}}
+
+
+def _add_quantities(a: str, b: str) -> str:
+    """a + b exactly: in their unit where they share one, else in base units (millis where fractional)."""
+    ma, mb = _QUANTITY.match(a), _QUANTITY.match(b)
+    if ma is None or mb is None:
+        raise ValueError(f"not resource quantities: {a!r}, {b!r}")
+    if ma["suffix"] == mb["suffix"]:
+        return format((Decimal(ma["number"]) + Decimal(mb["number"])).normalize(), "f") + (ma["suffix"] or "")
+    total = sum((Decimal(m["number"]) * _SUFFIX_FACTORS[m["suffix"] or ""] for m in (ma, mb)), Decimal(0))
+    if total == total.to_integral_value():
+        return str(int(total))
+    milli = total * 1000
+    return f"{int(milli)}m" if milli == milli.to_integral_value() else format(total.normalize(), "f")
+
+
+def pod_group_name(job: TrainingJob, generation: int) -> str:
+    """`<job>`, or `<job>-<generation>` for a gang whose PodGroup is made per generation."""
+    gang = GANGS.get(job.spec.scheduling.gang)
+    return f"{job.metadata.name}-{generation}" if gang is not None and gang.per_generation else job.metadata.name
+
+
+def pod_group(job: TrainingJob, owner: dict[str, Any] | None = None, generation: int = 0) -> dict[str, Any] | None:
+    """A PodGroup for the gang scheduler named in scheduling.gang, so all workers are placed at once or none,
+    owned by the job. Volcano's and the Coscheduling plugin's have minMember (the workers) and minResources
+    (what they request together); the kube-scheduler's has a gang policy of minCount workers."""
+    gang = GANGS.get(job.spec.scheduling.gang)
+    if gang is None:
         return None
-    api = "scheduling.volcano.sh/v1beta1" if gang == "volcano" else "scheduling.x-k8s.io/v1alpha1"
-    spec: dict[str, Any] = {"minMember": job.spec.workers}
-    if gang == "volcano" and job.spec.scheduling.queue:
+    spec: dict[str, Any]
+    if job.spec.scheduling.gang == "kubernetes":
+        spec = {"schedulingPolicy": {"gang": {"minCount": job.spec.workers}}}
+    else:
+        spec = {"minMember": job.spec.workers}
+        requests = worker_requests(job)
+        if requests:
+            spec["minResources"] = {k: scale_quantity(v, job.spec.workers) for k, v in sorted(requests.items())}
+    if job.spec.scheduling.gang == "volcano" and job.spec.scheduling.queue:
         spec["queue"] = job.spec.scheduling.queue
-    return {"apiVersion": api, "kind": "PodGroup", "metadata": _meta(job, job.metadata.name, owner), "spec": spec}
+    return {"apiVersion": gang.api_version, "kind": "PodGroup",
+            "metadata": _meta(job, pod_group_name(job, generation), owner), "spec": spec}

@@ -164,6 +164,23 @@ def workers_blocked(job: TrainingJob, blocked: list[BlockedPod], claim_phase: st
     return Want(WORKERS_BLOCKED, True, reason, message, bad_value=True)
 
 
+GANG_MISSING_MARK = "spec.scheduling.gang: "
+"""How a refusal that is a missing PodGroup CRD begins (gang_missing): the I/O layer keeps one refusal
+message per job, and this tells its condition and Event reason apart from a refused pod's."""
+
+
+def gang_missing(api_version: str) -> str:
+    """The refusal message when the API server does not serve the PodGroup kind (404 on its create)."""
+    name, gang = next((name, g) for name, g in b.GANGS.items() if g.api_version == api_version)
+    return (f"{GANG_MISSING_MARK}{name} needs {gang.needs} ({api_version} PodGroup), which this cluster does "
+            f"not serve: {gang.fix}; or set spec.scheduling.gang: none. No worker pod is created until it is "
+            "served (it would bypass the gang); the job starts by itself then")
+
+
+def is_gang_missing(create_refused: str | None) -> bool:
+    return bool(create_refused and create_refused.startswith(GANG_MISSING_MARK))
+
+
 def refused(create_refused: str | None, foreign: str | None) -> Want | None:
     """WorkersBlocked when the API server refused a child, or a stranger holds a child's name: the
     operator retries with backoff and says why (its Event is recorded when the refusal happens)."""
@@ -171,6 +188,8 @@ def refused(create_refused: str | None, foreign: str | None) -> Want | None:
         return Want(WORKERS_BLOCKED, True, R.FOREIGN_OBJECT,
                     f"{foreign} exists and is not owned by this TrainingJob: it is not adopted; delete or rename it",
                     bad_value=True)
+    if create_refused is not None and is_gang_missing(create_refused):
+        return Want(WORKERS_BLOCKED, True, R.GANG_SCHEDULER_MISSING, create_refused, bad_value=True)
     if create_refused:
         return Want(WORKERS_BLOCKED, True, R.CREATE_REJECTED,
                     f"the API server refused a worker pod; the operator retries with backoff: {create_refused}",

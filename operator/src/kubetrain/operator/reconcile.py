@@ -231,7 +231,7 @@ def _translate(
     deleted at once (grace 0) even when already Terminating."""
     if isinstance(effect, lc.CreateWorkers):
         owner = b.owner_reference(body)
-        out.create.extend(_shared_children(job, owner))
+        out.create.extend(_shared_children(job, owner, effect.generation))
         out.create.extend(b.worker_pod(job, i, effect.generation, settings, owner) for i in effect.indices)
     elif isinstance(effect, lc.DeleteWorkers):
         scoped = _in_scope(effect.scope, ours, t.status.restart_generation)
@@ -318,9 +318,9 @@ def claim_to_check(body: dict[str, Any], pods: list[dict[str, Any]], now: dateti
     return b.claim_name(job) if job is not None else None
 
 
-def _shared_children(job: TrainingJob, owner: dict[str, Any]) -> list[dict[str, Any]]:
+def _shared_children(job: TrainingJob, owner: dict[str, Any], generation: int) -> list[dict[str, Any]]:
     objs = [b.headless_service(job, owner), b.config_map(job, owner)]
-    for optional in (b.checkpoint_claim(job, owner), b.pod_group(job, owner),
+    for optional in (b.checkpoint_claim(job, owner), b.pod_group(job, owner, generation),
                      b.progress_role(job, owner), b.progress_role_binding(job, owner)):
         if optional is not None:
             objs.append(optional)

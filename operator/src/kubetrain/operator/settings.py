@@ -24,6 +24,8 @@ ENV_CREATE_PARALLELISM = "KUBETRAIN_CREATE_PARALLELISM"
 ENV_RECONCILE_WORKERS = "KUBETRAIN_RECONCILE_WORKERS"
 ENV_LIVENESS = "KUBETRAIN_LIVENESS"
 ENV_LEADER_ID = "KUBETRAIN_LEADER_ID"
+ENV_COSCHEDULING_SCHEDULER = "KUBETRAIN_COSCHEDULING_SCHEDULER"
+"""The schedulerName of `gang: coscheduling` pods (builders.COSCHEDULING_SCHEDULER by default)."""
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 """The operator pod's own namespace (Downward API): where its Lease lives by default."""
 
@@ -121,7 +123,10 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operat
     args = p.parse_args(argv)
     try:
         return OperatorSettings(
-            builders=b.Settings(trainer_image=env.get(ENV_TRAINER_IMAGE) or DEFAULTS.builders.trainer_image),
+            builders=b.Settings(
+                trainer_image=env.get(ENV_TRAINER_IMAGE) or DEFAULTS.builders.trainer_image,
+                coscheduling_scheduler=env.get(ENV_COSCHEDULING_SCHEDULER) or DEFAULTS.builders.coscheduling_scheduler,
+            ),
             namespace=args.namespace,
             metrics_port=_env_int(p, env, ENV_METRICS_PORT, DEFAULTS.metrics_port),
             create_parallelism=_env_int(p, env, ENV_CREATE_PARALLELISM, DEFAULTS.create_parallelism),
