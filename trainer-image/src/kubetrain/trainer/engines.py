@@ -24,6 +24,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from kubetrain.core.api import TrainingJobSpec
+from kubetrain.trainer import grad_compression
 from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.model import transformer_blocks
 from kubetrain.trainer.schedule import lr_factor
@@ -42,6 +43,8 @@ class StepInfo:
     """The optimizer step was skipped (fp16 overflow)."""
     loss_scale: float | None = None
     """Loss scale after this step (fp16 only)."""
+    allreduce_bytes: int | None = None
+    """Gradient bytes this rank passed to all-reduce in this step (DDP only; after compression)."""
 
 
 def _fp16_init_scale() -> float:
@@ -127,7 +130,13 @@ class TorchEngine(Engine):
 
             model.to(device)
             ids = [device.index] if device.type == "cuda" else None
-            self.model = DistributedDataParallel(model, device_ids=ids)
+            extra = grad_compression.ddp_options(spec.ddp, model, device)
+            self.model = DistributedDataParallel(model, device_ids=ids, **extra)
+        self.compression = (
+            grad_compression.attach(self.model, spec.ddp, spec.seed) if spec.strategy == "ddp" else None
+        )
+        # Without a comm hook DDP all-reduces every gradient once per step, in the parameters' dtype.
+        self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         self.optimizer = make_optimizer(self.model.parameters(), spec)
         self.scheduler = make_scheduler(self.optimizer, spec)
         self.scaler: torch.amp.GradScaler | None = None
@@ -215,7 +224,12 @@ class TorchEngine(Engine):
         if not skipped:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepInfo(grad_norm=grad_norm, skipped=skipped, loss_scale=scale)
+        return StepInfo(grad_norm=grad_norm, skipped=skipped, loss_scale=scale, allreduce_bytes=self._allreduce_bytes())
+
+    def _allreduce_bytes(self) -> int | None:
+        if self.strategy != "ddp":
+            return None
+        return self.compression.take_bytes() if self.compression is not None else self.grad_bytes
 
     # -- checkpoints: torch.distributed.checkpoint, resharded on load
 
@@ -234,6 +248,8 @@ class TorchEngine(Engine):
             if self.scaler is not None:
                 extra["scaler"] = self.scaler.state_dict()
             torch.save(extra, path / "engine.pt")
+        if self.compression is not None:
+            self.compression.save(path)
 
     def load(self, path: Path, saved_world_size: int) -> None:
         import torch.distributed.checkpoint as dcp  # noqa: PLC0415
@@ -248,6 +264,8 @@ class TorchEngine(Engine):
         self.scheduler.load_state_dict(extra["scheduler"])
         if self.scaler is not None and "scaler" in extra:
             self.scaler.load_state_dict(extra["scaler"])
+        if self.compression is not None:
+            self.compression.load(path)
 
 
 # --------------------------------------------------------------------------- DeepSpeed

@@ -231,6 +231,9 @@ class StepObserver:
         if self.spec.precision == "fp16":
             record["loss_scale"] = info.loss_scale
             record["skipped"] = info.skipped
+        if info.allreduce_bytes is not None:
+            self.metrics.observe_allreduce(info.allreduce_bytes)
+            record["allreduce_bytes"] = info.allreduce_bytes
         if self.debug_norm:
             record["param_norm"] = _global_param_norm(self.engine)
         return record

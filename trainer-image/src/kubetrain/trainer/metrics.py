@@ -73,6 +73,10 @@ class Metrics:
         )
         self.checkpoints = counter("kubetrain_trainer_checkpoints", "Checkpoints committed by this process's gang")
         self.skipped_steps = counter("kubetrain_trainer_skipped_steps", "Optimizer steps skipped (fp16 overflow)")
+        self.allreduce_bytes = counter(
+            "kubetrain_trainer_allreduce_bytes",
+            "Gradient bytes this process passed to all-reduce (strategy ddp; after ddp.gradientCompression)",
+        )
         self.restart_generation = gauge(
             "kubetrain_trainer_restart_generation", "Gang restart generation of this process"
         )
@@ -103,6 +107,9 @@ class Metrics:
         """A committed save: its duration, and one more in the count."""
         self.checkpoint_save_seconds.labels(**self.labels).set(seconds)
         self.checkpoints.labels(**self.labels).inc()
+
+    def observe_allreduce(self, nbytes: int) -> None:
+        self.allreduce_bytes.labels(**self.labels).inc(nbytes)
 
     def observe_step(
         self, step: int, loss: float, tokens_per_second: float, seconds: float, mfu: float | None, skipped: bool
