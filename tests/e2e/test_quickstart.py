@@ -35,6 +35,7 @@ def test_quickstart_trains_and_loss_falls(runs):
     assert (s["phase"], s["steps"], s["restarts"], s["checkpoints"]) == ("Succeeded", 60, 0, [20, 40, 60])
     assert s["final_loss"] < 0.8 * s["initial_loss"]
     assert s["tokens_per_second"] > 0
+    assert s["network_transport"] == "gloo"  # CPU: rank 0 reports the backend, no NCCL to probe
     assert "metrics: http://127.0.0.1:9400-9401/metrics" in err
 
 

@@ -4,7 +4,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from kubetrain.core.api import CheckpointRef, Phase, TrainingJobSpec, TrainingJobStatus
+from kubetrain.core import contract
+from kubetrain.core.api import (
+    FABRIC_DEGRADED,
+    CheckpointRef,
+    ConditionReason,
+    Phase,
+    TrainingJobSpec,
+    TrainingJobStatus,
+)
 from kubetrain.core.contract import format_time
 from kubetrain.core.lifecycle import (
     Action,
@@ -19,6 +27,7 @@ from kubetrain.core.lifecycle import (
     WorkerState,
     step,
 )
+from kubetrain.core.lifecycle.status import fabric_condition, fabric_mismatch
 from kubetrain.core.progress import CheckpointRecord, Progress
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -322,3 +331,64 @@ def test_a_workers_edit_restarts_the_gang_at_its_new_size_without_counting(new_s
     assert (t.status.failures, t.status.ignored_restarts, t.status.workers_total) == ({}, 1, new_size)
     nxt = step(spec(workers=new_size), t.status, Observed(), T0 + timedelta(seconds=t.requeue_after))
     assert nxt.effects[0] == CreateWorkers(1, tuple(range(new_size)))
+
+
+# --------------------------------------------------------------------------- network transport and FabricDegraded
+
+
+def test_rank0s_transport_goes_into_status_and_stays_while_records_do_not_say():
+    gang = workers(R, R).workers
+    t = step(spec(), running(), Observed(gang, progress=Progress(step=1, network_transport="Socket")), T0)
+    assert (t.status.phase, t.status.network_transport) == (Phase.RUNNING, contract.TRANSPORT_SOCKET)
+    t = step(spec(), t.status, Observed(gang, progress=Progress(step=2)), T0 + timedelta(seconds=1))
+    assert (t.status.current_step, t.status.network_transport) == (2, contract.TRANSPORT_SOCKET)  # older trainer
+    old_gen = Progress(generation=0, step=5, network_transport="IB")
+    t = step(spec(), running(restartGeneration=1, networkTransport="OFI"), Observed(gang, progress=old_gen), T0)
+    assert t.status.network_transport == contract.TRANSPORT_OFI  # only the current generation speaks
+
+
+@pytest.mark.parametrize(("fabric", "transport", "reason", "expected"), [
+    ("efa", "Socket", ConditionReason.NCCL_FALLBACK_TO_SOCKET, "OFI"),
+    ("infiniband", "Socket", ConditionReason.NCCL_FALLBACK_TO_SOCKET, "IB"),
+    ("roce", "Socket", ConditionReason.NCCL_FALLBACK_TO_SOCKET, "IB"),
+    ("aks-infiniband", "Socket", ConditionReason.NCCL_FALLBACK_TO_SOCKET, "IB"),
+    ("tcpx", "Socket", ConditionReason.NCCL_FALLBACK_TO_SOCKET, "GPUDirectTCPX"),
+    ("tcpxo", "Socket", ConditionReason.NCCL_FALLBACK_TO_SOCKET, "FasTrak"),
+    ("efa", "IB", ConditionReason.UNEXPECTED_TRANSPORT, "OFI"),
+    ("tcpxo", "GPUDirectTCPX", ConditionReason.UNEXPECTED_TRANSPORT, "FasTrak"),
+])
+def test_fabric_degraded_names_expected_and_chosen_transport(fabric, transport, reason, expected):
+    status = running(networkTransport=transport)
+    conds, event = fabric_condition(spec(fabric=fabric), status, status.conditions, T0)
+    [c] = [c for c in conds if c.type == FABRIC_DEGRADED]
+    assert (c.status, c.reason) == ("True", reason)
+    assert f"spec.fabric {fabric} expects NCCL transport {expected}, but rank 0 reports {transport}" in c.message
+    assert event == RecordEvent("Warning", reason, c.message)
+
+
+@pytest.mark.parametrize(("fabric", "transport"), [
+    ("none", "Socket"),  # no fabric asked for: sockets are what it is
+    ("efa", None),  # nothing reported yet
+    ("efa", "OFI"), ("infiniband", "IB"), ("roce", "IB"), ("aks-infiniband", "IB"),
+    ("tcpx", "GPUDirectTCPX"), ("tcpxo", "FasTrak"),
+    ("efa", "P2P/SHM"),  # one node: no network in play
+    ("infiniband", "gloo"),  # no NCCL at all (CPU)
+])
+def test_no_fabric_degraded_condition(fabric, transport):
+    status = running(networkTransport=transport) if transport else running()
+    conds, event = fabric_condition(spec(fabric=fabric), status, status.conditions, T0)
+    assert conds == status.conditions and event is None
+    assert fabric_mismatch(fabric, transport) is None
+
+
+def test_fabric_degraded_warns_once_and_clears_when_the_fabric_is_used():
+    s, st = spec(fabric="efa"), running(networkTransport="Socket")
+    conds, first = fabric_condition(s, st, st.conditions, T0)
+    conds, again = fabric_condition(s, st, conds, T0 + timedelta(seconds=30))
+    [c] = [c for c in conds if c.type == FABRIC_DEGRADED]
+    assert first is not None and again is None and c.last_transition_time == format_time(T0)
+    fixed = running(networkTransport="OFI")
+    conds, event = fabric_condition(s, fixed, conds, T0 + timedelta(seconds=60))
+    [c] = [c for c in conds if c.type == FABRIC_DEGRADED]
+    assert (c.status, c.reason, event) == ("False", ConditionReason.FABRIC_IN_USE, None)
+    assert c.last_transition_time == format_time(T0 + timedelta(seconds=60))

@@ -126,6 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{summary.name}: {summary.phase} ({summary.reason}) after {summary.steps}/{summary.max_steps} steps, "
         f"{loss}, {summary.restarts} restart(s), {summary.tokens_per_second:,.0f} tokens/s, "
         f"{summary.wall_seconds:.1f}s; checkpoints at {summary.checkpoints}"
+        + (f"; transport {summary.network_transport}" if summary.network_transport else "")
     )
     if summary.phase == Phase.FAILED:
         print(f"  {summary.message}", file=sys.stderr)

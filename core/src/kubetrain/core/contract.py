@@ -96,6 +96,22 @@ PROGRESS_ANNOTATION = "kubetrain.io/progress"
 """The same record (JSON) as an annotation on worker 0's pod: rank 0 patches its own pod
 (kubetrain.trainer.pod_progress) and the operator reads it for status and hang detection."""
 
+TRANSPORT_IB = "IB"
+"""Network transports rank 0 reports (Progress.networkTransport, status.networkTransport): NCCL's
+InfiniBand/RoCE verbs transport (`Using network IB`)."""
+TRANSPORT_SOCKET = "Socket"
+"""NCCL over TCP sockets (`Using network Socket`): what NCCL falls back to, silently, without a fabric."""
+TRANSPORT_OFI = "OFI"
+"""NCCL through the aws-ofi-nccl plugin, libfabric (EFA) (`Using network Libfabric`)."""
+TRANSPORT_TCPX = "GPUDirectTCPX"
+"""NCCL through GKE's GPUDirect-TCPX plugin (`Using network GPUDirectTCPX_v7`)."""
+TRANSPORT_TCPXO = "FasTrak"
+"""NCCL through GKE's GPUDirect-TCPXO plugin (`Using network FasTrak`)."""
+TRANSPORT_LOCAL = "P2P/SHM"
+"""NCCL on one node: every connection of rank 0 goes through NVLink/PCIe or shared memory, no network."""
+TRANSPORT_GLOO = "gloo"
+"""torch.distributed's gloo backend (CPU): TCP, no NCCL."""
+
 
 def format_time(t: datetime, micros: bool = False) -> str:
     """A UTC timestamp as Kubernetes writes it (RFC 3339, `Z`); `micros` for a Lease's MicroTime."""

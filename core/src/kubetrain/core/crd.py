@@ -193,6 +193,8 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Step", "type": "integer", "jsonPath": ".status.currentStep", "description": "Last step rank 0 reported"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount", "description": "Gang restarts"},
     {"name": "Strategy", "type": "string", "jsonPath": ".spec.strategy", "priority": 1},
+    {"name": "Transport", "type": "string", "jsonPath": ".status.networkTransport", "priority": 1,
+     "description": "Network transport NCCL chose (IB, OFI, GPUDirectTCPX, FasTrak, Socket, P2P/SHM) or gloo"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

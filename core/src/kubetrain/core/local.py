@@ -99,6 +99,8 @@ class Summary:
     wall_seconds: float = 0.0
     output_dir: str = ""
     world_size: int = 0
+    network_transport: str | None = None
+    """What rank 0 reported: gloo on CPU, or the transport NCCL chose (P2P/SHM on one machine)."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2)
@@ -454,4 +456,5 @@ class LocalRun:
             wall_seconds=round(wall, 2),
             output_dir=str(self.out),
             world_size=self.spec.world_size,
+            network_transport=p.network_transport,
         )

@@ -15,7 +15,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from kubetrain.core.api import _Model
 
@@ -33,7 +33,12 @@ class CheckpointRecord(_Model):
 
 
 class Progress(_Model):
-    """What rank 0 reports. Field names are camelCase in the file."""
+    """What rank 0 reports. Field names are camelCase in the file.
+
+    Unknown fields are ignored, not refused: the trainer image and the operator are deployed apart, and
+    a record from a newer trainer must still count as progress (hang detection reads it)."""
+
+    model_config = ConfigDict(extra="ignore")  # merged over _Model's (camelCase, ...)
 
     job: str = ""
     generation: int = 0
@@ -54,6 +59,9 @@ class Progress(_Model):
     """When this record was written (RFC 3339 UTC)."""
     finished: bool = False
     """True once maxSteps is reached and the final checkpoint is committed."""
+    network_transport: str | None = None
+    """The network transport NCCL chose (contract.TRANSPORT_*: IB, OFI, GPUDirectTCPX, FasTrak, Socket,
+    P2P/SHM) or gloo; None: not known (not probed, or an older trainer)."""
 
 
 def atomic_write_text(path: Path, text: str) -> None:

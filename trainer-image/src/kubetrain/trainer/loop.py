@@ -19,6 +19,7 @@ from kubetrain.core import contract
 from kubetrain.core.api import TrainingJobSpec
 from kubetrain.core.contract import SIGTERM_EXIT_CODE
 from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
+from kubetrain.trainer import nccl_transport
 from kubetrain.trainer.checkpoint import TrainerState, now_rfc3339
 from kubetrain.trainer.ckpt_manager import CheckpointManager
 from kubetrain.trainer.config import Env, checkpoint_dir
@@ -66,13 +67,16 @@ def pick_device(env: Env) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(env: Env, device: torch.device) -> None:
+def init_distributed(env: Env, device: torch.device) -> Path | None:
+    """Join the gang; under NCCL, the file NCCL logs its network choice to (nccl_transport.prepare)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
+    nccl_log = None
     if backend == "nccl":
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
         fabric = {k: os.environ[k] for k in NCCL_PASSTHROUGH if k in os.environ}
         if env.rank == 0 and fabric:
             log.info("NCCL fabric env: %s", fabric)
+        nccl_log = nccl_transport.prepare(env.rank, env.output_dir, os.environ)
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{env.master_addr}:{env.master_port}",
@@ -80,6 +84,20 @@ def init_distributed(env: Env, device: torch.device) -> None:
         world_size=env.world_size,
         timeout=env.dist_timeout,
         device_id=device if device.type == "cuda" else None,
+    )
+    return nccl_log
+
+
+def network_transport(env: Env, spec: TrainingJobSpec, device: torch.device, nccl_log: Path | None) -> str | None:
+    """The transport the gang talks over, on rank 0 (None elsewhere): see nccl_transport.detect."""
+    def first_collective() -> None:
+        dist.all_reduce(torch.ones(1, device=device))
+        torch.cuda.synchronize(device)
+
+    local = int(os.environ.get(contract.LOCAL_WORLD_SIZE) or env.world_size)
+    return nccl_transport.detect(
+        rank=env.rank, multi_node=local < env.world_size, nccl=device.type == "cuda", log_file=nccl_log,
+        fabric=spec.fabric, first_collective=first_collective,
     )
 
 
@@ -281,16 +299,18 @@ def train(env: Env, spec: TrainingJobSpec) -> int:
     ckpt_root = checkpoint_dir(spec, env)
     corpus = load_corpus(spec.data, spec.model.seq_len)  # config errors before joining the gang
     device = pick_device(env)
-    init_distributed(env, device)
+    nccl_log = init_distributed(env, device)
     try:
-        return _train(env, spec, stop, ckpt_root, corpus, device)
+        transport = network_transport(env, spec, device, nccl_log)
+        return _train(env, spec, stop, ckpt_root, corpus, device, transport)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _train(
-    env: Env, spec: TrainingJobSpec, stop: StopFlag, ckpt_root: Path, corpus: torch.Tensor, device: torch.device
+    env: Env, spec: TrainingJobSpec, stop: StopFlag, ckpt_root: Path, corpus: torch.Tensor, device: torch.device,
+    transport: str | None = None,
 ) -> int:
     metrics = Metrics(env.job, env.rank, env.metrics_port)
     metrics.set_generation(env.generation)
@@ -299,6 +319,7 @@ def _train(
     fpt = flops_per_token(model, spec.model)
     engine = make_engine(spec, model, device, env.world_size)
     reporter = Reporter(env, spec, ckpt_root)
+    reporter.progress.network_transport = transport
     checkpoints = CheckpointManager(ckpt_root, spec.checkpoint, engine, metrics, reporter)
     state = checkpoints.resume(reporter.carried_state())
     reporter.started(state.step)

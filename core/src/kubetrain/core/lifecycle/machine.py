@@ -28,7 +28,7 @@ from kubetrain.core.lifecycle.model import (
     WorkerState,
 )
 from kubetrain.core.lifecycle.policies import JobView, decide
-from kubetrain.core.lifecycle.status import phase_conditions, progress_condition, take_progress
+from kubetrain.core.lifecycle.status import fabric_condition, phase_conditions, progress_condition, take_progress
 
 CREATE_RECHECK_SECONDS = 2.0
 """How soon to look again after creating workers."""
@@ -74,6 +74,9 @@ def step(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed, n
     new.phase, new.reason, new.message = d.phase, d.reason, d.message
     conds = phase_conditions(d.phase, d.reason, d.message, [c.dump() for c in status.conditions], now)
     new.conditions = progress_condition(spec, job, conds, now)
+    new.conditions, fabric_event = fabric_condition(spec, new, new.conditions, now)
+    if fabric_event is not None:
+        effects.append(fabric_event)
     requeue = CREATE_RECHECK_SECONDS if d.action == Action.CREATE_WORKERS else d.requeue_after
     return Transition(new, tuple(effects), requeue, d)
 
@@ -91,6 +94,7 @@ def _new_gang(status: TrainingJobStatus, generation: int) -> None:
     status.running_since = None
     status.gang_created_time = None
     status.resumed_from_step = 0  # until rank 0 of the new generation reports what it loaded
+    status.network_transport = None  # likewise: the new gang may land on other nodes
 
 
 def _carry_out(spec: TrainingJobSpec, st: TrainingJobStatus, job: JobView, d: Decision, now: datetime) -> list[Effect]:

@@ -5,9 +5,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from kubetrain.core.api import CheckpointRef, Condition, Phase, TrainingJobSpec, TrainingJobStatus
+from kubetrain.core import contract
+from kubetrain.core.api import (
+    FABRIC_DEGRADED,
+    FABRIC_TRANSPORTS,
+    CheckpointRef,
+    Condition,
+    ConditionReason,
+    Phase,
+    TrainingJobSpec,
+    TrainingJobStatus,
+)
 from kubetrain.core.contract import format_time
-from kubetrain.core.lifecycle.model import Observed, Reason
+from kubetrain.core.lifecycle.model import Observed, Reason, RecordEvent
 from kubetrain.core.lifecycle.policies import JobView
 
 PROGRESS_UNKNOWN = "ProgressUnknown"
@@ -23,7 +33,8 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
     the current generation -- a gang resumed from an older checkpoint re-trains steps below
     currentStep, and that is progress too, not a hang. The checkpoint is taken whenever it changed
     (rank 0 reports the commit after the step itself). resumedFromStep is the current generation's
-    own report of the checkpoint it loaded (none: it started from scratch).
+    own report of the checkpoint it loaded (none: it started from scratch). networkTransport is the
+    current generation's report too, kept while a record does not say (an older trainer).
     """
     progress = observed.progress
     if progress is not None:
@@ -34,6 +45,7 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
             status.last_progress_time = format_time(now)
         if current_gen:
             status.resumed_from_step = progress.resumed_from or 0
+            status.network_transport = progress.network_transport or status.network_transport
         ck = progress.last_checkpoint
         if ck is not None:
             ref = CheckpointRef(step=ck.step, path=ck.path, time=ck.time)
@@ -105,3 +117,45 @@ def progress_condition(spec: TrainingJobSpec, job: JobView, conds: list[Conditio
     else:
         raw = set_condition(raw, PROGRESS_UNKNOWN, False, Reason.PROGRESS_REPORTED, "rank 0 can report progress", now)
     return [Condition.model_validate(c) for c in raw]
+
+
+NO_NETWORK_TRANSPORTS = (contract.TRANSPORT_LOCAL, contract.TRANSPORT_GLOO)
+"""Transports that do not say anything about the fabric: one node (P2P/SHM), or no NCCL at all (gloo)."""
+
+
+def fabric_mismatch(fabric: str, transport: str | None) -> tuple[ConditionReason, str] | None:
+    """(reason, message) when rank 0's NCCL transport is not the one spec.fabric is for. None without a
+    fabric, before the transport is known, when it is the fabric's, or when no network is in play."""
+    expected = FABRIC_TRANSPORTS.get(fabric)
+    if expected is None or transport is None or transport == expected or transport in NO_NETWORK_TRANSPORTS:
+        return None
+    message = f"spec.fabric {fabric} expects NCCL transport {expected}, but rank 0 reports {transport}"
+    if transport == contract.TRANSPORT_SOCKET:
+        return ConditionReason.NCCL_FALLBACK_TO_SOCKET, (
+            f"{message}: NCCL fell back to TCP sockets; check the fabric's device resource, plugin and "
+            "NCCL_IB_HCA/NCCL_SOCKET_IFNAME (docs/scheduling.md, Fabrics)")
+    return ConditionReason.UNEXPECTED_TRANSPORT, message
+
+
+def fabric_condition(
+    spec: TrainingJobSpec, status: TrainingJobStatus, conds: list[Condition], now: datetime
+) -> tuple[list[Condition], RecordEvent | None]:
+    """FabricDegraded=True while rank 0's NCCL transport is not spec.fabric's, with one Warning Event as it
+    turns True (or its reason changes); False (FabricInUse) once a later report is fine. Absent until a
+    mismatch is seen (no fabric, nothing reported yet, or only the fabric's own transport so far)."""
+    transport = status.network_transport
+    if FABRIC_TRANSPORTS.get(spec.fabric) is None or transport is None:
+        return conds, None
+    raw = [c.dump() for c in conds]
+    bad = fabric_mismatch(spec.fabric, transport)
+    event = None
+    if bad is None:
+        raw = set_condition(raw, FABRIC_DEGRADED, False, ConditionReason.FABRIC_IN_USE,
+                            f"rank 0 reports NCCL transport {transport} (spec.fabric {spec.fabric})", now)
+    else:
+        reason, message = bad
+        if not any(c.get("type") == FABRIC_DEGRADED and c.get("status") == "True" and c.get("reason") == reason
+                   for c in raw):
+            event = RecordEvent("Warning", reason, message)
+        raw = set_condition(raw, FABRIC_DEGRADED, True, reason, message, now)
+    return [Condition.model_validate(c) for c in raw], event
