@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from kubetrain.core import contract
-from kubetrain.core.progress import CheckpointRecord, Progress
+from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
 from kubetrain.trainer import pod_progress as pp
 
 
@@ -249,3 +250,11 @@ def test_trainer_reporter_annotates_when_in_a_pod(
     assert last == Progress.model_validate_json((out / contract.PROGRESS_FILE).read_text())
     assert (last.step, last.generation, last.finished, last.last_checkpoint.step) == (3, 1, True, 3)
     assert stub.steps()[0] == 1 and stub.steps() == sorted(stub.steps())
+
+
+def test_a_diverged_loss_survives_the_record_so_readers_see_it(tmp_path):
+    """NaN is written as JSON's NaN and read back: a record with it is not refused (sweeps prune on it)."""
+    write_progress(tmp_path, Progress(job="j", step=7, loss=float("nan")))
+    back = read_progress(tmp_path)
+    assert back is not None and back.step == 7 and back.loss is not None and math.isnan(back.loss)
+    assert math.isnan(Progress.model_validate_json(Progress(loss=float("inf") * 0).model_dump_json()).loss)

@@ -255,6 +255,17 @@ def test_cache_keeps_trial_jobs_by_their_sweep_and_the_newer_copy() -> None:
     assert cache.jobs((NS, "lr")) == [] and cache.size() == 0
 
 
+def test_a_live_list_does_not_take_back_a_newer_watch_copy() -> None:
+    """A watch event that lands while the live LIST runs (the job Succeeded) outranks the LIST's older copy;
+    a job the LIST does not have is dropped."""
+    cache = SweepCache()
+    cache.job_event("MODIFIED", _job("lr-0", "a", 9))
+    cache.job_event("ADDED", _job("lr-1", "c", 4))
+    cache.replace_jobs((NS, "lr"), [_job("lr-0", "a", 7), _job("lr-2", "d", 8)])
+    by_name = {j["metadata"]["name"]: j["metadata"]["resourceVersion"] for j in cache.jobs((NS, "lr"))}
+    assert by_name == {"lr-0": "9", "lr-2": "8"}
+
+
 def test_a_job_whose_label_is_removed_leaves_its_sweep() -> None:
     """Taking a pruned trial's job out of the sweep (to resume it by hand) must stop the sweep seeing it."""
     cache = SweepCache()

@@ -118,6 +118,15 @@ def test_a_failed_job_fails_its_trial_with_the_jobs_message():
     assert t.status.trials[0].completion_time == "2025-05-01T12:00:00Z"
 
 
+def test_a_long_failure_message_is_cut_to_fit_the_status():
+    spec = sweep_spec(max_trials=2)
+    status, _ = running(spec, 1)
+    t = step(spec, status, {0: job(Phase.FAILED, 30, 2.0, "x" * 5000)})
+    kept = t.status.trials[0].message
+    assert len(kept) == 512 and kept.endswith("...")
+    TrainingSweepStatus.model_validate(t.status.dump())  # what the operator reads back
+
+
 @pytest.mark.parametrize(("objective", "reports", "final", "value"), [
     ("final", [(20, 2.0), (40, 0.5)], 0.8, 0.8),
     ("best", [(20, 2.0), (40, 0.5)], 0.8, 0.5),

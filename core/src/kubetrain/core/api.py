@@ -762,6 +762,8 @@ MAX_TRIALS: Final = 500
 MAX_SWEEP_PARALLELISM: Final = 100
 MAX_SWEEP_NAME: Final = 46
 """Trial jobs are named `<sweep>-<index>` (index < 500), and a job name has at most 50 characters."""
+MAX_TRIAL_MESSAGE: Final = 512
+"""Characters of a trial's message kept in status (a failed job's message can be long)."""
 MAX_INTERMEDIATE_VALUES: Final = 20
 """Intermediate values kept per trial: the pruner's interval is widened so that maxSteps fits in this many."""
 SWEEP_MUTABLE_SPEC_FIELDS = ("maxTrials", "parallelism")
@@ -980,8 +982,8 @@ class TrialRecord(_Model):
     """Losses recorded at the pruner's interval."""
     pruner_state: dict[str, float] = Field(default_factory=dict)
     """The pruner's bookkeeping for this trial (ASHA rungs), kept so that the study can be rebuilt."""
-    message: str = ""
-    """Why it ended (pruned at which step, why it failed)."""
+    message: str = Field("", max_length=MAX_TRIAL_MESSAGE)
+    """Why it ended (pruned at which step, why it failed); at most 512 characters."""
     start_time: str | None = None
     """When it was recorded (RFC 3339)."""
     completion_time: str | None = None

@@ -38,13 +38,15 @@ class Progress(_Model):
     Unknown fields are ignored, not refused: the trainer image and the operator are deployed apart, and
     a record from a newer trainer must still count as progress (hang detection reads it)."""
 
-    model_config = ConfigDict(extra="ignore")  # merged over _Model's (camelCase, ...)
+    # Merged over _Model's (camelCase, ...). A diverged loss (NaN, inf) is written as JSON's NaN/Infinity
+    # and read back, so that readers see the divergence instead of refusing the whole record.
+    model_config = ConfigDict(extra="ignore", ser_json_inf_nan="constants")
 
     job: str = ""
     generation: int = 0
     step: int = 0
     max_steps: int = 0
-    loss: float | None = None
+    loss: float | None = Field(None, allow_inf_nan=True)
     initial_loss: float | None = None
     """Loss of step 1 of the whole run (kept across restarts)."""
     tokens_per_second: float = 0.0

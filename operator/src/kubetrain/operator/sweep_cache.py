@@ -108,8 +108,12 @@ class SweepCache:
             self._jobs.pop(key, None)
 
     def replace_jobs(self, key: Key, live: Iterable[dict[str, Any]]) -> None:
-        """A sweep's trial jobs as a live LIST found them."""
-        for name in self._jobs.pop(key, {}):
-            self._sweep_of.pop((key[0], name), None)
-        for job in live:
+        """A sweep's trial jobs as a live LIST found them. A cached copy newer than the LIST's (a watch event
+        that arrived while the LIST ran) is kept: the LIST must not take a finished job back to Running."""
+        listed = list(live)
+        names = {job["metadata"]["name"] for job in listed}
+        for name, cached in list(self._jobs.get(key, {}).items()):
+            if name not in names:
+                self._drop(key, cached)
+        for job in listed:
             self.job_event(None, job)

@@ -23,6 +23,7 @@ import optuna
 from kubetrain.core.api import (
     FINISHED_SWEEP_PHASES,
     FINISHED_TRIAL_STATES,
+    MAX_TRIAL_MESSAGE,
     Condition,
     Phase,
     SweepPhase,
@@ -160,8 +161,9 @@ EVENT_REASONS = {
 
 
 def _end(record: TrialRecord, state: TrialState, message: str, now: datetime) -> list[Effect]:
-    """Finish a trial; the Event that says so."""
-    record.state, record.message, record.completion_time = state, message, format_time(now)
+    """Finish a trial; the Event that says so. The status keeps the message's start only (every trial is in it)."""
+    kept = message if len(message) <= MAX_TRIAL_MESSAGE else message[: MAX_TRIAL_MESSAGE - 3] + "..."
+    record.state, record.message, record.completion_time = state, kept, format_time(now)
     kind, reason = EVENT_REASONS[state]
     return [SweepEvent(kind, reason, f"trial {record.index} ({record.job_name}): {message}")]
 
