@@ -87,7 +87,7 @@ def test_scheduling_and_queue_pass_through():
     assert pod["spec"]["nodeSelector"] == {"pool": "h100"}
     assert pod["spec"]["priorityClassName"] == "high"
     assert pod["spec"]["schedulerName"] == "volcano"
-    assert pod["metadata"]["labels"][b.QUEUE_LABEL] == "team-a"
+    assert contract.QUEUE_LABEL not in pod["metadata"]["labels"]  # Kueue admits the Workload, never a pod alone
     assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "llm"
     pg = b.pod_group(j, OWNER)
     assert pg["spec"] == {"minMember": 1, "queue": "team-a"} and pg["apiVersion"].startswith("scheduling.volcano.sh")

@@ -105,7 +105,14 @@ def test_namespaced_mode(helm_ok: None) -> None:
     assert role["metadata"]["namespace"] == "ml"
     assert any("pods" in r["resources"] for r in role["rules"])
     cluster_resources = {res for r in ht.find(docs, "ClusterRole")["rules"] for res in r["resources"]}
-    assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces"}
+    # Cluster-scoped reads only: Kueue's flavors and the priority classes a Workload's priority comes from.
+    assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces", "resourceflavors",
+                                 "workloadpriorityclasses", "priorityclasses"}
+    assert {v for r in ht.find(docs, "ClusterRole")["rules"] if "resourceflavors" in r["resources"] for v in r["verbs"]} == {"get"}
+    assert any("workloads" in r["resources"] for r in role["rules"])
+    off = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespace": "ml", "rbac.kueue": False})
+    kinds = {res for doc in off if doc["kind"] in ("Role", "ClusterRole") for r in doc["rules"] for res in r["resources"]}
+    assert not kinds & {"workloads", "workloads/status", "resourceflavors", "workloadpriorityclasses"}
     assert ht.find(docs, "RoleBinding")["subjects"][0]["namespace"] == "kubetrain"
     assert "--namespace=ml" in ht.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
 

@@ -215,3 +215,27 @@ def test_a_foreign_pods_events_requeue_the_job_only_while_it_holds_a_name_the_jo
     cache.set_foreign((NS, "a"), "Pod a-worker-1")
     assert cache.pod_event("DELETED", stranger) == (NS, "a")  # the name is free: look again now
     assert cache.pods((NS, "a")) == [] and cache.size() == 1
+
+
+def workload(job_name: str, rv: int, owner_uid: str | None = None, name: str = "wl") -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": NS, "name": name, "resourceVersion": str(rv),
+                            "labels": {contract.LABEL_JOB: job_name}}
+    if owner_uid:
+        meta["ownerReferences"] = [{"uid": owner_uid}]
+    return {"metadata": meta}
+
+
+def test_a_jobs_workload_is_kept_newest_first_and_only_when_the_job_owns_it() -> None:
+    cache = WatchCache()
+    assert cache.workload_event("ADDED", workload("a", 3)) is None  # no such job yet
+    cache.job_event("ADDED", {**job("a"), "metadata": {**job("a")["metadata"], "uid": "u1"}})
+    assert cache.workload_event("ADDED", workload("a", 3, owner_uid="someone-else")) is None
+    cache.set_kueue_missing((NS, "a"), True)
+    assert cache.workload_event("ADDED", workload("a", 3, owner_uid="u1")) == (NS, "a")
+    assert not cache.kueue_missing((NS, "a"))  # a Workload seen: Kueue serves the kind
+    cache.workload_event("MODIFIED", workload("a", 2, owner_uid="u1"))  # stale
+    assert cache.workload((NS, "a"))["metadata"]["resourceVersion"] == "3"  # type: ignore[index]
+    cache.workload_event("DELETED", workload("a", 4, owner_uid="u1", name="other"))  # not the one kept
+    assert cache.workload((NS, "a")) is not None
+    cache.workload_event("DELETED", workload("a", 4, owner_uid="u1"))
+    assert cache.workload((NS, "a")) is None

@@ -89,4 +89,14 @@ app.kubernetes.io/component: operator
   resources: ["podgroups"]
   verbs: ["get", "create"]
 {{- end }}
+{{- if .Values.rbac.kueue }}
+# Kueue: one Workload per job with spec.scheduling.queue (owned by the job); its status is written
+# when the evicted gang is gone (quota given back) and when the job finishes.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
+{{- end }}
 {{- end }}

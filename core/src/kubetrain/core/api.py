@@ -92,13 +92,15 @@ CHECKPOINTS_DURABLE = "CheckpointsDurable"
 """Condition: checkpoints survive a gang restart (True: on a claim; False: spec.checkpoint.ephemeral)."""
 WORKERS_BLOCKED = "WorkersBlocked"
 """Condition: a worker pod of the current generation cannot start (image, configuration, scheduling); the job waits."""
+ADMITTED = "Admitted"
+"""Condition (jobs with scheduling.queue): Kueue admitted the job's Workload; False says why it waits (quota, eviction)."""
 FABRIC_DEGRADED = "FabricDegraded"
 """Condition: spec.fabric names a fabric, but NCCL on rank 0 chose another network transport (most often
 TCP sockets, which NCCL falls back to without a word when the fabric is not wired into the pods)."""
 
 
 class ConditionReason(enum.StrEnum):
-    """Reasons of the CheckpointsDurable, WorkersBlocked and FabricDegraded conditions."""
+    """Reasons of the CheckpointsDurable, WorkersBlocked, FabricDegraded and Admitted conditions."""
 
     DEFAULT_CLAIM = "DefaultClaim"
     """CheckpointsDurable: on the claim `<job>-checkpoints` the operator created."""
@@ -131,6 +133,16 @@ class ConditionReason(enum.StrEnum):
     """FabricDegraded: NCCL chose a network transport that is neither the fabric's nor sockets."""
     FABRIC_IN_USE = "FabricInUse"
     """FabricDegraded False: NCCL uses the fabric's transport (again)."""
+    QUOTA_RESERVED = "QuotaReserved"
+    """Admitted: Kueue admitted the Workload (quota reserved in its ClusterQueue, admission checks passed)."""
+    QUEUED = "Queued"
+    """Admitted False: the Workload waits in its LocalQueue (the message is Kueue's: which quota is short)."""
+    EVICTED = "Evicted"
+    """Admitted False: Kueue evicted the Workload (preempted by a higher priority, deactivated, ...); the gang stops with a checkpoint and waits to be admitted again."""
+    KUEUE_MISSING = "KueueMissing"
+    """Admitted False: the API server does not serve Kueue's Workload kind (Kueue is not installed); no worker pod is created until it is."""
+    PRIORITY_CLASS_MISSING = "PriorityClassMissing"
+    """Admitted False: the WorkloadPriorityClass named by the label kueue.x-k8s.io/priority-class does not exist."""
 
 
 class _Model(BaseModel):
@@ -324,7 +336,7 @@ class SchedulingSpec(_Model):
     priority_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """PriorityClass of worker pods."""
     queue: str | None = Field(None, min_length=1, max_length=63, pattern=LABEL_VALUE_PATTERN)
-    """Kueue LocalQueue: set as the `kueue.x-k8s.io/queue-name` label (so a label value: at most 63 characters); Kueue admits the job by clearing spec.suspend."""
+    """Kueue LocalQueue (a label value: at most 63 characters); with `gang: volcano`, the Volcano queue of the PodGroup instead. The operator creates the job's Kueue Workload `trainingjob-<job>-<uid>` in that queue, one pod set `workers` of count `workers` (priority: the label `kueue.x-k8s.io/priority-class` names a WorkloadPriorityClass), and holds the job suspended until Kueue admits the Workload: admission clears spec.suspend (worker pods get the assigned flavors' node labels and tolerations), eviction or preemption sets it (the gang checkpoints on SIGTERM and resumes from it once admitted again, without counting a failure). The Admitted condition says where the job stands in the queue (docs/scheduling.md#kueue)."""
     gang: Literal["none", "volcano", "coscheduling", "kubernetes"] = "none"
     """Create a PodGroup so that a gang scheduler places all workers at once or none: `volcano` (scheduling.volcano.sh/v1beta1 PodGroup `<job>`, pods go to the scheduler `volcano`), `coscheduling` (scheduler-plugins, scheduling.x-k8s.io/v1alpha1 PodGroup `<job>`, pods go to the operator's coscheduling scheduler, by default `scheduler-plugins-scheduler`), both with minMember: workers and minResources: the workers' summed requests; or `kubernetes` (the kube-scheduler's own gang scheduling, alpha: scheduling.k8s.io/v1alpha2 PodGroup `<job>-<generation>` with a gang policy of minCount: workers). Where the cluster does not serve that PodGroup the job waits with WorkersBlocked=GangSchedulerMissing and no pods."""
     scheduler_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
@@ -607,7 +619,9 @@ class TrainingJobSpec(_Model):
     progress_reporting: bool = True
     """Rank 0 reports its progress (step, loss, last checkpoint) by annotating its own pod `kubetrain.io/progress`; the operator turns it into status and uses it for restartPolicy.progressDeadlineSeconds. The operator creates a Role and RoleBinding `<job>-progress` that let the workers' ServiceAccount get and patch only the pod `<job>-worker-0`. False creates neither and tells no worker its pod name: status then shows no progress unless something else writes the annotation."""
     suspend: bool = False
-    """Suspended jobs have no pods; resuming starts a new gang from the latest checkpoint (Kueue sets and clears it)."""
+    """Suspended jobs have no pods; resuming starts a new gang from the latest checkpoint. With scheduling.queue it belongs to Kueue's admission: the operator sets it until the Workload is admitted and on eviction, and clears it on admission (to hold a queued job, deactivate its Workload: spec.active false)."""
+    managed_by: str | None = Field(None, min_length=1, max_length=63, pattern=r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$")
+    """The controller that runs this job: unset or `kubetrain.io/trainingjob-controller` for this operator. Any other value (e.g. `kueue.x-k8s.io/multikueue`) leaves its pods and status to that controller: the operator only keeps its Kueue Workload (scheduling.queue). Immutable."""
     active_deadline_seconds: int | None = Field(None, ge=1, le=MAX_DEADLINE_SECONDS)
     """Fail the job when it has been active (not suspended) this long. At most 31536000 (one year)."""
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=MAX_DEADLINE_SECONDS)
@@ -635,7 +649,7 @@ class Condition(_Model):
     """A standard Kubernetes condition."""
 
     type: str
-    """Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed, CheckpointsDurable, WorkersBlocked, FabricDegraded."""
+    """Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed, CheckpointsDurable, WorkersBlocked, FabricDegraded, Admitted."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = ""

@@ -433,7 +433,7 @@ class Applier:
             metrics.STATUS_CONFLICTS.inc()
             await self._reread_job(key)
             return False
-        self._cache_job(key, new)
+        self.cache_job(key, new)
         return True
 
     async def _reread_job(self, key: Key) -> None:
@@ -445,9 +445,9 @@ class Applier:
                 raise
             self.cache.forget(key)
             return
-        self._cache_job(key, fresh)
+        self.cache_job(key, fresh)
 
-    def _cache_job(self, key: Key, job: dict[str, Any]) -> None:
+    def cache_job(self, key: Key, job: dict[str, Any]) -> None:
         cached = self.cache.job(key)  # None: deleted meanwhile, and not to be brought back
         if cached is not None and resource_version(job) >= resource_version(cached):
             self.cache.job_event("MODIFIED", job)

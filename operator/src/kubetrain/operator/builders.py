@@ -32,7 +32,6 @@ from kubetrain.core.contract import (  # also read as builders.LABEL_JOB etc. by
     LABEL_INDEX,
     LABEL_JOB,
     LABEL_ROLE,
-    QUEUE_LABEL,
 )
 from kubetrain.operator import fabrics
 
@@ -333,8 +332,6 @@ def worker_pod(
 ) -> dict[str, Any]:
     spec, name = job.spec, job.metadata.name
     labels = {LABEL_INDEX: str(index), LABEL_GENERATION: str(generation), LABEL_ROLE: "worker"}
-    if spec.scheduling.queue:
-        labels[QUEUE_LABEL] = spec.scheduling.queue
     claim = claim_name(job)
     fabric = fabrics.profile(spec)
     pod_spec: dict[str, Any] = {

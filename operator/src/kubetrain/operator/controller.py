@@ -23,6 +23,8 @@ from kubetrain.core import api, contract
 from kubetrain.core.lifecycle import Action, FailureKind
 from kubetrain.operator import metrics
 from kubetrain.operator.apply import Apis, Applier
+from kubetrain.operator.kueue import QueueView
+from kubetrain.operator.kueue_io import KueueIO
 from kubetrain.operator.reconcile import Plan, claim_to_check, plan
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.sweep_controller import SweepController
@@ -50,6 +52,7 @@ class Controller:
         self.cache = WatchCache()
         self.queue: WorkQueue[Key] = WorkQueue()
         self.applier = Applier(Apis.of(api_client), self.cache, settings.create_parallelism, clock)
+        self.kueue = KueueIO(self.applier)
         self.sweeps = SweepController(self.applier, settings.reconcile_workers, clock)
         """TrainingSweeps: their own cache and queue, this applier's pool, this leadership."""
         self.first_running: set[Key] = set()
@@ -68,6 +71,12 @@ class Controller:
 
     def pod_event(self, kind: str | None, body: dict[str, Any]) -> None:
         key = self.cache.pod_event(kind, body)
+        if key is not None:
+            self.queue.add(key)
+
+    def workload_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        """A Kueue Workload of a job (admitted, evicted, ...): its job is planned again."""
+        key = self.cache.workload_event(kind, body)
         if key is not None:
             self.queue.add(key)
 
@@ -124,6 +133,8 @@ class Controller:
             self.pod_event(None, pod)
         for node in snapshot.nodes:
             self.node_event(None, node)
+        for wl in await self.applier.io(self.kueue.list_workloads, self.settings.namespace):
+            self.workload_event(None, wl)
         await self.sweeps.fill(self.settings.namespace)
 
     async def _gauges(self) -> None:
@@ -142,11 +153,14 @@ class Controller:
         t0 = time.perf_counter()
         try:
             claim_phase = await self._claim_phase(key, body)
-            p = self._plan(key, body, claim_phase)
+            queue = await self.kueue.view(key, body)
+            p = self._plan(key, body, claim_phase, queue)
             confirm = p.decision is not None and p.decision.failure_kind in CONFIRM_LIVE
             if confirm and await self.applier.refresh(key):
-                p = self._plan(key, body, claim_phase)
+                p = self._plan(key, body, claim_phase, queue)
             carried_out = await self.applier.execute(key, body, p)
+            if carried_out:
+                await self.kueue.carry_out(key, body, p.queue)
         except Exception as exc:
             metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
             raise  # the work queue logs it and retries with backoff
@@ -156,11 +170,11 @@ class Controller:
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - t0)
         return self._requeue_after(key, p)
 
-    def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None) -> Plan:
+    def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None, queue: QueueView) -> Plan:
         cache = self.cache
         return plan(body, cache.pods(key), cache.nodes, self.clock(), self.settings.builders,
                     cache.progress(key), claim_phase, cache.disrupted(key), cache.progress_refused(key),
-                    create_refused=cache.create_refused(key), foreign=cache.foreign(key))
+                    create_refused=cache.create_refused(key), foreign=cache.foreign(key), queue=queue)
 
     def _requeue_after(self, key: Key, p: Plan) -> float | None:
         """The plan's time to look again; with a pod create refused or a child's name taken, the backoff's

@@ -116,6 +116,13 @@ def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> Non
     memo.running().pod_event(event.get("type"), copy.deepcopy(dict(body)))
 
 
+@kopf.on.event(contract.KUEUE_GROUP, contract.KUEUE_VERSION, contract.WORKLOAD_PLURAL,
+               labels={contract.LABEL_JOB: kopf.PRESENT})
+def workload_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """Kueue's Workloads of queued jobs (kopf warns and watches nothing where Kueue is not installed)."""
+    memo.running().workload_event(event.get("type"), copy.deepcopy(dict(body)))
+
+
 @kopf.on.event("", "v1", "nodes")
 def node_event(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
     memo.running().node_event(event.get("type"), dict(body))

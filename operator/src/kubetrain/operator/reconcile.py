@@ -34,6 +34,7 @@ from kubetrain.core.lifecycle import (
 from kubetrain.core.progress import Progress
 from kubetrain.core.validate import stored_object
 from kubetrain.operator import builders as b
+from kubetrain.operator import kueue
 from kubetrain.operator.conditions import (
     announce,
     blocked_pods,
@@ -60,6 +61,8 @@ class Plan:
     decision: Decision | None = None
     force_delete_pods: list[str] = field(default_factory=list)
     """Pods to delete at once (grace 0): their node is lost, no kubelet will ever confirm a graceful delete."""
+    queue: kueue.QueuePlan = field(default_factory=kueue.QueuePlan)
+    """Kueue: the job's Workload to create, delete or update, and the spec.suspend to write."""
 
 
 # --------------------------------------------------------------------------- observe
@@ -186,20 +189,30 @@ def plan(
     progress_refused: bool = False,
     create_refused: str | None = None,
     foreign: str | None = None,
+    queue: kueue.QueueView | None = None,
 ) -> Plan:
     """One reconcile. `claim_phase`: the checkpoint claim's phase ("Missing" if absent), when the caller
     looked it up because pods wait for a volume (claim_to_check); None otherwise. `gone`: see observe().
     `progress_refused`: the API refused the job's progress Role or RoleBinding. `create_refused`: the API's
-    message when it refused a worker pod; `foreign`: a child's name held by an object this job does not own."""
+    message when it refused a worker pod; `foreign`: a child's name held by an object this job does not own.
+    `queue`: Kueue's view of a job with a LocalQueue (its Workload, flavors, priority)."""
     old = _status_of(body)
     job, problems = _job_model(body)
     if job is None:
         return _invalid(old, problems, now)
     ours = [p for p in pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
+    gang_gone = not any(still_running(p) for p in ours)
+    q = kueue.plan_queue(job, body, queue or kueue.QueueView(), gang_gone, old.phase, settings, now)
+    if job.spec.managed_by not in (None, contract.MANAGED_BY_OPERATOR):
+        return Plan(queue=q)  # another controller (MultiKueue) runs it: only its Workload is ours
+    if kueue.kueue_queue(job) is not None:  # spec.suspend belongs to Kueue's admission: what it says holds now
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": q.hold})})
     observed = observe(job.spec, old, ours, nodes, progress, gone, progress_refused)
     t = step(job.spec, old, observed, now)
     lost = set(_lost(job.spec, ours, nodes, now))
-    out = Plan(requeue_after=t.requeue_after, decision=t.decision)
+    out = Plan(requeue_after=t.requeue_after, decision=t.decision, queue=q)
+    if q.condition is not None and q.condition[1] in kueue.LOOK_AGAIN:  # no event says when it is installed
+        out.requeue_after = min(out.requeue_after or kueue.LOOK_AGAIN_SECONDS, kueue.LOOK_AGAIN_SECONDS)
     for effect in t.effects:
         _translate(effect, job, body, ours, t, settings, out, lost)
     if t.decision is not None:
@@ -232,7 +245,8 @@ def _translate(
     if isinstance(effect, lc.CreateWorkers):
         owner = b.owner_reference(body)
         out.create.extend(_shared_children(job, owner, effect.generation))
-        out.create.extend(b.worker_pod(job, i, effect.generation, settings, owner) for i in effect.indices)
+        out.create.extend(kueue.place(b.worker_pod(job, i, effect.generation, settings, owner), out.queue.placement)
+                          for i in effect.indices)
     elif isinstance(effect, lc.DeleteWorkers):
         scoped = _in_scope(effect.scope, ours, t.status.restart_generation)
         out.force_delete_pods.extend(p["metadata"]["name"] for p in scoped if p["metadata"]["name"] in lost)
@@ -299,7 +313,9 @@ def _side_conditions(
     if starting and (wait := recheck_after(current, now)) is not None:
         out.requeue_after = min(out.requeue_after or wait, wait)
     stuck = refused(blocked.create_refused, blocked.foreign) if starting else None
-    raw = [x.dump() for x in conds]
+    raw, queued = kueue.admitted_condition([x.dump() for x in conds], out.queue, now)
+    if queued is not None:
+        out.events.append(queued)
     for want in (checkpoints_durable(job), stuck or workers_blocked(job, pods, blocked.claim_phase)):
         if want is not stuck and announce(raw, want):
             out.events.append(("Warning", want.reason, want.message))

@@ -79,6 +79,10 @@ class _Job:
     an invalid field); None once every create of a plan succeeded."""
     foreign: str | None = None
     """"<Kind> <name>" of a child the job needs whose name is taken by an object it does not own."""
+    workload: dict[str, Any] | None = None
+    """The job's Kueue Workload (jobs with scheduling.queue), as last seen."""
+    kueue_missing: bool = False
+    """The API server answered 404 to the job's Workload create: Kueue is not installed."""
 
 
 class WatchCache:
@@ -140,6 +144,33 @@ class WatchCache:
     def set_foreign(self, key: Key, what: str | None) -> None:
         if (entry := self._jobs.get(key)) is not None:
             entry.foreign = what
+
+    def workload(self, key: Key) -> dict[str, Any] | None:
+        entry = self._jobs.get(key)
+        return entry.workload if entry else None
+
+    def kueue_missing(self, key: Key) -> bool:
+        entry = self._jobs.get(key)
+        return entry is not None and entry.kueue_missing
+
+    def set_kueue_missing(self, key: Key, missing: bool) -> None:
+        if (entry := self._jobs.get(key)) is not None:
+            entry.kueue_missing = missing
+
+    def workload_event(self, kind: str | None, body: dict[str, Any]) -> Key | None:
+        """Keep the newer copy of a job's Workload (the job must own it); the job's key, or None."""
+        meta = body["metadata"]
+        job = (meta.get("labels") or {}).get(contract.LABEL_JOB)
+        entry = self._jobs.get((meta["namespace"], job)) if job else None
+        if entry is None or not owned_by(body, uid_of(entry.body)):
+            return None
+        if kind == DELETED:
+            if entry.workload is not None and entry.workload["metadata"]["name"] == meta["name"]:
+                entry.workload = None
+        elif entry.workload is None or resource_version(body) >= resource_version(entry.workload):
+            entry.workload = body
+            entry.kueue_missing = False
+        return (meta["namespace"], str(job))
 
     def progress(self, key: Key) -> Progress | None:
         """Rank 0's progress: the annotation on worker 0 of the job's current generation."""

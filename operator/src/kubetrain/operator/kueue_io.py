@@ -1,0 +1,164 @@
+"""Kueue's side of a reconcile, against the API server: what a queued job's plan needs to know (the
+ResourceFlavors of its admission, the value of its priority class) and carrying out its QueuePlan
+(the Workload created, replaced or updated, and spec.suspend written).
+
+Flavors and priority classes are cluster-scoped and rarely change: each is read at most once per
+LOOKUP_TTL seconds. Workloads themselves come from the watch (handlers.py) into the WatchCache.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.client.rest import ApiException
+
+from kubetrain.core import api, contract
+from kubetrain.core.api import TrainingJob
+from kubetrain.core.validate import stored_object
+from kubetrain.operator import kueue
+from kubetrain.operator.watch_cache import Key, owned_by, uid_of
+
+if TYPE_CHECKING:
+    from kubetrain.operator.apply import Applier
+
+log = logging.getLogger("kubetrain.operator")
+
+LOOKUP_TTL = 30.0
+"""Seconds a ResourceFlavor's spec or a priority class's value is reused before it is read again."""
+K = (contract.KUEUE_GROUP, contract.KUEUE_VERSION)
+
+
+class KueueIO:
+    def __init__(self, applier: Applier):
+        self.applier = applier
+        self._lookups: dict[tuple[str, str], tuple[float, Any]] = {}
+
+    # ------------------------------------------------------------------ reads
+
+    async def view(self, key: Key, body: dict[str, Any]) -> kueue.QueueView:
+        """What plan() needs of Kueue for this job (an empty view for a job without a LocalQueue)."""
+        cache = self.applier.cache
+        if not (((body.get("spec") or {}).get("scheduling") or {}).get("queue")):
+            return kueue.QueueView()  # most jobs: not parsed twice
+        job, _ = stored_object(TrainingJob, body)
+        if job is None or kueue.kueue_queue(job) is None:
+            return kueue.QueueView()
+        wl = cache.workload(key)
+        priority, missing = (None, None) if wl is not None else await self._priority(body, job)
+        flavors = {n: await self._lookup("resourceflavors", n) or {} for n in kueue.flavor_names(wl)}
+        return kueue.QueueView(wl, flavors, priority, missing, cache.kueue_missing(key))
+
+    async def _priority(self, body: dict[str, Any], job: TrainingJob) -> tuple[tuple[str, str, int] | None, str | None]:
+        """The Workload's priority: the job's Kueue WorkloadPriorityClass label, else its pods' PriorityClass."""
+        name = ((body.get("metadata") or {}).get("labels") or {}).get(contract.KUEUE_PRIORITY_CLASS_LABEL)
+        if name:
+            spec = await self._lookup("workloadpriorityclasses", name)
+            if spec is None:
+                return None, (f"WorkloadPriorityClass {name} (label {contract.KUEUE_PRIORITY_CLASS_LABEL}) "
+                              "does not exist")
+            return (kueue.WORKLOAD_PRIORITY_SOURCE, name, int(spec.get("value") or 0)), None
+        if (pc := job.spec.scheduling.priority_class_name) is not None:
+            spec = await self._lookup("priorityclasses", pc)
+            if spec is None:
+                return None, f"PriorityClass {pc} (spec.scheduling.priorityClassName) does not exist"
+            return (kueue.POD_PRIORITY_SOURCE, pc, int(spec.get("value") or 0)), None
+        return None, None
+
+    async def _lookup(self, plural: str, name: str) -> dict[str, Any] | None:
+        """A ResourceFlavor's spec, or a (Workload)PriorityClass as a whole; None when it does not exist."""
+        now = time.monotonic()
+        hit = self._lookups.get((plural, name))
+        if hit is not None and now - hit[0] < LOOKUP_TTL:
+            return hit[1]
+        custom = self.applier.apis.custom
+        try:
+            if plural == "priorityclasses":
+                obj = await self.applier.io(custom.get_cluster_custom_object, "scheduling.k8s.io", "v1", plural, name)
+            else:
+                obj = await self.applier.io(custom.get_cluster_custom_object, *K, plural, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            obj = None
+        value = None if obj is None else obj if plural == "priorityclasses" else obj.get("spec") or {}
+        self._lookups[(plural, name)] = (now, value)
+        return value
+
+    def list_workloads(self, namespace: str | None) -> list[dict[str, Any]]:
+        """LIST the jobs' Workloads (blocking; [] where Kueue is not installed)."""
+        custom = self.applier.apis.custom
+        try:
+            if namespace:
+                out = custom.list_namespaced_custom_object(*K, namespace, contract.WORKLOAD_PLURAL,
+                                                           label_selector=contract.LABEL_JOB)
+            else:
+                out = custom.list_cluster_custom_object(*K, contract.WORKLOAD_PLURAL, label_selector=contract.LABEL_JOB)
+        except ApiException as exc:
+            if exc.status not in (403, 404):
+                raise
+            return []
+        return list(out.get("items", []))
+
+    # ------------------------------------------------------------------ writes
+
+    async def carry_out(self, key: Key, body: dict[str, Any], q: kueue.QueuePlan) -> None:
+        """The Workload's create, delete or status, then spec.suspend (its watch event re-plans the job)."""
+        if q.create is not None:
+            await self._create(key, body, q.create)
+        if q.delete is not None:
+            await self._delete(key, q.delete)
+        wl = self.applier.cache.workload(key)
+        if q.workload_status is not None and wl is not None:
+            await self._write_status(key, wl, q.workload_status)
+        if q.suspend is not None:
+            await self._suspend(key, body, q.suspend)
+
+    async def _create(self, key: Key, body: dict[str, Any], obj: dict[str, Any]) -> None:
+        custom, cache = self.applier.apis.custom, self.applier.cache
+        try:
+            created = await self.applier.io(custom.create_namespaced_custom_object, *K, key[0],
+                                            contract.WORKLOAD_PLURAL, obj)
+        except ApiException as exc:
+            if exc.status == 404:  # the API server does not serve Workloads
+                cache.set_kueue_missing(key, True)
+                return
+            if exc.status != 409:
+                raise
+            created = await self.applier.io(custom.get_namespaced_custom_object, *K, key[0],
+                                            contract.WORKLOAD_PLURAL, obj["metadata"]["name"])
+            if not owned_by(created, uid_of(body)):
+                raise RuntimeError(f"Workload {obj['metadata']['name']} exists and is not this job's") from exc
+        cache.workload_event("ADDED", created)
+
+    async def _delete(self, key: Key, name: str) -> None:
+        try:
+            await self.applier.io(self.applier.apis.custom.delete_namespaced_custom_object, *K, key[0],
+                                  contract.WORKLOAD_PLURAL, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def _write_status(self, key: Key, wl: dict[str, Any], status: dict[str, Any]) -> None:
+        """On the Workload's resourceVersion: a 409 means Kueue wrote it meanwhile; its event re-plans."""
+        patch = {"metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]}, "status": status}
+        try:
+            new = await self.applier.io(self.applier.apis.custom.patch_namespaced_custom_object_status, *K, key[0],
+                                        contract.WORKLOAD_PLURAL, wl["metadata"]["name"], patch)
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+            return
+        self.applier.cache.workload_event("MODIFIED", new)
+
+    async def _suspend(self, key: Key, body: dict[str, Any], suspend: bool) -> None:
+        try:
+            new = await self.applier.io(self.applier.apis.custom.patch_namespaced_custom_object, api.GROUP,
+                                        api.VERSION, key[0], api.PLURAL, key[1], {"spec": {"suspend": suspend}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return
+        log.info("%s/%s: spec.suspend set to %s for Kueue", key[0], key[1], suspend)
+        self.applier.cache_job(key, new)
