@@ -6,6 +6,7 @@
 - ``admin_api`` / ``core_v1``: admin clients (system:masters).
 - ``namespace``: a fresh namespace per test, deleted afterwards.
 - ``service_account``: factory for a restricted ServiceAccount identity (TokenRequest token).
+- ``kueue`` (session): Kueue's controller and webhooks, built from its Go module (support/kueue.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 import yaml
 from kubernetes import client
 from support import helm_tool, real_pods
+from support import kueue as kueue_support
 from support.cluster import cache_dir, cluster_down, cluster_running, cluster_up, kubeconfig_path, new_admin_client
 from support.identities import Identity, service_account_identity
 from support.kwok import KWOK_NAMESPACE_ANNOTATIONS
@@ -148,6 +150,26 @@ def service_account(admin_api: client.ApiClient, namespace: str) -> Iterator[Ser
     yield make
     for identity in created:
         identity.api.close()
+
+
+@pytest.fixture(scope="session")
+def kueue(request: pytest.FixtureRequest, kube_cluster: KubeCluster, crd: None,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[kueue_support.Kueue]:
+    """Kueue running against the cluster (built first: a few minutes cold, progress shown)."""
+    binary = Path(kueue_support.build_path())
+    if not binary.exists() and shutil.which("go") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must run the Kueue tests: no Go toolchain to build Kueue", pytrace=False)
+        pytest.skip("no Go toolchain to build Kueue (hack/kueue/build.sh) and no built binary")
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        with capture.global_and_fixture_disabled():
+            binary = kueue_support.build()
+    else:
+        binary = kueue_support.build()
+    running = kueue_support.Kueue(binary, kube_cluster.kubeconfig, tmp_path_factory.mktemp("kueue")).start()
+    yield running
+    running.stop()
 
 
 @pytest.fixture(scope="session")

@@ -47,27 +47,27 @@ class KueueIO:
             return kueue.QueueView()
         wl = cache.workload(key)
         priority, missing = (None, None) if wl is not None else await self._priority(body, job)
-        flavors = {n: await self._lookup("resourceflavors", n) or {} for n in kueue.flavor_names(wl)}
+        flavors = {n: (await self._lookup("resourceflavors", n) or {}).get("spec") or {} for n in kueue.flavor_names(wl)}
         return kueue.QueueView(wl, flavors, priority, missing, cache.kueue_missing(key))
 
     async def _priority(self, body: dict[str, Any], job: TrainingJob) -> tuple[tuple[str, str, int] | None, str | None]:
         """The Workload's priority: the job's Kueue WorkloadPriorityClass label, else its pods' PriorityClass."""
         name = ((body.get("metadata") or {}).get("labels") or {}).get(contract.KUEUE_PRIORITY_CLASS_LABEL)
         if name:
-            spec = await self._lookup("workloadpriorityclasses", name)
-            if spec is None:
+            wpc = await self._lookup("workloadpriorityclasses", name)
+            if wpc is None:
                 return None, (f"WorkloadPriorityClass {name} (label {contract.KUEUE_PRIORITY_CLASS_LABEL}) "
                               "does not exist")
-            return (kueue.WORKLOAD_PRIORITY_SOURCE, name, int(spec.get("value") or 0)), None
+            return (kueue.WORKLOAD_PRIORITY_SOURCE, name, int(wpc.get("value") or 0)), None
         if (pc := job.spec.scheduling.priority_class_name) is not None:
-            spec = await self._lookup("priorityclasses", pc)
-            if spec is None:
+            pclass = await self._lookup("priorityclasses", pc)
+            if pclass is None:
                 return None, f"PriorityClass {pc} (spec.scheduling.priorityClassName) does not exist"
-            return (kueue.POD_PRIORITY_SOURCE, pc, int(spec.get("value") or 0)), None
+            return (kueue.POD_PRIORITY_SOURCE, pc, int(pclass.get("value") or 0)), None
         return None, None
 
     async def _lookup(self, plural: str, name: str) -> dict[str, Any] | None:
-        """A ResourceFlavor's spec, or a (Workload)PriorityClass as a whole; None when it does not exist."""
+        """A cluster-scoped object (ResourceFlavor, WorkloadPriorityClass, PriorityClass); None when it does not exist."""
         now = time.monotonic()
         hit = self._lookups.get((plural, name))
         if hit is not None and now - hit[0] < LOOKUP_TTL:
@@ -82,9 +82,8 @@ class KueueIO:
             if exc.status != 404:
                 raise
             obj = None
-        value = None if obj is None else obj if plural == "priorityclasses" else obj.get("spec") or {}
-        self._lookups[(plural, name)] = (now, value)
-        return value
+        self._lookups[(plural, name)] = (now, obj)
+        return obj
 
     def list_workloads(self, namespace: str | None) -> list[dict[str, Any]]:
         """LIST the jobs' Workloads (blocking; [] where Kueue is not installed)."""

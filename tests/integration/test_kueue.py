@@ -1,0 +1,180 @@
+"""Kueue admission on the real control plane, with Kueue's controller and webhooks built from its Go
+module (tests/support/kueue.py): the operator keeps each queued job's Workload, Kueue admits, queues and
+preempts it, and the job follows through spec.suspend.
+
+Quota and queueing run on kwok nodes; preemption runs on real pods of the trainer image, where a
+preempted gang really gets SIGTERM, writes its checkpoint and later resumes from it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from support.cluster import kubeconfig_path
+from support.jobs import TrainingJobs
+from support.kwok import kwok_job, succeed_pod
+from support.operator_process import OperatorProcess
+from support.real_pods import TRAINER_IMAGE, RealJobs, quickstart
+from support.resources import not_found_ok
+from support.waiting import wait_for
+
+from kubetrain.core import contract
+
+pytestmark = pytest.mark.integration
+
+K = (contract.KUEUE_GROUP, contract.KUEUE_VERSION)
+GANG = {"workers": 2, "resources": {"gpusPerWorker": 8, "cpu": "1", "memory": "1Gi"}}
+
+
+@pytest.fixture(scope="module")
+def operator(crd: None, kueue: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """Started after Kueue, so that it watches Workloads from the start; real pods get the real trainer image."""
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    with OperatorProcess(kubeconfig_path(), log, trainer_image=TRAINER_IMAGE) as op:
+        yield op
+
+
+class Queue:
+    """A ResourceFlavor, a ClusterQueue (preemption of lower priorities within it) for one namespace, and
+    its LocalQueue `q`; WorkloadPriorityClasses `low-*` and `high-*`. Removed when the test ends."""
+
+    def __init__(self, admin_api: client.ApiClient, namespace: str, quota: dict[str, str]):
+        self.custom = client.CustomObjectsApi(admin_api)
+        self.ns = namespace
+        self.tag = uuid.uuid4().hex[:6]
+        self.cq, self.low, self.high = f"cq-{self.tag}", f"low-{self.tag}", f"high-{self.tag}"
+        self.made: list[tuple[str, str | None, str]] = []
+        self._make("resourceflavors", None, {"kind": "ResourceFlavor", "metadata": {"name": f"flavor-{self.tag}"}})
+        for name, value in ((self.low, 100), (self.high, 1000)):
+            self._make("workloadpriorityclasses", None, {"kind": "WorkloadPriorityClass",
+                                                         "metadata": {"name": name}, "value": value})
+        flavor = {"name": f"flavor-{self.tag}", "resources": [{"name": k, "nominalQuota": v} for k, v in quota.items()]}
+        self._make("clusterqueues", None, {"kind": "ClusterQueue", "metadata": {"name": self.cq}, "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "preemption": {"withinClusterQueue": "LowerPriority"},
+            "resourceGroups": [{"coveredResources": list(quota), "flavors": [flavor]}]}})
+        self._make("localqueues", namespace, {"kind": "LocalQueue", "metadata": {"name": "q"},
+                                             "spec": {"clusterQueue": self.cq}})
+
+    def _make(self, plural: str, ns: str | None, obj: dict[str, Any]) -> None:
+        obj = {"apiVersion": "/".join(K), **obj}
+        if ns is None:
+            self.custom.create_cluster_custom_object(*K, plural, obj)
+        else:
+            self.custom.create_namespaced_custom_object(*K, ns, plural, obj)
+        self.made.append((plural, ns, obj["metadata"]["name"]))
+
+    def delete(self) -> None:
+        for plural, ns, name in reversed(self.made):
+            with not_found_ok():
+                if ns is None:
+                    self.custom.delete_cluster_custom_object(*K, plural, name)
+                else:
+                    self.custom.delete_namespaced_custom_object(*K, ns, plural, name)
+
+    def workload(self, job: str) -> dict[str, Any]:
+        found = self.find_workload(job)
+        assert found is not None, f"no Workload of {job}"
+        return found
+
+    def find_workload(self, job: str) -> dict[str, Any] | None:
+        items = self.custom.list_namespaced_custom_object(*K, self.ns, contract.WORKLOAD_PLURAL,
+                                                          label_selector=f"{contract.LABEL_JOB}={job}")["items"]
+        assert len(items) <= 1, [i["metadata"]["name"] for i in items]
+        return dict(items[0]) if items else None
+
+
+def admitted(status: dict[str, Any]) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions") or [] if c["type"] == "Admitted"), None)
+
+
+def live_pods(jobs: TrainingJobs, name: str) -> list[client.V1Pod]:
+    return [p for p in jobs.pods(name) if not p.metadata.deletion_timestamp]
+
+
+@pytest.fixture
+def gpu_queue(admin_api: client.ApiClient, namespace: str) -> Iterator[Queue]:
+    q = Queue(admin_api, namespace, {"cpu": "100", "memory": "100Gi", "nvidia.com/gpu": "16"})
+    yield q
+    q.delete()
+
+
+def test_quota_for_one_gang_admits_one_job_and_the_next_when_it_finishes(
+        admin_api: client.ApiClient, core_v1: client.CoreV1Api, namespace: str, operator: OperatorProcess,
+        gpu_queue: Queue) -> None:
+    jobs = TrainingJobs(admin_api, namespace, operator)
+    for name in ("first", "second"):
+        jobs.submit(kwok_job(name, {**GANG, "scheduling": {"queue": "q"}}))
+        if name == "first":
+            jobs.wait_status(name, lambda st: st.get("phase") in ("Created", "Running"), 60, "first admitted")
+    first, second = jobs.status("first"), jobs.wait_status(
+        "second", lambda st: (c := admitted(st)) and "insufficient" in c["message"], 60, "second queued")
+    print(f"first: {first['phase']}, Admitted={admitted(first)}\nsecond: {second['phase']}, "
+          f"Admitted={admitted(second)}")
+    assert second["phase"] == "Suspended" and jobs.get("second")["spec"]["suspend"] is True
+    assert live_pods(jobs, "second") == [] and len(live_pods(jobs, "first")) == 2
+    wl = gpu_queue.workload("first")
+    assert wl["spec"]["podSets"][0]["count"] == 2 and wl["status"]["admission"]["clusterQueue"] == gpu_queue.cq
+    assert wl["metadata"]["ownerReferences"][0]["name"] == "first"
+    wait_for(lambda: all(p.status.phase == "Running" for p in live_pods(jobs, "first")), 60, what="first running")
+    for p in live_pods(jobs, "first"):
+        succeed_pod(core_v1, namespace, p.metadata.name)
+    jobs.wait_status("first", lambda st: st.get("phase") == "Succeeded", 60, "first Succeeded")
+    wait_for(lambda: any(c["type"] == "Finished" and c["status"] == "True"
+                         for c in gpu_queue.workload("first")["status"]["conditions"]), 30, what="Workload Finished")
+    st = jobs.wait_status("second", lambda st: st.get("phase") in ("Created", "Running"), 60, "second admitted")
+    assert (c := admitted(st)) is not None and c["status"] == "True"
+    wait_for(lambda: jobs.get("second")["spec"]["suspend"] is False, 30, what="second's spec.suspend cleared")
+    reasons = [e.reason for e in jobs.events("second")]
+    assert "Queued" in reasons and "QuotaReserved" in reasons
+
+
+def test_a_job_managed_by_multikueue_gets_its_workload_and_no_pods(
+        admin_api: client.ApiClient, namespace: str, operator: OperatorProcess, gpu_queue: Queue) -> None:
+    jobs = TrainingJobs(admin_api, namespace, operator)
+    jobs.submit(kwok_job("mk", {**GANG, "scheduling": {"queue": "q"}, "managedBy": "kueue.x-k8s.io/multikueue"}))
+    wl = wait_for(lambda: (w := gpu_queue.find_workload("mk")) is not None and any(
+        c["type"] == "Admitted" and c["status"] == "True" for c in (w.get("status") or {}).get("conditions") or [])
+        and w, 60, what="mk's Workload admitted")
+    assert wl["spec"]["queueName"] == "q"
+    wait_for(lambda: jobs.get("mk")["spec"].get("suspend") is False, 30, what="spec.suspend cleared on admission")
+    assert jobs.pods("mk") == [] and jobs.status("mk") == {}  # MultiKueue's worker cluster runs it
+
+
+def test_a_higher_priority_job_preempts_a_running_one_which_checkpoints_and_resumes(
+        admin_api: client.ApiClient, real_namespace: str, operator: OperatorProcess) -> None:
+    """Real pods: the quota (1 CPU) holds one gang of 2 x 500m. The low job trains; the high one preempts
+    it; the low gang gets SIGTERM, checkpoints and is suspended; once the high one is done the low one is
+    admitted again and resumes from the step it was stopped at, with no failure counted."""
+    queue = Queue(admin_api, real_namespace, {"cpu": "1", "memory": "8Gi"})
+    try:
+        jobs = RealJobs(admin_api, real_namespace)
+        sized = {"resources": {"cpu": "500m", "memory": "1Gi"}, "scheduling": {"queue": "q"}, "precision": "fp32",
+                 "checkpoint": {"everySteps": 1000}}
+        low = quickstart(**sized, maxSteps=400)
+        low["metadata"]["labels"] = {contract.KUEUE_PRIORITY_CLASS_LABEL: queue.low}
+        jobs.create(low, name="low")
+        jobs.wait(name := "low", lambda st: st.get("currentStep", 0) >= 20, 300, "low at step >= 20")
+        high = quickstart(**sized, maxSteps=20)
+        high["metadata"]["labels"] = {contract.KUEUE_PRIORITY_CLASS_LABEL: queue.high}
+        jobs.create(high, name="high")
+        try:
+            stopped = jobs.wait(name, lambda st: (c := admitted(st)) is not None and c["reason"] == "Evicted"
+                                and st.get("phase") == "Suspended", 120, "low evicted and suspended")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nhigh's Workload: {queue.find_workload('high')}") from exc
+        print(f"low evicted: {admitted(stopped)['message']}")
+        jobs.wait_phase("high", "Succeeded", 600)
+        done = jobs.wait_phase(name, "Succeeded", 900)
+        print(f"low: resumed from step {done.get('resumedFromStep')}, restarts {done.get('restartCount', 0)}, "
+              f"generation {done.get('restartGeneration')}, final loss {done.get('loss')}")
+        assert done.get("restartCount", 0) == 0 and done["restartGeneration"] == 1
+        assert done.get("resumedFromStep", 0) >= 20  # the checkpoint written on SIGTERM, not step 0
+        log = jobs.log("low-worker-0")
+        assert f"(step {done['resumedFromStep']})" in log and "resumed from" in log, log[-2000:]
+    finally:
+        queue.delete()
