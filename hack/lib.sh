@@ -40,6 +40,35 @@ local_path_version() { module_version "${HACK_DIR}/local-path" github.com/ranche
 # pause is ours (hack/pause): its version is a hash of its source, so an edit rebuilds it.
 pause_version() { cat "${HACK_DIR}"/pause/go.mod "${HACK_DIR}"/pause/main.go | sha256sum | cut -c1-12; }
 
+# go_tool <module dir> <module> <package> <name> [--path | --module-dir]: a peer's binary (Kubeflow,
+# Kueue) pinned by a `tool` line in <module dir>/go.mod, built once per pin into
+# ${KUBETRAIN_BIN_CACHE}/<name>-<version>/<name>; prints its path. --path: only where it is (or would
+# be); --module-dir: the module's directory in GOMODCACHE (downloaded if needed), for its manifests.
+go_tool() {
+  local dir="$1" module="$2" pkg="$3" name="$4" v out start
+  v="$(module_version "$dir" "$module")"
+  out="${KUBETRAIN_BIN_CACHE}/${name}-${v}/${name}"
+  case "${5:-}" in
+    --path) echo "$out"; return 0 ;;
+    --module-dir)
+      (cd "$dir" && go mod download -json "${module}@${v}") \
+        | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])'
+      return 0 ;;
+    "") ;;
+    *) die "usage: $0 [--path | --module-dir]" ;;
+  esac
+  if [[ ! -x "$out" ]]; then
+    command -v go >/dev/null || die "building ${name} needs Go >= 1.26 on PATH"
+    log "building ${name} ${v} from ${pkg} (module ${dir#"${REPO_ROOT}/"}; cold: a few minutes) ..."
+    start=$SECONDS
+    mkdir -p "$(dirname "$out")"
+    (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "${out}.tmp" "$pkg")
+    mv "${out}.tmp" "$out"
+    log "  built ${out} in $((SECONDS - start))s"
+  fi
+  echo "$out"
+}
+
 # bin_path <component>: where build.sh puts that component's binary.
 bin_path() {
   local c="$1" v

@@ -16,30 +16,4 @@ set -euo pipefail
 # shellcheck source=hack/lib.sh
 source "$(dirname "$0")/../lib.sh"
 
-MODULE_DIR="${HACK_DIR}/kubeflow"
-MODULE=github.com/kubeflow/training-operator
-v="$(module_version "${MODULE_DIR}" "${MODULE}")"
-out="${KUBETRAIN_BIN_CACHE}/training-operator-${v}/training-operator"
-
-case "${1:-}" in
-  --path)
-    echo "$out"
-    exit 0 ;;
-  --module-dir)
-    (cd "${MODULE_DIR}" && go mod download -json "${MODULE}@${v}") \
-      | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])'
-    exit 0 ;;
-  "") ;;
-  *) die "usage: $0 [--path | --module-dir]" ;;
-esac
-
-if [[ ! -x "$out" ]]; then
-  command -v go >/dev/null || die "building the training-operator needs Go >= 1.26 on PATH"
-  log "building training-operator ${v} from ${MODULE}/cmd/training-operator.v1 (module hack/kubeflow; cold: a few minutes) ..."
-  start=$SECONDS
-  mkdir -p "$(dirname "$out")"
-  (cd "${MODULE_DIR}" && go build -trimpath -ldflags "-s -w" -o "${out}.tmp" "${MODULE}/cmd/training-operator.v1")
-  mv "${out}.tmp" "$out"
-  log "  built ${out} in $((SECONDS - start))s"
-fi
-echo "$out"
+go_tool "${HACK_DIR}/kubeflow" github.com/kubeflow/training-operator github.com/kubeflow/training-operator/cmd/training-operator.v1 training-operator "$@"

@@ -16,30 +16,4 @@ set -euo pipefail
 # shellcheck source=hack/lib.sh
 source "$(dirname "$0")/../lib.sh"
 
-MODULE_DIR="${HACK_DIR}/kueue"
-MODULE=sigs.k8s.io/kueue
-v="$(module_version "${MODULE_DIR}" "${MODULE}")"
-out="${KUBETRAIN_BIN_CACHE}/kueue-${v}/kueue"
-
-case "${1:-}" in
-  --path)
-    echo "$out"
-    exit 0 ;;
-  --module-dir)
-    (cd "${MODULE_DIR}" && go mod download -json "${MODULE}@${v}") \
-      | python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])'
-    exit 0 ;;
-  "") ;;
-  *) die "usage: $0 [--path | --module-dir]" ;;
-esac
-
-if [[ ! -x "$out" ]]; then
-  command -v go >/dev/null || die "building Kueue needs Go >= 1.26 on PATH"
-  log "building kueue ${v} from ${MODULE}/cmd/kueue (module hack/kueue; cold: a few minutes) ..."
-  start=$SECONDS
-  mkdir -p "$(dirname "$out")"
-  (cd "${MODULE_DIR}" && go build -trimpath -ldflags "-s -w" -o "${out}.tmp" "${MODULE}/cmd/kueue")
-  mv "${out}.tmp" "$out"
-  log "  built ${out} in $((SECONDS - start))s"
-fi
-echo "$out"
+go_tool "${HACK_DIR}/kueue" sigs.k8s.io/kueue sigs.k8s.io/kueue/cmd/kueue kueue "$@"
