@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 from support.cluster import kubeconfig_path
 from support.jobs import TrainingJobs
-from support.kwok import kwok_job, succeed_pod
+from support.kwok import fake_node_manifest, kwok_job, succeed_pod
 from support.operator_process import OperatorProcess
 from support.real_pods import TRAINER_IMAGE, RealJobs, quickstart
 from support.resources import not_found_ok
@@ -143,6 +143,57 @@ def test_a_job_managed_by_multikueue_gets_its_workload_and_no_pods(
     assert wl["spec"]["queueName"] == "q"
     wait_for(lambda: jobs.get("mk")["spec"].get("suspend") is False, 30, what="spec.suspend cleared on admission")
     assert jobs.pods("mk") == [] and jobs.status("mk") == {}  # MultiKueue's worker cluster runs it
+
+
+def test_topology_aware_scheduling_keeps_the_gang_in_one_block(
+        admin_api: client.ApiClient, core_v1: client.CoreV1Api, namespace: str, operator: OperatorProcess) -> None:
+    """Kueue's topology-aware scheduling: block a cannot hold the 2 x 8-GPU gang (8 + 4 GPUs), block b can;
+    the job's podset-required-topology annotation becomes the Workload's topologyRequest, the pods wait at
+    Kueue's topology gate, and Kueue's ungater sends both to block b."""
+    tag = uuid.uuid4().hex[:6]
+    block, nodes = f"example.com/block-{tag}", {f"tas-{tag}-a0": ("a", 8), f"tas-{tag}-a1": ("a", 4),
+                                               f"tas-{tag}-b0": ("b", 8), f"tas-{tag}-b1": ("b", 8)}
+    for name, (b, gpus) in nodes.items():
+        core_v1.create_node(fake_node_manifest(name, gpus=gpus, labels={block: b, "tas-test": tag}))
+    queue = TopologyQueue(admin_api, namespace, tag, block)
+    try:
+        jobs = TrainingJobs(admin_api, namespace, operator)
+        body = kwok_job("tas", {**GANG, "scheduling": {"queue": "q"}})
+        body["metadata"]["annotations"] = {contract.KUEUE_REQUIRED_TOPOLOGY: block}
+        jobs.submit(body)
+        placed = wait_for(lambda: (ps := live_pods(jobs, "tas")) and len(ps) == 2 and all(
+            p.spec.node_name for p in ps) and ps, 90, what="both workers bound")
+        wl = queue.workload("tas")
+        assert wl["spec"]["podSets"][0]["topologyRequest"]["required"] == block
+        assert wl["status"]["admission"]["podSetAssignments"][0].get("topologyAssignment")
+        where = {p.metadata.name: p.spec.node_name for p in placed}
+        print(f"TAS placed the gang on {where}")
+        assert all(nodes[n][0] == "b" for n in where.values()), where
+        assert all(not p.spec.scheduling_gates for p in placed)  # Kueue's ungater lifted its gate
+    finally:
+        queue.delete()
+        for name in nodes:
+            with not_found_ok():
+                core_v1.delete_node(name)
+
+
+class TopologyQueue(Queue):
+    """A Queue whose flavor is the test's nodes, placed by a Kueue Topology of (block, hostname)."""
+
+    def __init__(self, admin_api: client.ApiClient, namespace: str, tag: str, block: str):
+        self.custom, self.ns, self.tag, self.made = client.CustomObjectsApi(admin_api), namespace, tag, []
+        self.cq = f"cq-{tag}"
+        self._make("topologies", None, {"kind": "Topology", "metadata": {"name": f"topo-{tag}"}, "spec": {
+            "levels": [{"nodeLabel": block}, {"nodeLabel": "kubernetes.io/hostname"}]}})
+        self._make("resourceflavors", None, {"kind": "ResourceFlavor", "metadata": {"name": f"flavor-{tag}"},
+                                             "spec": {"nodeLabels": {"tas-test": tag}, "topologyName": f"topo-{tag}"}})
+        quota = {"cpu": "100", "memory": "100Gi", "nvidia.com/gpu": "64"}
+        flavor = {"name": f"flavor-{tag}", "resources": [{"name": k, "nominalQuota": v} for k, v in quota.items()]}
+        self._make("clusterqueues", None, {"kind": "ClusterQueue", "metadata": {"name": self.cq}, "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "resourceGroups": [{"coveredResources": list(quota), "flavors": [flavor]}]}})
+        self._make("localqueues", namespace, {"kind": "LocalQueue", "metadata": {"name": "q"},
+                                             "spec": {"clusterQueue": self.cq}})
 
 
 def test_a_higher_priority_job_preempts_a_running_one_which_checkpoints_and_resumes(
