@@ -13,6 +13,8 @@ import pytest
 from support.paths import QUICKSTART
 from support.trainer_harness import run_cli
 
+from kubetrain.core import hardware
+
 pytestmark = pytest.mark.e2e
 
 
@@ -37,6 +39,9 @@ def test_quickstart_trains_and_loss_falls(runs):
     assert s["tokens_per_second"] > 0
     assert s["network_transport"] == "gloo"  # CPU: rank 0 reports the backend, no NCCL to probe
     assert "metrics: http://127.0.0.1:9400-9401/metrics" in err
+    # bf16 on this CPU: measured before the start, and said when it is the slower precision
+    assert s["bf16_slowdown"] > 0
+    assert ("bf16 is slow on this CPU" in err) == (s["bf16_slowdown"] >= hardware.SLOW_BF16)
 
 
 def test_fail_at_restarts_once_resumes_from_step_20_and_resume_is_exact(runs):

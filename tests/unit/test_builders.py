@@ -318,3 +318,18 @@ def test_checkpoint_dir_is_where_pods_mount_the_claim():
     c = pod["spec"]["containers"][0]
     assert {"name": "checkpoints", "mountPath": "/ckpt/run1"} in c["volumeMounts"]
     assert {"name": contract.CHECKPOINT_DIR, "value": "/ckpt/run1"} in c["env"]
+
+
+@pytest.mark.parametrize(("cpu", "procs", "threads"), [("4", 2, "2"), ("500m", 1, "1"), ("8", 3, "2"), (None, 2, None)])
+def test_worker_threads_share_the_pods_cpu_request(cpu, procs, threads):
+    resources = {"cpu": cpu} if cpu else {}
+    pod = b.worker_pod(job(resources=resources, procsPerWorker=procs), 0, 0, b.Settings())
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env.get("OMP_NUM_THREADS") == threads and env.get("MKL_NUM_THREADS") == threads
+
+
+def test_the_jobs_own_thread_count_wins():
+    pod = b.worker_pod(job(resources={"cpu": "8"}, env=[{"name": "OMP_NUM_THREADS", "value": "7"}]), 0, 0, b.Settings())
+    env = [(e["name"], e.get("value")) for e in pod["spec"]["containers"][0]["env"]]
+    assert env.count(("OMP_NUM_THREADS", "7")) == 1 and [n for n, _ in env].count("OMP_NUM_THREADS") == 1
+    assert ("MKL_NUM_THREADS", "8") in env

@@ -14,12 +14,12 @@ import yaml
 
 from kubetrain.core.api import Phase, TrainingSweep, TrainingSweepSpec, TrainingSweepStatus, TrialRecord
 from kubetrain.core.cli import main
-from kubetrain.core.contract import LABEL_SWEEP, format_time
+from kubetrain.core.contract import LABEL_SWEEP, format_time, threads_per_process
 from kubetrain.core.sweep import report
 from kubetrain.core.sweep.local import runnable_anywhere, template_manifest
 from kubetrain.core.sweep.mirror import INDEX_ATTR, StudyMirror
 from kubetrain.core.sweep.model import SweepEvent, SweepReason, TrialObservation
-from kubetrain.core.sweep.trials import LocalTrials, ended, from_disk, local_manifest, threads_per_process
+from kubetrain.core.sweep.trials import LocalTrials, ended, from_disk, local_manifest
 from kubetrain.core.sweep.view import SweepView
 from kubetrain.core.validate import check
 
@@ -204,7 +204,7 @@ def test_local_trial_manifest_keeps_checkpoints_in_the_trial_and_gets_its_own_po
 @pytest.mark.parametrize(("cores", "parallelism", "world", "threads"), [(2, 2, 1, 1), (16, 2, 2, 4), (8, 3, 1, 2),
                                                                          (4, 8, 1, 1)])
 def test_threads_share_the_cores(cores, parallelism, world, threads):
-    assert threads_per_process(cores, parallelism, world) == threads
+    assert threads_per_process(cores, parallelism * world) == threads
 
 
 # --------------------------------------------------------------------------- observations from files

@@ -179,6 +179,30 @@ class WorkerPlacement:
         return self.workers * self.procs_per_worker
 
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""OpenMP and MKL (torch's CPU kernels) thread counts, set for every worker process unless the job's env sets them."""
+
+
+def threads_per_process(cores: float, processes: int) -> int:
+    """The CPU threads each of `processes` processes gets when they share `cores`: at least 1, never more
+    threads in all than cores (oversubscribed cores make every collective wait on the slowest thread)."""
+    return max(1, int(cores // max(1, processes)))
+
+
+def thread_env(cores: float | None, processes: int) -> dict[str, str]:
+    """THREAD_VARIABLES for processes sharing `cores`; none where the cores are unknown (a pod without a CPU
+    request may use the whole node: torch's own default, one thread per core, is then the better guess)."""
+    if cores is None:
+        return {}
+    return dict.fromkeys(THREAD_VARIABLES, str(threads_per_process(cores, processes)))
+
+
+def cpu_cores(quantity: str) -> float:
+    """A Kubernetes CPU quantity in cores: `500m` -> 0.5, `2` -> 2.0."""
+    q = quantity.strip()
+    return float(q[:-1]) / 1000 if q.endswith("m") else float(q)
+
+
 def torch_env(placement: WorkerPlacement, master_addr: str, master_port: int) -> dict[str, str]:
     """torch.distributed and torchrun variables: the one place they are built, for a pod (a whole worker),
     a local worker, and each process the launcher starts. RANK and LOCAL_RANK only when the placement

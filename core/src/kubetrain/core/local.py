@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from kubetrain.core import contract, launcher
+from kubetrain.core import contract, hardware, launcher
 from kubetrain.core import lifecycle as lc
 from kubetrain.core.api import FINISHED_PHASES, CheckpointRef, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
 from kubetrain.core.progress import Progress, complete_checkpoints, read_progress
@@ -101,6 +101,8 @@ class Summary:
     world_size: int = 0
     network_transport: str | None = None
     """What rank 0 reported: gloo on CPU, or the transport NCCL chose (P2P/SHM on one machine)."""
+    bf16_slowdown: float | None = None
+    """A CPU run with precision bf16: the bf16/fp32 matrix-product time ratio measured before it started."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2)
@@ -227,6 +229,7 @@ class LocalRun:
         self.job_status = TrainingJobStatus()
         self.gen: Generation | None = None
         self.resumed_from: list[int] = []
+        self.bf16_slowdown: float | None = None
         self.stop_requested = False
 
     # ------------------------------------------------------------------ processes
@@ -258,7 +261,8 @@ class LocalRun:
         """One worker's environment, as a pod's: launcher.child_envs() makes each rank's from it."""
         spec = self.spec
         env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.world_size)))
+        for var, value in contract.thread_env(os.cpu_count() or 1, spec.world_size).items():
+            env.setdefault(var, value)  # every rank of every worker shares this machine's cores
         env.update(contract.torch_env(contract.WorkerPlacement(node_rank, 0, spec.procs, spec.workers), "127.0.0.1", port))
         env.update(
             contract.kubetrain_env(
@@ -406,6 +410,10 @@ class LocalRun:
         self.line.say(f"output: {self.out} (logs/, checkpoints/, progress.json)")
         if spec.checkpoint.ephemeral:
             self.line.say("checkpoint.ephemeral applies to pods only: local checkpoints survive restarts")
+        if spec.precision == "bf16" and not Path("/proc/driver/nvidia").exists():  # the workers train on this CPU
+            self.bf16_slowdown = hardware.bf16_slowdown()
+            if notice := hardware.bf16_notice(self.bf16_slowdown, hardware.this_cpu_native_bf16()):
+                self.line.say(notice)
         ports = f"{spec.metrics_port}-{spec.metrics_port + spec.world_size - 1}"
         self.line.say(f"metrics: http://127.0.0.1:{ports}/metrics (one port per rank, Prometheus format)")
 
@@ -457,4 +465,5 @@ class LocalRun:
             output_dir=str(self.out),
             world_size=self.spec.world_size,
             network_transport=p.network_transport,
+            bf16_slowdown=self.bf16_slowdown,
         )

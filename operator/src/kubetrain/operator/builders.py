@@ -316,6 +316,8 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
             metrics_port=spec.metrics_port,
         ),
     }
+    cores = contract.cpu_cores(spec.resources.cpu) if spec.resources.cpu else None
+    values.update(contract.thread_env(cores, spec.procs))  # the worker's CPU request, shared by its processes
     values.update(fabrics.profile(spec).env)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
     if spec.progress_reporting:  # the pod's own identity, for rank 0's progress annotation (Downward API)

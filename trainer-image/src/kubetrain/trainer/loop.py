@@ -15,7 +15,7 @@ from typing import IO, Any
 import torch
 import torch.distributed as dist
 
-from kubetrain.core import contract
+from kubetrain.core import contract, hardware
 from kubetrain.core.api import TrainingJobSpec
 from kubetrain.core.contract import SIGTERM_EXIT_CODE
 from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
@@ -308,6 +308,14 @@ def train(env: Env, spec: TrainingJobSpec) -> int:
             dist.destroy_process_group()
 
 
+def _bf16_notice(env: Env, spec: TrainingJobSpec, device: torch.device) -> None:
+    """Rank 0 says so before the first step when bf16 is slower than fp32 on this CPU (a pod's log)."""
+    if env.rank == 0 and device.type == "cpu" and spec.precision == "bf16":
+        notice = hardware.bf16_notice(hardware.bf16_slowdown(), hardware.this_cpu_native_bf16())
+        if notice:
+            log.warning("%s", notice)
+
+
 def _train(
     env: Env, spec: TrainingJobSpec, stop: StopFlag, ckpt_root: Path, corpus: torch.Tensor, device: torch.device,
     transport: str | None = None,
@@ -320,6 +328,7 @@ def _train(
     engine = make_engine(spec, model, device, env.world_size)
     reporter = Reporter(env, spec, ckpt_root)
     reporter.progress.network_transport = transport
+    _bf16_notice(env, spec, device)
     checkpoints = CheckpointManager(ckpt_root, spec.checkpoint, engine, metrics, reporter)
     state = checkpoints.resume(reporter.carried_state())
     reporter.started(state.step)

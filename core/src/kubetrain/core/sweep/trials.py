@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import yaml
 
-from kubetrain.core import local
+from kubetrain.core import contract, local
 from kubetrain.core.api import Phase, TrainingJobSpec
 from kubetrain.core.contract import format_time
 from kubetrain.core.progress import atomic_write_text, read_progress
@@ -34,7 +34,6 @@ PROCESS_RECORD = "processes.jsonl"
 """One JSON line per trial process started or ended (index, event, time, pid, exit code)."""
 STOP_WAIT_SECONDS = local.STOP_GRACE_SECONDS + 30.0
 """How long a stopped trial gets: `kubetrain run` itself waits this long less 30 s for its workers' checkpoints."""
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 STOPPED_MESSAGE = "stopped by the sweep"
 SUMMARY = "summary.json"
 
@@ -56,11 +55,6 @@ class QueuedStart:
     index: int
     job_name: str
     manifest: dict[str, Any]
-
-
-def threads_per_process(cores: int, parallelism: int, world_size: int) -> int:
-    """CPU threads for each worker process when `parallelism` trials of `world_size` processes share `cores`."""
-    return max(1, cores // max(1, parallelism * world_size))
 
 
 def last_line(path: Path) -> str:
@@ -181,9 +175,8 @@ class LocalTrials:
         """This environment, with the cores shared among the trials unless the user chose thread counts
         (`kubetrain run` would give each of its processes all the cores divided by the trial's world size)."""
         env = dict(os.environ)
-        threads = threads_per_process(os.cpu_count() or 1, self.parallelism, spec.world_size)
-        for name in THREAD_VARIABLES:
-            env.setdefault(name, str(threads))
+        for name, value in contract.thread_env(os.cpu_count() or 1, self.parallelism * spec.world_size).items():
+            env.setdefault(name, value)
         return env
 
     # ------------------------------------------------------------------ observe
