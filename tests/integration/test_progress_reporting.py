@@ -25,6 +25,7 @@ from kubernetes.client.rest import ApiException
 from support.helm_rbac import ChartIdentity, assert_no_forbidden
 from support.identities import bearer_client, token_for
 from support.jobs import StatusCheck, TrainingJobs
+from support.kubectl import kubectl
 from support.kwok import kwok_job
 from support.operator_process import OperatorProcess
 from support.resources import wait_gone
@@ -107,6 +108,11 @@ def test_trainer_progress_reaches_status_and_rbac_is_exact(
         assert st["loss"] == f"{run.progress['loss']:.4f}" and st["lastProgressTime"]
         assert st["lastCheckpoint"]["path"] == run.progress["lastCheckpoint"]["path"]
         assert st["phase"] == "Running" and not st.get("restartCount")
+        assert (st["percentComplete"], st["eta"]) == ("100%", "0.0s") and st["tokensPerSecond"] > 0
+        header, row = kubectl("get", "tj", "prog", "-n", namespace).stdout.splitlines()[:2]
+        print(f"kubectl get tj:\n{header}\n{row}")
+        assert header.split()[:8] == ["NAME", "PHASE", "WORKERS", "STEP", "DONE", "ETA", "LOSS", "RESTARTS"]
+        assert row.split()[3:7] == ["6", "100%", "0.0s", st["loss"]]
         raw = job.core.read_namespaced_pod("prog-worker-0", namespace).metadata.annotations[contract.PROGRESS_ANNOTATION]
         assert Progress.model_validate_json(raw) == Progress.model_validate(run.progress), "the progress.json record"
 

@@ -213,3 +213,20 @@ def test_restart_message_names_the_step_the_next_generation_starts_from(observed
     step_part = origin.removeprefix("restarting the whole gang ").split(" (restart")[0]
     assert waiting.message.startswith(f"starting generation 1 {step_part} in 3.0s")
     assert created.message == f"creating 3 of 3 worker(s) of generation 1 {step_part}"
+
+
+def test_status_shows_percent_eta_throughput_and_mfu_from_rank_0s_report():
+    from kubetrain.core.api import TrainingJobStatus  # noqa: PLC0415
+    from kubetrain.core.lifecycle import Observed as Seen  # noqa: PLC0415
+    from kubetrain.core.lifecycle.status import take_progress  # noqa: PLC0415
+    from kubetrain.core.progress import Progress  # noqa: PLC0415
+
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    status = TrainingJobStatus(max_steps=200)
+    take_progress(status, Seen(progress=Progress(step=50, step_seconds=2.0, tokens_per_second=1234.6, mfu=0.412)), now)
+    assert (status.percent_complete, status.eta, status.tokens_per_second, status.mfu) == ("25%", "5m00s", 1235, "41.2%")
+    take_progress(status, Seen(progress=Progress(step=200, step_seconds=2.0, tokens_per_second=1000.0)), now)
+    assert (status.percent_complete, status.eta, status.mfu) == ("100%", "0.0s", "41.2%")  # no peak known: kept
+    old_gen = TrainingJobStatus(max_steps=200, restart_generation=1)
+    take_progress(old_gen, Seen(progress=Progress(step=50, generation=0, step_seconds=2.0)), now)
+    assert old_gen.eta is None  # an older generation's rates say nothing about this one

@@ -239,7 +239,8 @@ def test_trainer_reporter_annotates_when_in_a_pod(
     state = TrainerState(world_size=1, strategy="ddp")
     for step in (1, 2, 3):
         state.step = step
-        rep.step({"step": step, "loss": 3.0 - step, "tokens_per_second": 1.0}, state, 1.0, force=step == 1)
+        rep.step({"step": step, "loss": 3.0 - step, "tokens_per_second": 1.0}, state, loop.Rates(1.0, 0.5, 0.25),
+                 force=step == 1)
         if step == 1:  # the first step is forced out at once; later ones may coalesce into the newest
             wait(lambda: len(stub.requests) == 1)
     rep.checkpoint(state, tmp_path / "ck" / "step-00000003", 0.1)
@@ -249,6 +250,7 @@ def test_trainer_reporter_annotates_when_in_a_pod(
     last = Progress.model_validate_json(stub.requests[-1]["body"]["metadata"]["annotations"][contract.PROGRESS_ANNOTATION])
     assert last == Progress.model_validate_json((out / contract.PROGRESS_FILE).read_text())
     assert (last.step, last.generation, last.finished, last.last_checkpoint.step) == (3, 1, True, 3)
+    assert (last.tokens_per_second, last.step_seconds, last.mfu) == (1.0, 0.5, 0.25)
     assert stub.steps()[0] == 1 and stub.steps() == sorted(stub.steps())
 
 

@@ -714,6 +714,14 @@ class TrainingJobStatus(_Model):
     """spec.maxSteps."""
     loss: str | None = None
     """Last loss rank 0 reported."""
+    percent_complete: str | None = None
+    """currentStep as a percentage of maxSteps (e.g. `45%`)."""
+    eta: str | None = None
+    """Time left at the current generation's mean step time (e.g. `4m10s`), as of rank 0's last report."""
+    tokens_per_second: int | None = None
+    """Training throughput of the whole gang, mean over the current generation's steps."""
+    mfu: str | None = None
+    """Model FLOPs utilization over the current generation's steps (e.g. `41.2%`), where the device's peak FLOP/s is known (a GPU in the trainer's table, or KUBETRAIN_PEAK_FLOPS)."""
     last_checkpoint: CheckpointRef | None = None
     """Newest complete checkpoint."""
     last_progress_time: str | None = None

@@ -203,6 +203,16 @@ def cpu_cores(quantity: str) -> float:
     return float(q[:-1]) / 1000 if q.endswith("m") else float(q)
 
 
+def format_duration(seconds: float) -> str:
+    """`42.0s`, `3m05s`, `1h02m`: a duration as status, tables and summaries show it."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
 def torch_env(placement: WorkerPlacement, master_addr: str, master_port: int) -> dict[str, str]:
     """torch.distributed and torchrun variables: the one place they are built, for a pod (a whole worker),
     a local worker, and each process the launcher starts. RANK and LOCAL_RANK only when the placement

@@ -143,9 +143,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"Phase:       {st.get('phase', 'Pending')}" + (f" ({st['reason']})" if st.get("reason") else ""),
         f"Workers:     {st.get('workersSummary') or '-'}",
         f"Step:        {st.get('currentStep', 0)}" + (f"/{st['maxSteps']}" if st.get("maxSteps") else "")
-        + (f"  loss {st['loss']}" if st.get("loss") else ""),
+        + (f"  loss {st['loss']}" if st.get("loss") else "")
+        + (f"  ({st['percentComplete']}, ETA {st.get('eta') or '-'})" if st.get("percentComplete") else ""),
         f"Restarts:    {st.get('restartCount', 0)} (generation {st.get('restartGeneration', 0)})",
     ]
+    if st.get("tokensPerSecond"):
+        lines.append(f"Throughput:  {st['tokensPerSecond']:,} tokens/s" + (f", MFU {st['mfu']}" if st.get("mfu") else ""))
     if st.get("failures"):
         lines.append("Failures:    " + ", ".join(f"{k}={v}" for k, v in sorted(st["failures"].items())))
     ckpt = st.get("lastCheckpoint")

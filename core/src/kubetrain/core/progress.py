@@ -51,6 +51,10 @@ class Progress(_Model):
     """Loss of step 1 of the whole run (kept across restarts)."""
     tokens_per_second: float = 0.0
     """Mean over this generation's steps."""
+    step_seconds: float | None = None
+    """Mean seconds per step over this generation's steps."""
+    mfu: float | None = None
+    """Model FLOPs utilization (0-1) over this generation's steps, where the device's peak is known."""
     world_size: int = 0
     resumed_from: int | None = None
     """Step of the checkpoint this generation resumed from."""

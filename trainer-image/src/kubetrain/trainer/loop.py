@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
@@ -125,7 +126,7 @@ class Reporter:
                 self.progress.checkpoints = list(previous.checkpoints)
                 self.progress.last_checkpoint = previous.last_checkpoint
 
-    def step(self, record: dict[str, Any], state: TrainerState, tokens_per_second: float, force: bool) -> None:
+    def step(self, record: dict[str, Any], state: TrainerState, rates: Rates, force: bool) -> None:
         if not self.enabled:
             return
         step, loss = record["step"], record["loss"]
@@ -136,7 +137,9 @@ class Reporter:
         self.progress.step = step
         self.progress.loss = loss
         self.progress.initial_loss = state.initial_loss
-        self.progress.tokens_per_second = tokens_per_second
+        self.progress.tokens_per_second = rates.tokens_per_second
+        self.progress.step_seconds = rates.step_seconds
+        self.progress.mfu = rates.mfu
         self.write(force)
 
     def carried_state(self) -> TrainerState:
@@ -203,6 +206,13 @@ def _global_param_norm(engine: Engine) -> float:
     return float(t.sqrt())
 
 
+@dataclass(frozen=True)
+class Rates:
+    tokens_per_second: float
+    step_seconds: float | None
+    mfu: float | None
+
+
 class StepObserver:
     """Turns each finished step into its Prometheus metrics and its losses.jsonl record."""
 
@@ -224,6 +234,13 @@ class StepObserver:
     def mean_tokens_per_second(self) -> float:
         """Over the steps of this generation so far."""
         return self.total_tokens / self.total_seconds
+
+    def rates(self) -> Rates:
+        """Means over the steps of this generation so far, for rank 0's progress record."""
+        steps = self.total_tokens // self.tokens_per_step
+        tps = self.mean_tokens_per_second
+        mfu = self.flops_per_token * tps / self.env.world_size / self.peak if self.peak else None
+        return Rates(tps, self.total_seconds / steps if steps else None, mfu)
 
     def observe(self, state: TrainerState, loss: float, lr: float, info: StepInfo, seconds: float) -> dict[str, Any]:
         """Collective when the parameter norm is asked for (FSDP sums it over shards)."""
@@ -345,7 +362,7 @@ def _train(
         record = observer.observe(state, loss, lr, info, time.perf_counter() - t0)
         final = state.step >= spec.max_steps
         due = checkpoints.due(state.step, final=final, stopping=stopping)
-        reporter.step(record, state, observer.mean_tokens_per_second, force=first or final or due)
+        reporter.step(record, state, observer.rates(), force=first or final or due)
         first = False
         checkpoints.maybe_save(state, final=final, stopping=stopping)
         if final:

@@ -16,9 +16,10 @@ from kubetrain.core.api import (
     TrainingJobSpec,
     TrainingJobStatus,
 )
-from kubetrain.core.contract import format_time
+from kubetrain.core.contract import format_duration, format_time
 from kubetrain.core.lifecycle.model import Observed, Reason, RecordEvent
 from kubetrain.core.lifecycle.policies import JobView
+from kubetrain.core.progress import Progress
 
 PROGRESS_UNKNOWN = "ProgressUnknown"
 """Condition: rank 0's progress cannot be known, so restartPolicy.progressDeadlineSeconds is not applied."""
@@ -46,6 +47,7 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
         if current_gen:
             status.resumed_from_step = progress.resumed_from or 0
             status.network_transport = progress.network_transport or status.network_transport
+            _take_rates(status, progress)
         ck = progress.last_checkpoint
         if ck is not None:
             ref = CheckpointRef(step=ck.step, path=ck.path, time=ck.time)
@@ -54,6 +56,18 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
     found = observed.checkpoint
     if found is not None and (status.last_checkpoint is None or status.last_checkpoint.step < found.step):
         status.last_checkpoint = found
+
+
+def _take_rates(status: TrainingJobStatus, progress: Progress) -> None:
+    """Percent, ETA, tokens/s and MFU from the current generation's report (kubectl get columns)."""
+    if status.max_steps > 0:
+        status.percent_complete = f"{min(100, status.current_step * 100 // status.max_steps)}%"
+    if progress.step_seconds:
+        status.eta = format_duration(max(0, status.max_steps - status.current_step) * progress.step_seconds)
+    if progress.tokens_per_second:
+        status.tokens_per_second = round(progress.tokens_per_second)
+    if progress.mfu is not None:
+        status.mfu = f"{progress.mfu * 100:.1f}%"
 
 
 def set_condition(

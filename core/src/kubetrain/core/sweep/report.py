@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubetrain.core.api import FINISHED_TRIAL_STATES, TrainingSweepSpec, TrainingSweepStatus, TrialRecord, TrialState
-from kubetrain.core.contract import parse_time
+from kubetrain.core.contract import format_duration, parse_time
 
 PARAMS_WIDTH = 48
 """Widest params column: beyond it the column is cut with `...` so that a row stays on one line."""
@@ -29,16 +29,6 @@ def format_value(value: Any) -> str:
 def format_params(params: Mapping[str, Any]) -> str:
     """`optimizer.lr=0.00312 microBatchSize=8`, in the order the sweep lists its parameters."""
     return " ".join(f"{path}={format_value(v)}" for path, v in params.items())
-
-
-def format_duration(seconds: float) -> str:
-    """`42.0s`, `3m05s`, `1h02m`."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(int(round(seconds)), 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    return f"{minutes // 60}h{minutes % 60:02d}m"
 
 
 def _loss(value: float | None) -> str:
