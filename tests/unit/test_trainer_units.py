@@ -13,7 +13,7 @@ from kubetrain.core.api import DataSpec, ModelSpec, OptimizerSpec, TrainingJobSp
 from kubetrain.core.progress import COMMIT_MARKER, complete_checkpoints
 from kubetrain.trainer.checkpoint import TrainerState, missing_parts, prune, require_every_part
 from kubetrain.trainer.config import ConfigError, load_spec, parse_fail_at, read_env
-from kubetrain.trainer.data import Sampler, load_corpus
+from kubetrain.trainer.data import Sampler, eval_batches, load_corpus, split_eval
 from kubetrain.trainer.engines import deepspeed_config
 from kubetrain.trainer.metrics import PEAK_FLOPS_ENV, peak_flops
 from kubetrain.trainer.model import Transformer, flops_per_token
@@ -173,6 +173,31 @@ def test_prune_keeps_newest_and_drops_older_torn(tmp_path: Path) -> None:
     prune(tmp_path, keep=2)
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [6, 8]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000006", "step-00000008", "step-00000009"]
+
+
+def test_prune_never_deletes_the_best_eval_checkpoint(tmp_path: Path) -> None:
+    for step in (2, 4, 6):
+        (tmp_path / f"step-{step:08d}").mkdir()
+        (tmp_path / f"step-{step:08d}" / COMMIT_MARKER).write_text("{}")
+    prune(tmp_path, keep=1, best_eval=2)
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [2, 6]
+
+
+def test_eval_text_is_held_out_or_read_from_eval_path(tmp_path: Path) -> None:
+    corpus = torch.arange(1000, dtype=torch.int64).to(torch.uint8)
+    spec = TrainingJobSpec.model_validate({"evalEverySteps": 5, "model": {"seqLen": 16}, "microBatchSize": 2})
+    train, held = split_eval(corpus, spec)
+    assert held is not None and (train.numel(), held.numel()) == (950, 50)  # the last 5%, not trained on
+    assert split_eval(corpus, TrainingJobSpec()) == (corpus, None)
+    (tmp_path / "eval.txt").write_text("x" * 100)
+    with_path = spec.model_copy(update={"data": DataSpec(evalPath=str(tmp_path / "eval.txt"))})
+    train, held = split_eval(corpus, with_path)
+    assert train.numel() == 1000 and held is not None and held.numel() == 100
+    with pytest.raises(ConfigError, match="evalEverySteps"):
+        split_eval(corpus[:40], spec)
+    mine, theirs = eval_batches(corpus, spec, 2, 0), eval_batches(corpus, spec, 2, 1)
+    assert len(mine) == spec.eval_batches and not torch.equal(mine[0][0], theirs[0][0])
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(mine, eval_batches(corpus, spec, 2, 0), strict=True))
 
 
 def test_trainer_state_ignores_unknown_keys() -> None:

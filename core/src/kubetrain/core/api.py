@@ -224,6 +224,8 @@ class DataSpec(_Model):
     """File pattern when path is a directory."""
     tokenizer: Literal["byte"] = "byte"
     """Tokenizer: `byte` (UTF-8 bytes, vocabulary 256; ships with kubetrain)."""
+    eval_path: str | None = None
+    """Held-out text for evaluation (evalEverySteps): a file or a directory (same glob). Unset: the last 5% of the training text is held out instead (and not trained on)."""
 
 
 class OptimizerSpec(_Model):
@@ -592,6 +594,10 @@ class TrainingJobSpec(_Model):
     """Samples per process per micro-batch. Global batch = microBatchSize x gradientAccumulationSteps x world size. At most 65536."""
     max_steps: int = Field(100, ge=1, le=MAX_STEPS)
     """Optimizer steps to train; the job succeeds when rank 0 reaches it. At most 1000000000."""
+    eval_every_steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    """Compute the loss on held-out text (data.evalPath, or the last 5% of the training text) every this many steps and at the last step, over all ranks: status.evalLoss, the `kubetrain_trainer_eval_loss` metric, summary.json's eval_loss; the checkpoint with the lowest eval loss is recorded as `best-eval.json` in the checkpoint directory and kept. Unset: no evaluation."""
+    eval_batches: int = Field(4, ge=1, le=10_000)
+    """Micro-batches of microBatchSize windows each rank evaluates per evaluation (the same windows every time, so evaluations compare)."""
     seed: int = Field(1234, ge=0, le=2**32 - 1)
     """Seed for initialisation and data order; the same seed gives the same run. At most 4294967295."""
     model: ModelSpec = Field(default_factory=ModelSpec)
@@ -714,6 +720,8 @@ class TrainingJobStatus(_Model):
     """spec.maxSteps."""
     loss: str | None = None
     """Last loss rank 0 reported."""
+    eval_loss: str | None = None
+    """Loss on the held-out text at rank 0's newest evaluation (spec.evalEverySteps)."""
     percent_complete: str | None = None
     """currentStep as a percentage of maxSteps (e.g. `45%`)."""
     eta: str | None = None

@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"loss {summary.initial_loss:.4f} -> {summary.final_loss:.4f}"
         if summary.initial_loss is not None and summary.final_loss is not None
         else "no loss reported"
-    )
+    ) + (f" (eval {summary.eval_loss:.4f}, best at step {summary.best_eval_step})" if summary.eval_loss else "")
     print(
         f"{summary.name}: {summary.phase} ({summary.reason}) after {summary.steps}/{summary.max_steps} steps, "
         f"{loss}, {summary.restarts} restart(s), {summary.tokens_per_second:,.0f} tokens/s, "

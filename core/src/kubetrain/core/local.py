@@ -101,6 +101,10 @@ class Summary:
     world_size: int = 0
     network_transport: str | None = None
     """What rank 0 reported: gloo on CPU, or the transport NCCL chose (P2P/SHM on one machine)."""
+    eval_loss: float | None = None
+    """Loss on the held-out text at the last evaluation (spec.evalEverySteps)."""
+    best_eval_step: int | None = None
+    """Step of the checkpoint with the lowest eval loss (kept; recorded in best-eval.json)."""
     bf16_slowdown: float | None = None
     """A CPU run with precision bf16: the bf16/fp32 matrix-product time ratio measured before it started."""
 
@@ -203,6 +207,8 @@ def progress_text(p: Progress | None, gen: int, restarts: int, started: float, b
     filled = int(width * p.step / max(1, p.max_steps))
     bar = "#" * filled + "." * (width - filled)
     loss = f"{p.loss:.4f}" if p.loss is not None else "-"
+    if p.eval_loss is not None:
+        loss += f" (eval {p.eval_loss:.4f})"
     rate = (p.step - base_step) / max(1e-9, now - started)
     eta = _fmt_eta((p.max_steps - p.step) / rate) if rate > 0 else "?"
     return (
@@ -465,5 +471,7 @@ class LocalRun:
             output_dir=str(self.out),
             world_size=self.spec.world_size,
             network_transport=p.network_transport,
+            eval_loss=p.eval_loss,
+            best_eval_step=p.best_eval_step,
             bf16_slowdown=self.bf16_slowdown,
         )

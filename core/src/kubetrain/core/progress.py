@@ -55,6 +55,10 @@ class Progress(_Model):
     """Mean seconds per step over this generation's steps."""
     mfu: float | None = None
     """Model FLOPs utilization (0-1) over this generation's steps, where the device's peak is known."""
+    eval_loss: float | None = Field(None, allow_inf_nan=True)
+    """Loss on the held-out text at the newest evaluation (spec.evalEverySteps)."""
+    best_eval_step: int | None = None
+    """Step of the checkpoint taken at the lowest eval loss so far (best-eval.json in the checkpoint directory)."""
     world_size: int = 0
     resumed_from: int | None = None
     """Step of the checkpoint this generation resumed from."""

@@ -26,6 +26,8 @@ from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.engines import Engine
 
 TRAINER_STATE = "trainer.json"
+BEST_EVAL = "best-eval.json"
+"""In the checkpoint directory: {step, loss, path} of the checkpoint taken at the lowest eval loss so far."""
 VISIBLE_WITHIN_SECONDS = 30.0
 """How long rank 0 waits for the other ranks' files to show up (a shared file system's caches)."""
 
@@ -41,6 +43,11 @@ class TrainerState:
     strategy: str = ""
     initial_loss: float | None = None
     checkpoints: list[int] = field(default_factory=list)
+    eval_loss: float | None = None
+    eval_step: int | None = None
+    """The newest evaluation: its loss and step."""
+    best_eval: dict[str, Any] | None = None
+    """{step, loss} of the checkpoint taken at the evaluation with the lowest loss so far (kept by pruning)."""
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> TrainerState:
@@ -87,7 +94,10 @@ def save_checkpoint(root: Path, engine: Engine, state: TrainerState, keep: int, 
             require_every_part(path, dist.get_world_size())
         marker = {"step": state.step, "worldSize": state.world_size, "strategy": state.strategy, "time": now_rfc3339()}
         atomic_write_text(path / COMMIT_MARKER, json.dumps(marker) + "\n")
-        prune(root, keep)
+        best = (state.best_eval or {}).get("step")
+        if best == state.step:
+            atomic_write_text(root / BEST_EVAL, json.dumps({**(state.best_eval or {}), "path": path.name}) + "\n")
+        prune(root, keep, best)
     return path
 
 
@@ -111,11 +121,13 @@ def require_every_part(path: Path, world_size: int, within: float = VISIBLE_WITH
         time.sleep(0.5)
 
 
-def prune(root: Path, keep: int) -> None:
-    """Delete committed checkpoints beyond the newest ``keep``, and torn ones older than the newest."""
+def prune(root: Path, keep: int, best_eval: int | None = None) -> None:
+    """Delete committed checkpoints beyond the newest ``keep`` (never the best-eval one), and torn ones
+    older than the newest."""
     done = complete_checkpoints(root)
-    for _, old in done[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    for step, old in done[:-keep]:
+        if step != best_eval:
+            shutil.rmtree(old, ignore_errors=True)
     if done:
         newest = done[-1][0]
         committed = {p.name for _, p in done}

@@ -83,6 +83,9 @@ class CheckpointManager:
             return None
         t0 = time.perf_counter()
         state.checkpoints = sorted(set(state.checkpoints) | {state.step})
+        evaluated_now = state.eval_step == state.step and state.eval_loss is not None
+        if evaluated_now and (state.best_eval is None or state.eval_loss < state.best_eval["loss"]):
+            state.best_eval = {"step": state.step, "loss": state.eval_loss}
         # Ephemeral checkpoints sit in each pod's own directory: nothing to require of the others.
         path = save_checkpoint(self.root, self.engine, state, self.policy.keep, shared=not self.policy.ephemeral)
         seconds = time.perf_counter() - t0

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
-from kubetrain.core.api import DataSpec
+from kubetrain.core.api import DataSpec, TrainingJobSpec
 from kubetrain.trainer.config import ConfigError
 
 _MIX = 0x9E3779B97F4A7C15
 
 
-def data_files(spec: DataSpec) -> list[Path]:
+def data_files(spec: DataSpec, field: str = "data.path") -> list[Path]:
     root = Path(spec.path)
     if root.is_file():
         return [root]
@@ -29,16 +29,46 @@ def data_files(spec: DataSpec) -> list[Path]:
         if not files:
             raise ConfigError("data.glob", f"no files match {spec.glob!r} under {root}")
         return files
-    raise ConfigError("data.path", f"{root} does not exist")
+    raise ConfigError(field, f"{root} does not exist")
 
 
-def load_corpus(spec: DataSpec, seq_len: int) -> torch.Tensor:
+def load_corpus(spec: DataSpec, seq_len: int, field: str = "data.path") -> torch.Tensor:
     """All files' bytes (UTF-8 text read as bytes) in sorted order, as a uint8 tensor."""
-    chunks = [p.read_bytes() for p in data_files(spec)]
+    chunks = [p.read_bytes() for p in data_files(spec, field)]
     blob = b"\n".join(chunks)
     if len(blob) < seq_len + 2:
-        raise ConfigError("data.path", f"only {len(blob)} bytes of text; need more than seqLen+1 = {seq_len + 1}")
+        raise ConfigError(field, f"only {len(blob)} bytes of text; need more than seqLen+1 = {seq_len + 1}")
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8).clone()
+
+
+HELD_OUT_FRACTION = 0.05
+"""Of the training text, the tail held out for evaluation when evalEverySteps is set without data.evalPath."""
+EVAL_STEP = -1
+"""The sampler step whose windows are the evaluation set: the same at every evaluation, never a training step."""
+
+
+def split_eval(corpus: torch.Tensor, spec: TrainingJobSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(training text, evaluation text): data.evalPath's text, else the last HELD_OUT_FRACTION of the
+    training text, which is then not trained on. No evaluation text without evalEverySteps."""
+    if spec.eval_every_steps is None:
+        return corpus, None
+    need = spec.model.seq_len + 2
+    if spec.data.eval_path is not None:
+        held = load_corpus(spec.data.model_copy(update={"path": spec.data.eval_path}), spec.model.seq_len,
+                           field="data.evalPath")
+        return corpus, held
+    cut = int(corpus.numel() * (1 - HELD_OUT_FRACTION))
+    if corpus.numel() - cut < need or cut < need:
+        raise ConfigError("spec.evalEverySteps", f"holding out {HELD_OUT_FRACTION:.0%} of {corpus.numel()} bytes of "
+                          f"text leaves less than seqLen+2 = {need} for training or evaluation: set data.evalPath")
+    return corpus[:cut], corpus[cut:]
+
+
+def eval_batches(held: torch.Tensor, spec: TrainingJobSpec, world_size: int, rank: int
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's share of the fixed evaluation windows: evalBatches micro-batches of microBatchSize."""
+    sampler = Sampler(held, spec.model.seq_len, spec.seed)
+    return sampler.micro_batches(EVAL_STEP, spec.micro_batch_size, spec.eval_batches, world_size, rank)
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -73,6 +73,10 @@ class Engine:
     def optimizer_step(self) -> StepInfo:
         raise NotImplementedError
 
+    def eval_loss(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The local mean loss over the micro-batches, no gradients (0-dim fp32 tensor)."""
+        raise NotImplementedError
+
     def lr(self) -> float:
         raise NotImplementedError
 
@@ -202,6 +206,13 @@ class TorchEngine(Engine):
                 scaled.backward()
             total += loss.detach().float()
         return total / n
+
+    def eval_loss(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        with torch.no_grad(), self._autocast():
+            for x, y in micro_batches:
+                total += self.model(x.to(self.device), y.to(self.device)).float()
+        return total / len(micro_batches)
 
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
@@ -347,6 +358,13 @@ class DeepSpeedEngine(Engine):
             self.engine.step()  # an optimizer step only at the accumulation boundary
             total += loss.detach().float()
         return total / n
+
+    def eval_loss(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        with torch.no_grad():  # the DeepSpeed engine's forward gathers ZeRO-3 parameters as in training
+            for x, y in micro_batches:
+                total += self.engine(x.to(self.device), y.to(self.device)).float()
+        return total / len(micro_batches)
 
     def optimizer_step(self) -> StepInfo:
         norm = self.engine.get_global_grad_norm()

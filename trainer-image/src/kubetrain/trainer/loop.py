@@ -24,7 +24,7 @@ from kubetrain.trainer import nccl_transport
 from kubetrain.trainer.checkpoint import TrainerState, now_rfc3339
 from kubetrain.trainer.ckpt_manager import CheckpointManager
 from kubetrain.trainer.config import Env, checkpoint_dir
-from kubetrain.trainer.data import Sampler, load_corpus
+from kubetrain.trainer.data import Sampler, eval_batches, load_corpus, split_eval
 from kubetrain.trainer.engines import Engine, StepInfo, make_engine
 from kubetrain.trainer.metrics import Metrics, peak_flops
 from kubetrain.trainer.model import build_model, flops_per_token
@@ -130,13 +130,17 @@ class Reporter:
         if not self.enabled:
             return
         step, loss = record["step"], record["loss"]
-        print(f"step {step}/{self.spec.max_steps} loss {loss:.4f} tok/s {record['tokens_per_second']:.0f}", flush=True)
+        evaluated = f" eval {record['eval_loss']:.4f}" if "eval_loss" in record else ""
+        print(f"step {step}/{self.spec.max_steps} loss {loss:.4f}{evaluated} tok/s {record['tokens_per_second']:.0f}",
+              flush=True)
         if self.losses is not None:
             self.losses.write(json.dumps(record) + "\n")
             self.losses.flush()
         self.progress.step = step
         self.progress.loss = loss
         self.progress.initial_loss = state.initial_loss
+        if "eval_loss" in record:
+            self.progress.eval_loss = record["eval_loss"]
         self.progress.tokens_per_second = rates.tokens_per_second
         self.progress.step_seconds = rates.step_seconds
         self.progress.mfu = rates.mfu
@@ -173,6 +177,7 @@ class Reporter:
             step=state.step, path=str(path), time=now_rfc3339(), seconds=seconds
         )
         self.progress.checkpoints = list(state.checkpoints)
+        self.progress.best_eval_step = (state.best_eval or {}).get("step")
         self.write(True)
 
     def write(self, force: bool = False) -> None:
@@ -314,12 +319,12 @@ def train(env: Env, spec: TrainingJobSpec) -> int:
     stop = StopFlag()
     stop.install()
     ckpt_root = checkpoint_dir(spec, env)
-    corpus = load_corpus(spec.data, spec.model.seq_len)  # config errors before joining the gang
+    corpus, held = split_eval(load_corpus(spec.data, spec.model.seq_len), spec)  # config errors before the gang
     device = pick_device(env)
     nccl_log = init_distributed(env, device)
     try:
         transport = network_transport(env, spec, device, nccl_log)
-        return _train(env, spec, stop, ckpt_root, corpus, device, transport)
+        return _train(env, spec, stop, ckpt_root, corpus, device, transport, held)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -333,9 +338,31 @@ def _bf16_notice(env: Env, spec: TrainingJobSpec, device: torch.device) -> None:
             log.warning("%s", notice)
 
 
+class Evaluator:
+    """evalEverySteps: the loss on the fixed held-out windows, averaged over all ranks (a collective)."""
+
+    def __init__(self, env: Env, spec: TrainingJobSpec, engine: Engine, held: torch.Tensor | None,
+                 device: torch.device, metrics: Metrics) -> None:
+        self.env, self.spec, self.engine, self.device, self.metrics = env, spec, engine, device, metrics
+        self.batches = eval_batches(held, spec, env.world_size, env.rank) if held is not None else None
+
+    def after_step(self, state: TrainerState, record: dict[str, Any], final: bool) -> None:
+        every = self.spec.eval_every_steps
+        if self.batches is None or every is None or not (final or state.step % every == 0):
+            return
+        red = self.engine.eval_loss(self.batches).to(torch.float64).reshape(1)
+        red = red.to(self.device) if self.device.type == "cuda" else red.cpu()
+        dist.all_reduce(red)
+        state.eval_loss, state.eval_step = float(red[0]) / self.env.world_size, state.step
+        record["eval_loss"] = state.eval_loss
+        self.metrics.set_eval_loss(state.eval_loss)
+        if self.env.rank == 0:
+            log.info("step %d eval loss %.4f", state.step, state.eval_loss)
+
+
 def _train(
     env: Env, spec: TrainingJobSpec, stop: StopFlag, ckpt_root: Path, corpus: torch.Tensor, device: torch.device,
-    transport: str | None = None,
+    transport: str | None = None, held: torch.Tensor | None = None,
 ) -> int:
     metrics = Metrics(env.job, env.rank, env.metrics_port)
     metrics.set_generation(env.generation)
@@ -350,6 +377,7 @@ def _train(
     state = checkpoints.resume(reporter.carried_state())
     reporter.started(state.step)
     observer = StepObserver(env, spec, engine, metrics, fpt, peak_flops(device, spec.precision))
+    evaluator = Evaluator(env, spec, engine, held, device, metrics)
     mbs, ga, ws = spec.micro_batch_size, spec.gradient_accumulation_steps, env.world_size
     first = True
     while state.step < spec.max_steps:
@@ -361,6 +389,7 @@ def _train(
         loss, stopping = mean_loss_and_stop(local_loss, stop.set, device, ws)
         record = observer.observe(state, loss, lr, info, time.perf_counter() - t0)
         final = state.step >= spec.max_steps
+        evaluator.after_step(state, record, final)
         due = checkpoints.due(state.step, final=final, stopping=stopping)
         reporter.step(record, state, observer.rates(), force=first or final or due)
         first = False

@@ -65,6 +65,8 @@ class Metrics:
             registry=self.registry,
         )
         self.mfu = gauge("kubetrain_trainer_mfu", "Model FLOPs utilisation estimate (0-1)")
+        self.eval_loss = gauge("kubetrain_trainer_eval_loss", "Loss on the held-out text at the last evaluation "
+                               "(mean over ranks; spec.evalEverySteps)")
         self.checkpoint_save_seconds = gauge(
             "kubetrain_trainer_checkpoint_save_seconds", "Duration of the last checkpoint save"
         )
@@ -107,6 +109,9 @@ class Metrics:
         """A committed save: its duration, and one more in the count."""
         self.checkpoint_save_seconds.labels(**self.labels).set(seconds)
         self.checkpoints.labels(**self.labels).inc()
+
+    def set_eval_loss(self, loss: float) -> None:
+        self.eval_loss.labels(**self.labels).set(loss)
 
     def observe_allreduce(self, nbytes: int) -> None:
         self.allreduce_bytes.labels(**self.labels).inc(nbytes)

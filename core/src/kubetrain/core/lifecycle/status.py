@@ -59,7 +59,7 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
 
 
 def _take_rates(status: TrainingJobStatus, progress: Progress) -> None:
-    """Percent, ETA, tokens/s and MFU from the current generation's report (kubectl get columns)."""
+    """Percent, ETA, tokens/s, MFU and eval loss from the current generation's report."""
     if status.max_steps > 0:
         status.percent_complete = f"{min(100, status.current_step * 100 // status.max_steps)}%"
     if progress.step_seconds:
@@ -68,6 +68,8 @@ def _take_rates(status: TrainingJobStatus, progress: Progress) -> None:
         status.tokens_per_second = round(progress.tokens_per_second)
     if progress.mfu is not None:
         status.mfu = f"{progress.mfu * 100:.1f}%"
+    if progress.eval_loss is not None:
+        status.eval_loss = f"{progress.eval_loss:.4f}"
 
 
 def set_condition(
