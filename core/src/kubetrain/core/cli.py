@@ -7,6 +7,8 @@ Exit codes: 0 success, 1 the job failed, 2 bad input (with one line per problem)
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import TypeVar
 
 from kubetrain.core import __version__, kube_cli
 from kubetrain.core.api import KIND, Phase, SweepPhase, TrialState
+from kubetrain.core.contract import TENSORBOARD_DIR
 from kubetrain.core.crd import CRDS, crd_yaml
 from kubetrain.core.lifecycle import Reason
 from kubetrain.core.local import LocalRun, LocalRunError, RunOptions
@@ -162,6 +165,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if result.status.phase == SweepPhase.SUCCEEDED else 1
 
 
+def board_dir(run: str) -> Path | None:
+    """Where a local run's event files are: RUN as a directory (the output directory or its checkpoints),
+    else runs/RUN; None when none of them holds any."""
+    base = Path(run) if Path(run).is_dir() else Path("runs") / run
+    for candidate in (base / "checkpoints" / TENSORBOARD_DIR, base / TENSORBOARD_DIR):
+        if candidate.is_dir() and any(candidate.glob("events.out.tfevents.*")):
+            return candidate
+    return None
+
+
+def cmd_tensorboard(args: argparse.Namespace) -> int:
+    found = board_dir(args.run)
+    if found is None:
+        print(f"kubetrain: no TensorBoard event files for {args.run!r} (looked in {args.run} and runs/{args.run}, "
+              f"under checkpoints/{TENSORBOARD_DIR}/)", file=sys.stderr)
+        return 2
+    command = ["tensorboard", "--logdir", str(found), "--host", "127.0.0.1", "--port", str(args.port)]
+    if shutil.which("tensorboard") is None:
+        print(f"event files: {found}\nTensorBoard is not installed here: pip install tensorboard, then "
+              f"{' '.join(command)}")
+        return 0
+    print(f"event files: {found}; TensorBoard at http://127.0.0.1:{args.port}/", flush=True)
+    os.execvp(command[0], command)  # TensorBoard takes this process over (Ctrl-C stops it)
+    return 0  # not reached
+
+
 def _print_sweep(result: SweepResult) -> None:
     """The outcome on stdout: counts, the best trial, the time comparison and the best manifest."""
     st = result.status
@@ -228,6 +257,11 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     _add_sweep(sub)
+
+    t = sub.add_parser("tensorboard", help="open TensorBoard on a local run's scalars (rank 0's event files)")
+    t.add_argument("run", metavar="RUN", help="a local run: its job name (runs/RUN) or its output directory")
+    t.add_argument("--port", type=int, default=6006)
+    t.set_defaults(func=cmd_tensorboard)
 
     kube_cli.register(sub)
     return p

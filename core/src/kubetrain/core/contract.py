@@ -179,6 +179,10 @@ class WorkerPlacement:
         return self.workers * self.procs_per_worker
 
 
+TENSORBOARD_DIR = "tensorboard"
+"""Under the checkpoint directory (durable: the job's claim in a cluster): rank 0's TensorBoard event files."""
+
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 """OpenMP and MKL (torch's CPU kernels) thread counts, set for every worker process unless the job's env sets them."""
 

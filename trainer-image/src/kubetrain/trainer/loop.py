@@ -29,6 +29,7 @@ from kubetrain.trainer.engines import Engine, StepInfo, make_engine
 from kubetrain.trainer.metrics import Metrics, peak_flops
 from kubetrain.trainer.model import build_model, flops_per_token
 from kubetrain.trainer.pod_progress import PodProgressReporter
+from kubetrain.trainer.tensorboard import ScalarWriter
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -102,6 +103,15 @@ def network_transport(env: Env, spec: TrainingJobSpec, device: torch.device, ncc
     )
 
 
+def scalars(record: dict[str, Any], rates: Rates) -> dict[str, float | None]:
+    """One step's TensorBoard scalars."""
+    return {
+        "train/loss": record["loss"], "train/lr": record.get("lr"), "train/grad_norm": record.get("grad_norm"),
+        "train/tokens_per_second": record.get("tokens_per_second"), "train/mfu": rates.mfu,
+        "train/loss_scale": record.get("loss_scale"), "eval/loss": record.get("eval_loss"),
+    }
+
+
 class Reporter:
     """Rank 0's stdout line, losses.jsonl, progress.json and (in a pod) the progress annotation."""
 
@@ -117,6 +127,7 @@ class Reporter:
         )
         self.last_write = 0.0
         self.pod = PodProgressReporter.from_env() if self.enabled else None
+        self.board = ScalarWriter(ckpt_root / contract.TENSORBOARD_DIR, env.generation) if self.enabled else None
         if self.enabled and self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
             self.losses = (self.out / LOSSES_FILE).open("a")
@@ -139,6 +150,8 @@ class Reporter:
         self.progress.step = step
         self.progress.loss = loss
         self.progress.initial_loss = state.initial_loss
+        if self.board is not None:
+            self.board.scalars(step, scalars(record, rates))
         if "eval_loss" in record:
             self.progress.eval_loss = record["eval_loss"]
         self.progress.tokens_per_second = rates.tokens_per_second
@@ -202,6 +215,9 @@ class Reporter:
         if self.pod is not None:
             self.pod.close()  # the last record (finished, or the SIGTERM checkpoint) goes out now, bounded wait
             self.pod = None
+        if self.board is not None:
+            self.board.close()
+            self.board = None
 
 
 def _global_param_norm(engine: Engine) -> float:
