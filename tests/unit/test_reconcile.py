@@ -420,3 +420,13 @@ def test_on_success_a_pod_whose_containers_all_ended_is_kept_even_if_its_phase_l
     sidecar = with_trainer_exit(pod(1), 0)  # the trainer ended, its sidecar still runs
     p = plan(body(status=RUNNING), [rank0, sidecar], {}, T0, S)
     assert (p.status["phase"], p.delete_pods) == ("Succeeded", ["j-worker-1"])  # rank 0's log is kept
+
+
+def test_a_profile_request_on_the_job_goes_to_worker_0_of_the_current_generation_once():
+    b_ = body(status={"phase": "Running", "restartGeneration": 1, "gangCreated": True})
+    b_["metadata"]["annotations"] = {"kubetrain.io/profile": "5:a"}
+    pods = [pod(0, gen=1), pod(1, gen=1)]
+    assert plan(b_, pods, {}, T0, S).annotate_pods == {"j-worker-0": {"kubetrain.io/profile": "5:a"}}
+    pods[0]["metadata"].setdefault("annotations", {})["kubetrain.io/profile"] = "5:a"
+    assert plan(b_, pods, {}, T0, S).annotate_pods == {}  # already there
+    assert plan(b_, [pod(0, gen=0)], {}, T0, S).annotate_pods == {}  # an old generation's pod: not rank 0 now

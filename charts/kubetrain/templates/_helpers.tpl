@@ -62,8 +62,8 @@ app.kubernetes.io/component: operator
 - apiGroups: ["kubetrain.io"]
   resources: ["trainingjobs/status"]
   verbs: ["get", "patch"]
-# patch: only so that the per-job Role below may grant it (the API server refuses a Role that grants
-# more than its creator holds); the operator itself never patches pods.
+# patch: a profile request (the job's kubetrain.io/profile annotation) copied onto worker 0, and so that
+# the per-job Role below may grant it (the API server refuses a Role that grants more than its creator holds).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]

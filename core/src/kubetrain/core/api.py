@@ -249,6 +249,18 @@ class OptimizerSpec(_Model):
     """Clip the global gradient norm to this value (0 disables clipping)."""
 
 
+class ProfileSpec(_Model):
+    """torch.profiler over a range of steps (traces under <checkpoint dir>/profiles, docs/trainer.md#profiling)."""
+
+    steps: str = Field(pattern=r"^[0-9]{1,10}-[0-9]{1,10}$")
+    """First and last step profiled, e.g. `6-8` (the first step is 1)."""
+
+    @property
+    def first_last(self) -> tuple[int, int]:
+        first, last = self.steps.split("-")
+        return int(first), int(last)
+
+
 class CheckpointSpec(_Model):
     """Checkpointing: periodic, on SIGTERM, atomic, and used for every gang restart."""
 
@@ -407,6 +419,13 @@ class Rule:
 
 
 SPEC_RULES: list[Rule] = [
+    Rule(
+        "profile.steps",
+        "!has(self.profile) || (int(self.profile.steps.split('-')[0]) >= 1 && "
+        "int(self.profile.steps.split('-')[0]) <= int(self.profile.steps.split('-')[1]))",
+        "profile.steps must be FIRST-LAST with 1 <= FIRST <= LAST",
+        lambda s: s.profile is None or 1 <= s.profile.first_last[0] <= s.profile.first_last[1],
+    ),
     Rule(
         "deepspeed",
         "!has(self.deepspeed) || self.strategy == 'deepspeed'",
@@ -607,6 +626,8 @@ class TrainingJobSpec(_Model):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     """Optimizer and learning-rate schedule."""
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    profile: ProfileSpec | None = None
+    """Profile every rank over these steps; a running job can also be asked for a trace of its next steps (the annotation kubetrain.io/profile, docs/trainer.md#profiling)."""
     """Checkpointing."""
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     """Per-worker resources."""

@@ -10,13 +10,14 @@ import argparse
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from kubetrain.core import __version__, kube_cli
 from kubetrain.core.api import KIND, Phase, SweepPhase, TrialState
-from kubetrain.core.contract import TENSORBOARD_DIR
+from kubetrain.core.contract import PROFILE_REQUEST_FILE, PROFILES_DIR, TENSORBOARD_DIR
 from kubetrain.core.crd import CRDS, crd_yaml
 from kubetrain.core.lifecycle import Reason
 from kubetrain.core.local import LocalRun, LocalRunError, RunOptions
@@ -165,10 +166,29 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if result.status.phase == SweepPhase.SUCCEEDED else 1
 
 
+def run_dir(run: str) -> Path:
+    """A local run's output directory: RUN itself when it is a directory, else runs/RUN."""
+    return Path(run) if Path(run).is_dir() else Path("runs") / run
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    out = run_dir(args.run)
+    if not (out / "progress.json").exists():
+        print(f"kubetrain: {out} is not a local run's output directory (no progress.json)", file=sys.stderr)
+        return 2
+    if not 1 <= args.steps <= 1000:
+        print("kubetrain: --steps must be 1 to 1000", file=sys.stderr)
+        return 2
+    (out / PROFILE_REQUEST_FILE).write_text(f"{args.steps}:{time.time():.0f}\n")
+    print(f"asked rank 0 to profile its next {args.steps} step(s); the trace goes to "
+          f"{out / 'checkpoints' / PROFILES_DIR}/rank0-steps<A>-<B>.pt.trace.json")
+    return 0
+
+
 def board_dir(run: str) -> Path | None:
     """Where a local run's event files are: RUN as a directory (the output directory or its checkpoints),
     else runs/RUN; None when none of them holds any."""
-    base = Path(run) if Path(run).is_dir() else Path("runs") / run
+    base = run_dir(run)
     for candidate in (base / "checkpoints" / TENSORBOARD_DIR, base / TENSORBOARD_DIR):
         if candidate.is_dir() and any(candidate.glob("events.out.tfevents.*")):
             return candidate
@@ -257,6 +277,11 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     _add_sweep(sub)
+
+    f = sub.add_parser("profile", help="ask a running local run's rank 0 for a torch.profiler trace of its next steps")
+    f.add_argument("run", metavar="RUN", help="a local run: its job name (runs/RUN) or its output directory")
+    f.add_argument("--steps", type=int, default=3, help="how many steps to profile (default 3)")
+    f.set_defaults(func=cmd_profile)
 
     t = sub.add_parser("tensorboard", help="open TensorBoard on a local run's scalars (rank 0's event files)")
     t.add_argument("run", metavar="RUN", help="a local run: its job name (runs/RUN) or its output directory")

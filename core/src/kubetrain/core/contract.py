@@ -112,6 +112,13 @@ COMMAND_NOT_EXECUTABLE_EXIT_CODE = 126
 PROGRESS_FILE = "progress.json"
 """Rank 0's progress record in KUBETRAIN_OUTPUT_DIR (see kubetrain.core.progress)."""
 PROGRESS_ANNOTATION = "kubetrain.io/progress"
+PROFILE_ANNOTATION = "kubetrain.io/profile"
+"""On a TrainingJob (the operator copies it to worker 0's pod) or that pod: `N` or `N:<any tag>` asks rank 0
+to profile its next N steps; each new value is one request."""
+PROFILE_REQUEST_FILE = "profile-request"
+"""In a local run's output directory: the same request (`kubetrain profile`)."""
+PROFILES_DIR = "profiles"
+"""Under the checkpoint directory: torch.profiler traces (`*.pt.trace.json`, for TensorBoard and Perfetto)."""
 """The same record (JSON) as an annotation on worker 0's pod: rank 0 patches its own pod
 (kubetrain.trainer.pod_progress) and the operator reads it for status and hang detection."""
 

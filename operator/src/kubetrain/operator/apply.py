@@ -285,6 +285,8 @@ class Applier:
         status = plan.status
         if plan.create and not await self.create_all(key, body, plan.create):
             status = gang_not_created(body, status)
+        for pod, notes in plan.annotate_pods.items():
+            await self.annotate_pod(key, pod, notes)
         if plan.delete_pods or plan.force_delete_pods:
             await asyncio.gather(*(self.delete_pod(key, pod) for pod in plan.delete_pods),
                                  *(self.delete_pod(key, pod, force=True) for pod in plan.force_delete_pods))
@@ -402,6 +404,17 @@ class Applier:
             seen.refused[(kind, name)] = api_message(exc)
             return False
         raise exc
+
+    async def annotate_pod(self, key: Key, pod: str, notes: dict[str, str]) -> None:
+        """Merge annotations into a worker pod (a profile request for rank 0); gone already: nothing to do."""
+        try:
+            new = await self.io(self.apis.core.patch_namespaced_pod, pod, key[0],
+                                {"metadata": {"annotations": notes}})
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return
+        self.cache.pod_event("MODIFIED", self.sanitize(new))
 
     async def delete_pod(self, key: Key, pod: str, force: bool = False) -> None:
         """Delete a worker pod; `force`: grace 0, for a pod on a lost node whose kubelet cannot confirm."""

@@ -61,6 +61,8 @@ class Plan:
     decision: Decision | None = None
     force_delete_pods: list[str] = field(default_factory=list)
     """Pods to delete at once (grace 0): their node is lost, no kubelet will ever confirm a graceful delete."""
+    annotate_pods: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Pod name -> annotations to set: a profile request on the job, passed to rank 0's pod."""
     queue: kueue.QueuePlan = field(default_factory=kueue.QueuePlan)
     """Kueue: the job's Workload to create, delete or update, and the spec.suspend to write."""
 
@@ -215,11 +217,24 @@ def plan(
         out.requeue_after = min(out.requeue_after or kueue.LOOK_AGAIN_SECONDS, kueue.LOOK_AGAIN_SECONDS)
     for effect in t.effects:
         _translate(effect, job, body, ours, t, settings, out, lost)
+    out.annotate_pods = profile_request(body, ours, t.status.restart_generation)
     if t.decision is not None:
         status = _presented(job, body, ours, t, Blocked(claim_phase, create_refused, foreign), now, out)
         if status != old.dump():
             out.status = status
     return out
+
+
+def profile_request(body: dict[str, Any], pods: list[dict[str, Any]], generation: int) -> dict[str, dict[str, str]]:
+    """The job's kubetrain.io/profile annotation onto worker 0 of the current generation, where rank 0
+    reads it (the response to its progress patch carries its pod's annotations)."""
+    asked = ((body.get("metadata") or {}).get("annotations") or {}).get(contract.PROFILE_ANNOTATION)
+    name = b.worker_name(body["metadata"]["name"], 0)
+    for p in pods:
+        if p["metadata"]["name"] == name and pod_generation(p) == generation and still_running(p):
+            have = (p["metadata"].get("annotations") or {}).get(contract.PROFILE_ANNOTATION)
+            return {name: {contract.PROFILE_ANNOTATION: asked}} if asked and asked != have else {}
+    return {}
 
 
 def _invalid(old: TrainingJobStatus, problems: list[str], now: datetime) -> Plan:

@@ -29,6 +29,7 @@ from kubetrain.trainer.engines import Engine, StepInfo, make_engine
 from kubetrain.trainer.metrics import Metrics, peak_flops
 from kubetrain.trainer.model import build_model, flops_per_token
 from kubetrain.trainer.pod_progress import PodProgressReporter
+from kubetrain.trainer.profiling import StepProfiler
 from kubetrain.trainer.tensorboard import ScalarWriter
 
 log = logging.getLogger("kubetrain.trainer")
@@ -158,6 +159,17 @@ class Reporter:
         self.progress.step_seconds = rates.step_seconds
         self.progress.mfu = rates.mfu
         self.write(force)
+
+    def profile_request(self) -> str | None:
+        """Rank 0's on-demand profile request: its pod's annotation, else the local run's request file."""
+        if not self.enabled:
+            return None
+        if self.pod is not None and (asked := self.pod.annotations.get(contract.PROFILE_ANNOTATION)):
+            return asked
+        try:
+            return (self.out / contract.PROFILE_REQUEST_FILE).read_text().strip() if self.out else None
+        except OSError:
+            return None
 
     def carried_state(self) -> TrainerState:
         """The trainer state before a checkpoint is loaded: what progress.json kept of earlier generations."""
@@ -394,12 +406,15 @@ def _train(
     reporter.started(state.step)
     observer = StepObserver(env, spec, engine, metrics, fpt, peak_flops(device, spec.precision))
     evaluator = Evaluator(env, spec, engine, held, device, metrics)
+    profiler = StepProfiler(spec, env.rank, ckpt_root, device, reporter.profile_request)
     mbs, ga, ws = spec.micro_batch_size, spec.gradient_accumulation_steps, env.world_size
     first = True
     while state.step < spec.max_steps:
         t0 = time.perf_counter()
+        profiler.before_step(state.step + 1)
         local_loss, lr, info = train_step(engine, sampler.micro_batches(state.step, mbs, ga, ws, env.rank))
         state.step += 1
+        profiler.after_step(state.step)
         state.samples_seen += global_batch(spec, ws)
         inject_failure(env, state.step)
         loss, stopping = mean_loss_and_stop(local_loss, stop.set, device, ws)

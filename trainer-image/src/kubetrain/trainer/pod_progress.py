@@ -128,7 +128,8 @@ class PatchClient:
         ctx = ssl.create_default_context(cafile=str(target.ca_file) if target.ca_file else None)
         self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx))
 
-    def patch(self, value: str) -> None:
+    def patch(self, value: str) -> dict[str, str]:
+        """The pod's annotations as the API server returned them with the patched pod."""
         try:
             token = self.target.token_file.read_text().strip()
         except OSError as exc:
@@ -142,11 +143,12 @@ class PatchClient:
         })
         try:
             with self.opener.open(req, timeout=self.timeout) as resp:
-                resp.read()
+                pod = json.loads(resp.read() or b"{}")
         except urllib.error.HTTPError as exc:
             raise ReportError(f"HTTP {exc.code} {exc.reason}: {_status_message(exc)}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:  # refused, DNS, TLS, timeout
             raise ReportError(f"{type(exc).__name__}: {getattr(exc, 'reason', None) or exc}") from None
+        return dict((pod.get("metadata") or {}).get("annotations") or {})
 
 
 def _status_message(exc: urllib.error.HTTPError) -> str:
@@ -171,7 +173,7 @@ class PodProgressReporter:
         *,
         interval: float = DEFAULT_INTERVAL_SECONDS,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
-        send: Callable[[str], None] | None = None,
+        send: Callable[[str], dict[str, str] | None] | None = None,
     ) -> None:
         self.target = target
         self.interval = interval
@@ -187,6 +189,8 @@ class PodProgressReporter:
         self.sent = 0
         self.failures = 0
         self.last_error: str | None = None
+        self.annotations: dict[str, str] = {}
+        """The pod's annotations as the last successful PATCH returned them (a profile request, say)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PodProgressReporter | None:
@@ -235,6 +239,18 @@ class PodProgressReporter:
         """Long enough for one request in flight and the pending one after it."""
         return 2 * self.timeout + 1
 
+    def _attempt(self, value: str) -> str | None:
+        """One PATCH; why it failed, or None."""
+        try:
+            seen = self._send(value)
+        except ReportError as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - nothing here may ever stop training
+            return f"{type(exc).__name__}: {exc}"
+        if seen is not None:
+            self.annotations = seen
+        return None
+
     def _run(self) -> None:
         while True:
             with self._cond:
@@ -250,13 +266,7 @@ class PodProgressReporter:
                     self._cond.wait(wait)
                 value, self._pending, self._forced = self._pending, None, False
                 self._busy = True
-            error: str | None = None
-            try:
-                self._send(value)
-            except ReportError as exc:
-                error = str(exc)
-            except Exception as exc:  # noqa: BLE001 - nothing here may ever stop training
-                error = f"{type(exc).__name__}: {exc}"
+            error = self._attempt(value)
             with self._cond:
                 self._busy = False
                 self._last_attempt = time.monotonic()
