@@ -50,4 +50,8 @@ def test_fail_at_restarts_once_resumes_from_step_20_and_resume_is_exact(runs):
     assert failed["failures"] == {"ExitCode": 1}
     assert "worker 1 exited with code 137" in err
     assert failed["initial_loss"] == clean["initial_loss"]
+    # goodput: the clean run lost nothing; the restart cost its downtime and the steps past checkpoint 20
+    assert (clean["goodput"]["lost_seconds"], clean["goodput"]["steps_lost"]) == (0.0, 0)
+    assert 0 < failed["goodput"]["steps_lost"] <= 10 and failed["goodput"]["lost_seconds"] > 0
+    assert failed["goodput"]["productive_seconds"] > 0
     assert failed["final_loss"] == pytest.approx(clean["final_loss"], rel=1e-5)

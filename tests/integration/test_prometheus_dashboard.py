@@ -35,6 +35,7 @@ from support.sweeps import TrainingSweeps, finish_trial, kwok_sweep
 from support.waiting import wait_for
 
 from kubetrain.core import api, contract
+from kubetrain.core.progress import Progress
 
 pytestmark = pytest.mark.integration
 DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
@@ -47,7 +48,7 @@ def panel_queries() -> list[tuple[str, str]]:
     for path in DASHBOARDS:
         for p in json.loads(path.read_text())["panels"]:
             for t in p.get("targets", []):
-                expr = t["expr"].replace("$__rate_interval", RATE_INTERVAL).replace("$job", ".+")
+                expr = t["expr"].replace("$__rate_interval", RATE_INTERVAL).replace("$job", ".+").replace("$namespace", ".+")
                 assert "$" not in expr, f"unhandled variable in {p['title']}: {expr}"
                 out.append((f"{path.stem}: {p['title']} [{t['refId']}]", expr))
     return out
@@ -78,6 +79,12 @@ def local_run(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Pa
         stop_process(proc, 30, group=True)
 
 
+def rank0_reports(jobs: TrainingJobs, record: Progress) -> None:
+    """What rank 0 of the job's current generation reports: its progress record on worker 0."""
+    jobs.core.patch_namespaced_pod(f"{record.job}-worker-0", jobs.ns, {"metadata": {"annotations": {
+        contract.PROGRESS_ANNOTATION: record.model_dump_json(by_alias=True, exclude_none=True)}}})
+
+
 def operator_scenario(admin: client.ApiClient, ns: str, op: OperatorProcess) -> None:
     """Running -> a worker fails (gang restart) -> Running again -> all workers succeed."""
     jobs = TrainingJobs(admin, ns, op)
@@ -92,9 +99,15 @@ def operator_scenario(admin: client.ApiClient, ns: str, op: OperatorProcess) -> 
 
     try:
         wait_for(lambda: status().get("phase") == "Running", 90, what="prom Running")
+        for step in (5, 6):  # rank 0 trains: the time between these two steps is productive
+            rank0_reports(jobs, Progress(job="prom", step=step, max_steps=100, step_seconds=0.5))
+            wait_for(lambda s=step: status().get("currentStep") == s, 30, what=f"prom at step {step}")
         fail_pod(jobs.core, ns, running_pods(0)[0].metadata.name, 137, "OOMKilled")
         wait_for(lambda: status().get("restartCount") == 1 and status().get("phase") == "Running"
                  and running_pods(1), 90, what="prom Running again after the gang restart")
+        # Generation 1 resumed from scratch: steps 1-6 are redone, and the restart's downtime is lost.
+        rank0_reports(jobs, Progress(job="prom", generation=1, step=1, max_steps=100, resumed_from=0, step_seconds=0.5))
+        wait_for(lambda: (status().get("goodput") or {}).get("stepsLost") == 6, 30, what="prom's steps lost")
         # Highest rank first: once worker 0 exits 0 the job is Succeeded and cleanPodPolicy deletes the rest.
         for pod in sorted(running_pods(1), key=lambda p: p.metadata.name, reverse=True):
             succeed_pod(jobs.core, ns, pod.metadata.name)

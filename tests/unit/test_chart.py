@@ -249,9 +249,21 @@ def test_dashboard_has_a_sweeps_row() -> None:
     titles = [p["title"] for p in panels]
     row = titles.index("Sweeps")
     assert panels[row]["type"] == "row"
-    sweeps = panels[row + 1:]
+    end = next((i for i in range(row + 1, len(panels)) if panels[i]["type"] == "row"), len(panels))
+    sweeps = panels[row + 1:end]
     exprs = [t["expr"] for p in sweeps for t in p["targets"]]
     assert any("kubetrain_operator_sweep_best_value" in e and "sweep" in e for e in exprs)
     assert any("kubetrain_operator_sweep_trials" in e and "state" in e for e in exprs)
     ids = [p["id"] for p in panels]
     assert len(ids) == len(set(ids)), "panel ids are unique"
+
+
+def test_dashboard_has_a_goodput_row_filtered_by_namespace_and_job() -> None:
+    dash = json.loads((CHART / "dashboards" / "kubetrain-overview.json").read_text())
+    assert [v["name"] for v in dash["templating"]["list"]] == ["datasource", "job", "namespace"]
+    panels = dash["panels"]
+    row = [p["title"] for p in panels].index("Goodput")
+    exprs = [t["expr"] for p in panels[row + 1:] for t in p["targets"]]
+    assert any("kubetrain_operator_job_goodput_seconds" in e and '$namespace' in e and '$job' in e for e in exprs)
+    assert any("kubetrain_operator_job_steps_lost" in e for e in exprs)
+    assert any("kubetrain_operator_time_to_first_step_seconds_bucket" in e for e in exprs)

@@ -230,3 +230,24 @@ def test_status_shows_percent_eta_throughput_and_mfu_from_rank_0s_report():
     old_gen = TrainingJobStatus(max_steps=200, restart_generation=1)
     take_progress(old_gen, Seen(progress=Progress(step=50, generation=0, step_seconds=2.0)), now)
     assert old_gen.eta is None  # an older generation's rates say nothing about this one
+
+
+def test_goodput_counts_productive_time_and_what_a_restart_costs():
+    from kubetrain.core.api import TrainingJobStatus  # noqa: PLC0415
+    from kubetrain.core.contract import format_time  # noqa: PLC0415
+    from kubetrain.core.lifecycle import Observed as Seen  # noqa: PLC0415
+    from kubetrain.core.lifecycle.status import take_progress  # noqa: PLC0415
+    from kubetrain.core.progress import Progress  # noqa: PLC0415
+
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    st = TrainingJobStatus(max_steps=100)
+    for s in range(1, 36):  # generation 0: a step a second up to step 35
+        take_progress(st, Seen(progress=Progress(step=s, step_seconds=1.0)), t0 + timedelta(seconds=s))
+    assert st.goodput.productive_seconds == 34.0 and st.goodput.lost_seconds == 0.0
+    st.restart_generation, st.goodput.restarted_at = 1, format_time(t0 + timedelta(seconds=40))  # the machine's part
+    first = Progress(step=31, generation=1, resumed_from=30, step_seconds=1.0)
+    take_progress(st, Seen(progress=first), t0 + timedelta(seconds=50))
+    g = st.goodput
+    assert (g.steps_lost, g.lost_seconds, g.productive_seconds) == (5, 15.0, 34.0)  # 10 s down + 5 steps redone
+    take_progress(st, Seen(progress=Progress(step=32, generation=1, step_seconds=1.0)), t0 + timedelta(seconds=51))
+    assert st.goodput.productive_seconds == 35.0 and st.goodput.restarted_at is None

@@ -687,6 +687,23 @@ class Condition(_Model):
     """When status last changed (RFC 3339)."""
 
 
+class Goodput(_Model):
+    """Where the job's time went: training that counted, and what restarts cost."""
+
+    productive_seconds: float = 0.0
+    """Time between consecutive steps of one generation: training that moved the job forward (steps later redone after a restart included: stepsLost says how many)."""
+    lost_seconds: float = 0.0
+    """What restarts cost: from each gang restart (a failure, a resize) to the new generation's first step, plus the steps redone from the checkpoint at the mean step time (after a suspension too; the suspended time itself is not counted)."""
+    steps_lost: int = 0
+    """Steps trained again after restarts: the steps past the checkpoint each restarted generation resumed from."""
+    step_seconds: float | None = None
+    """The current generation's mean step time, as rank 0 last reported it."""
+    generation: int | None = None
+    """The generation whose steps count as productive now (None until its first step)."""
+    restarted_at: str | None = None
+    """When the gang was restarted (not suspended), until the new generation's first step (RFC 3339)."""
+
+
 class CheckpointRef(_Model):
     """A complete checkpoint."""
 
@@ -753,6 +770,8 @@ class TrainingJobStatus(_Model):
     """Model FLOPs utilization over the current generation's steps (e.g. `41.2%`), where the device's peak FLOP/s is known (a GPU in the trainer's table, or KUBETRAIN_PEAK_FLOPS)."""
     last_checkpoint: CheckpointRef | None = None
     """Newest complete checkpoint."""
+    goodput: Goodput = Field(default_factory=Goodput)
+    """Productive and lost time, and steps redone after restarts (metrics kubetrain_operator_job_goodput_*)."""
     last_progress_time: str | None = None
     """When rank 0 last reported a new step."""
     network_transport: str | None = None

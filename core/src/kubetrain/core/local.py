@@ -101,6 +101,8 @@ class Summary:
     world_size: int = 0
     network_transport: str | None = None
     """What rank 0 reported: gloo on CPU, or the transport NCCL chose (P2P/SHM on one machine)."""
+    goodput: dict[str, Any] = field(default_factory=dict)
+    """The lifecycle's goodput bookkeeping (productive and lost seconds, steps redone after restarts)."""
     eval_loss: float | None = None
     """Loss on the held-out text at the last evaluation (spec.evalEverySteps)."""
     best_eval_step: int | None = None
@@ -471,6 +473,7 @@ class LocalRun:
             output_dir=str(self.out),
             world_size=self.spec.world_size,
             network_transport=p.network_transport,
+            goodput=st.goodput.model_dump(exclude={"generation", "restarted_at"}),
             eval_loss=p.eval_loss,
             best_eval_step=p.best_eval_step,
             bf16_slowdown=self.bf16_slowdown,

@@ -57,6 +57,8 @@ class Controller:
         """TrainingSweeps: their own cache and queue, this applier's pool, this leadership."""
         self.first_running: set[Key] = set()
         """Jobs whose first time Running was observed (kubetrain_operator_time_to_running_seconds)."""
+        self.first_step: set[Key] = set()
+        """Jobs whose first step was observed (kubetrain_operator_time_to_first_step_seconds)."""
         self.tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ watch events (kopf handlers)
@@ -89,6 +91,12 @@ class Controller:
         self.cache.forget(key)
         self.queue.forget(key)
         self.first_running.discard(key)
+        self.first_step.discard(key)
+        for kind in ("productive", "lost"):
+            with contextlib.suppress(KeyError):
+                metrics.JOB_GOODPUT_SECONDS.remove(*key, kind)
+        with contextlib.suppress(KeyError):
+            metrics.JOB_STEPS_LOST.remove(*key)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -217,6 +225,19 @@ class Controller:
                 metrics.TIME_TO_RUNNING.observe((now - created).total_seconds())
         if phase in api.FINISHED_PHASES and was != phase:
             metrics.JOBS_FINISHED.labels(phase, new.get("reason", "")).inc()
+        self._observe_goodput(key, body, new, now)
+
+    def _observe_goodput(self, key: Key, body: dict[str, Any], new: dict[str, Any], now: datetime) -> None:
+        """Time to the first step (once per job) and the job's goodput gauges."""
+        created = contract.parse_time(body["metadata"].get("creationTimestamp"))
+        if new.get("currentStep") and key not in self.first_step and created is not None:
+            self.first_step.add(key)
+            if not (body.get("status") or {}).get("currentStep"):  # not an operator restart mid-job
+                metrics.TIME_TO_FIRST_STEP.observe((now - created).total_seconds())
+        g = new.get("goodput") or {}
+        metrics.JOB_GOODPUT_SECONDS.labels(*key, "productive").set(g.get("productiveSeconds", 0.0))
+        metrics.JOB_GOODPUT_SECONDS.labels(*key, "lost").set(g.get("lostSeconds", 0.0))
+        metrics.JOB_STEPS_LOST.labels(*key).set(g.get("stepsLost", 0))
 
     def count_phases(self) -> None:
         """Refresh the jobs-by-phase gauge (periodically, not per reconcile; 0 on a standby

@@ -36,3 +36,14 @@ SWEEP_TRIALS = Gauge("kubetrain_operator_sweep_trials",
 SWEEP_BEST_VALUE = Gauge("kubetrain_operator_sweep_best_value",
                          "The best objective value (the lowest trial loss) of each TrainingSweep so far",
                          ["namespace", "sweep"])
+TIME_TO_FIRST_STEP = Histogram(
+    "kubetrain_operator_time_to_first_step_seconds",
+    "From job creation to rank 0's first reported step",
+    buckets=(5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+)
+JOB_GOODPUT_SECONDS = Gauge("kubetrain_operator_job_goodput_seconds",
+                            "Each job's training time that counted (productive) and what restarts cost (lost), "
+                            "as status.goodput says", ["namespace", "trainingjob", "kind"])
+JOB_STEPS_LOST = Gauge("kubetrain_operator_job_steps_lost",
+                       "Steps each job trained again after restarts (past the checkpoint it resumed from)",
+                       ["namespace", "trainingjob"])

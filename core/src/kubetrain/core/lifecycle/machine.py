@@ -114,7 +114,7 @@ def _carry_out(spec: TrainingJobSpec, st: TrainingJobStatus, job: JobView, d: De
         _new_gang(st, d.generation)
         if spec.checkpoint.ephemeral:
             st.last_checkpoint = None  # it was in the pods being deleted
-        st.last_restart_time = format_time(now)
+        st.last_restart_time = st.goodput.restarted_at = format_time(now)
         planned = d.failure_kind is None  # a resize, not a failure
         if not planned:
             st.last_failure_time = st.last_failure_time or format_time(now)

@@ -16,7 +16,7 @@ from kubetrain.core.api import (
     TrainingJobSpec,
     TrainingJobStatus,
 )
-from kubetrain.core.contract import format_duration, format_time
+from kubetrain.core.contract import format_duration, format_time, parse_time
 from kubetrain.core.lifecycle.model import Observed, Reason, RecordEvent
 from kubetrain.core.lifecycle.policies import JobView
 from kubetrain.core.progress import Progress
@@ -40,7 +40,10 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
     progress = observed.progress
     if progress is not None:
         current_gen = progress.generation == status.restart_generation
-        if progress.step > status.current_step or (current_gen and progress.step != status.current_step):
+        advanced = progress.step > status.current_step or (current_gen and progress.step != status.current_step)
+        if current_gen and advanced:
+            _count_time(status, progress, now)
+        if advanced:
             status.current_step = progress.step
             status.loss = f"{progress.loss:.4f}" if progress.loss is not None else status.loss
             status.last_progress_time = format_time(now)
@@ -56,6 +59,25 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
     found = observed.checkpoint
     if found is not None and (status.last_checkpoint is None or status.last_checkpoint.step < found.step):
         status.last_checkpoint = found
+
+
+def _count_time(status: TrainingJobStatus, progress: Progress, now: datetime) -> None:
+    """A new step of the current generation (called before currentStep takes it): the time since the
+    generation's previous step was productive. At a restarted generation's first step, the time since the
+    restart was lost, and so were the steps between the checkpoint it resumed from and the highest step
+    reached before, which it trains again (at the previous mean step time)."""
+    g = status.goodput
+    last = parse_time(status.last_progress_time)
+    if g.generation == status.restart_generation and last is not None:
+        g.productive_seconds = round(g.productive_seconds + (now - last).total_seconds(), 3)
+    elif status.current_step > 0:  # a later generation's first step
+        redone = max(0, status.current_step - (progress.resumed_from or 0))
+        restarted = parse_time(g.restarted_at)
+        down = max(0.0, (now - restarted).total_seconds()) if restarted is not None else 0.0
+        g.steps_lost += redone
+        g.lost_seconds = round(g.lost_seconds + down + redone * (g.step_seconds or 0.0), 3)
+    g.generation, g.restarted_at = status.restart_generation, None
+    g.step_seconds = progress.step_seconds or g.step_seconds
 
 
 def _take_rates(status: TrainingJobStatus, progress: Progress) -> None:
