@@ -263,7 +263,16 @@ def test_dashboard_has_a_goodput_row_filtered_by_namespace_and_job() -> None:
     assert [v["name"] for v in dash["templating"]["list"]] == ["datasource", "job", "namespace"]
     panels = dash["panels"]
     row = [p["title"] for p in panels].index("Goodput")
-    exprs = [t["expr"] for p in panels[row + 1:] for t in p["targets"]]
+    exprs = [t["expr"] for p in panels[row + 1:] for t in p.get("targets", [])]
     assert any("kubetrain_operator_job_goodput_seconds" in e and '$namespace' in e and '$job' in e for e in exprs)
     assert any("kubetrain_operator_job_steps_lost" in e for e in exprs)
     assert any("kubetrain_operator_time_to_first_step_seconds_bucket" in e for e in exprs)
+
+
+def test_dashboard_gpu_row_joins_dcgm_to_the_jobs_worker_pods() -> None:
+    panels = json.loads((CHART / "dashboards" / "kubetrain-overview.json").read_text())["panels"]
+    row = [p["title"] for p in panels].index("GPUs")
+    exprs = [t["expr"] for p in panels[row + 1:] for t in p.get("targets", [])]
+    for metric in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS"):
+        assert any(metric in e and 'pod=~"($job)-worker-[0-9]+"' in e and "$namespace" in e for e in exprs), metric
+    assert any("kubetrain_trainer_device_memory_bytes" in e for e in exprs)

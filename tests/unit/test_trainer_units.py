@@ -219,3 +219,15 @@ def test_a_checkpoint_is_committed_only_with_every_ranks_part(tmp_path: Path) ->
         require_every_part(tmp_path, 2, within=0)
     (tmp_path / "rng" / "rank-00001.pt").write_bytes(b"x")
     require_every_part(tmp_path, 2, within=0)
+
+
+def test_device_memory_is_exported_per_kind() -> None:
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from kubetrain.trainer.metrics import Metrics  # noqa: PLC0415
+
+    registry = CollectorRegistry()
+    Metrics("llm", 3, None, registry).observe_device_memory(allocated=10, reserved=30, peak=20)
+    for kind, value in (("allocated", 10), ("reserved", 30), ("peak", 20)):
+        assert registry.get_sample_value("kubetrain_trainer_device_memory_bytes",
+                                         {"job": "llm", "rank": "3", "kind": kind}) == value

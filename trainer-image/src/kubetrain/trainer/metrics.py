@@ -85,6 +85,10 @@ class Metrics:
         self.cuda_memory_bytes = gauge(
             "kubetrain_trainer_cuda_memory_bytes", "CUDA memory allocated by this process (max since last step)"
         )
+        self.device_memory_bytes = Gauge(
+            "kubetrain_trainer_device_memory_bytes", "This rank's GPU memory as torch sees it after a step: "
+            "allocated (by tensors), reserved (by the caching allocator), peak (max allocated during the step)",
+            [*_LABELS, "kind"], registry=self.registry)
         self.port: int | None = None
         if port:
             try:
@@ -129,5 +133,12 @@ class Metrics:
         if skipped:
             self.skipped_steps.labels(**lb).inc()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            self.cuda_memory_bytes.labels(**lb).set(torch.cuda.max_memory_allocated())
+            self.observe_device_memory(torch.cuda.memory_allocated(), torch.cuda.memory_reserved(),
+                                       torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
+
+    def observe_device_memory(self, allocated: int, reserved: int, peak: int) -> None:
+        lb = self.labels
+        self.cuda_memory_bytes.labels(**lb).set(peak)
+        for kind, value in (("allocated", allocated), ("reserved", reserved), ("peak", peak)):
+            self.device_memory_bytes.labels(**lb, kind=kind).set(value)
