@@ -222,8 +222,8 @@ class DataSpec(_Model):
     """A text file or a directory of text files (read in sorted order). Relative paths resolve against the manifest's directory in local runs and the working directory in pods."""
     glob: str = "*.txt"
     """File pattern when path is a directory."""
-    tokenizer: Literal["byte"] = "byte"
-    """Tokenizer: `byte` (UTF-8 bytes, vocabulary 256; ships with kubetrain)."""
+    tokenizer: str = Field("byte", min_length=1)
+    """`byte` (UTF-8 bytes, vocabulary 256; ships with kubetrain), or a local Hugging Face tokenizer directory (its `tokenizer.json`, read with the `tokenizers` package; never downloaded). Its ids must fit the model's vocabulary (model.vocabSize, or the hfPath model's own)."""
     eval_path: str | None = None
     """Held-out text for evaluation (evalEverySteps): a file or a directory (same glob). Unset: the last 5% of the training text is held out instead (and not trained on)."""
 

@@ -10,7 +10,9 @@ batches of b equals one micro batch of 2b (same samples on the same rank).
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,12 +35,30 @@ def data_files(spec: DataSpec, field: str = "data.path") -> list[Path]:
 
 
 def load_corpus(spec: DataSpec, seq_len: int, field: str = "data.path") -> torch.Tensor:
-    """All files' bytes (UTF-8 text read as bytes) in sorted order, as a uint8 tensor."""
+    """All files' text in sorted order as token ids: UTF-8 bytes (a uint8 tensor) for the byte tokenizer,
+    else the Hugging Face tokenizer's ids (int32)."""
     chunks = [p.read_bytes() for p in data_files(spec, field)]
     blob = b"\n".join(chunks)
-    if len(blob) < seq_len + 2:
-        raise ConfigError(field, f"only {len(blob)} bytes of text; need more than seqLen+1 = {seq_len + 1}")
-    return torch.frombuffer(bytearray(blob), dtype=torch.uint8).clone()
+    if spec.tokenizer == "byte":
+        ids = torch.frombuffer(bytearray(blob), dtype=torch.uint8).clone()
+    else:
+        ids = torch.tensor(hf_tokenizer(spec.tokenizer).encode(blob.decode("utf-8", errors="replace")).ids,
+                           dtype=torch.int32)
+    if ids.numel() < seq_len + 2:
+        raise ConfigError(field, f"only {ids.numel()} tokens of text; need more than seqLen+1 = {seq_len + 1}")
+    return ids
+
+
+def hf_tokenizer(directory: str) -> Any:
+    """A Hugging Face tokenizer from a local directory's tokenizer.json (the `tokenizers` package)."""
+    path = Path(directory) / "tokenizer.json"
+    if importlib.util.find_spec("tokenizers") is None:
+        raise ConfigError("data.tokenizer", "needs the `tokenizers` package, which is not installed in this image")
+    if not path.is_file():
+        raise ConfigError("data.tokenizer", f"{path} does not exist (`byte`, or a directory with a tokenizer.json)")
+    from tokenizers import Tokenizer  # noqa: PLC0415 - optional dependency
+
+    return Tokenizer.from_file(str(path))
 
 
 HELD_OUT_FRACTION = 0.05

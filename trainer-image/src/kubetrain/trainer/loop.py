@@ -23,11 +23,11 @@ from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, w
 from kubetrain.trainer import nccl_transport
 from kubetrain.trainer.checkpoint import TrainerState, now_rfc3339
 from kubetrain.trainer.ckpt_manager import CheckpointManager
-from kubetrain.trainer.config import Env, checkpoint_dir
+from kubetrain.trainer.config import ConfigError, Env, checkpoint_dir
 from kubetrain.trainer.data import Sampler, eval_batches, load_corpus, split_eval
 from kubetrain.trainer.engines import Engine, StepInfo, make_engine
 from kubetrain.trainer.metrics import Metrics, peak_flops
-from kubetrain.trainer.model import build_model, flops_per_token
+from kubetrain.trainer.model import build_model, flops_per_token, vocab_size
 from kubetrain.trainer.pod_progress import PodProgressReporter
 from kubetrain.trainer.profiling import StepProfiler
 from kubetrain.trainer.tensorboard import ScalarWriter
@@ -366,6 +366,14 @@ def _bf16_notice(env: Env, spec: TrainingJobSpec, device: torch.device) -> None:
             log.warning("%s", notice)
 
 
+def check_vocab(corpus: torch.Tensor, held: torch.Tensor | None, vocab: int) -> None:
+    """Every token id must be one the model embeds (a tokenizer bigger than the model's vocabulary)."""
+    top = max(int(corpus.max()), int(held.max()) if held is not None else 0)
+    if top >= vocab:
+        raise ConfigError("data.tokenizer", f"the tokenizer produced id {top}, but the model's vocabulary holds "
+                          f"{vocab} ids: set model.vocabSize (built-in model) or use the hfPath model's own tokenizer")
+
+
 class Evaluator:
     """evalEverySteps: the loss on the fixed held-out windows, averaged over all ranks (a collective)."""
 
@@ -396,6 +404,7 @@ def _train(
     metrics.set_generation(env.generation)
     sampler = Sampler(corpus, spec.model.seq_len, spec.seed)
     model = build_model(spec.model, spec.activation_checkpointing, spec.seed)
+    check_vocab(corpus, held, vocab_size(model))
     fpt = flops_per_token(model, spec.model)
     engine = make_engine(spec, model, device, env.world_size)
     reporter = Reporter(env, spec, ckpt_root)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -120,6 +121,15 @@ class HFCausalLM(nn.Module):
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.inner(input_ids=tokens).logits
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def vocab_size(model: nn.Module) -> int:
+    """How many token ids the model's embedding takes."""
+    if isinstance(model, HFCausalLM):
+        embeddings: Any = model.inner.get_input_embeddings()  # type: ignore[operator]
+        return int(embeddings.num_embeddings)
+    assert isinstance(model, Transformer)
+    return int(model.tok.num_embeddings)
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
