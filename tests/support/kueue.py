@@ -5,9 +5,11 @@ hack/kueue/build.sh, run as a local process (no image registry here) with its we
 What differs from an in-cluster install, and why:
 - the webhook configurations Kueue ships (config/components/webhook/manifests.yaml) call a Service;
   here each calls `https://127.0.0.1:<port><path>` with the throwaway CA as its caBundle. Only the
-  webhooks on Kueue's own API group are installed: those for Pods, Deployments, Jobs and the other
-  frameworks are failurePolicy Fail, and Kueue serves none of them with only `batch/job` enabled
-  and no pod integration, so they would refuse every create of those kinds in the cluster;
+  webhooks on Kueue's own API group are installed. Kueue answers the others too (a no-op for a
+  framework that is not enabled), but they are failurePolicy Fail on Pods, Jobs, Deployments and
+  StatefulSets in every namespace: each such create in the cluster, by tests that never asked for
+  Kueue included, would then depend on this process. So a batch/v1 Job with a queue-name label is
+  suspended by Kueue's reconciler just after it is created, not by its webhook at creation;
 - Kueue's internal certificate management is off (it would issue a certificate for the Service's DNS
   name); Kueue v0.15 then reads its metrics serving certificate from the fixed path
   /etc/kueue/metrics/certs, so the throwaway pair is written there too;
@@ -123,6 +125,7 @@ class Kueue:
         self.binary, self.kubeconfig, self.work = binary, kubeconfig, work
         self.log_path = work / "kueue.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.converted: list[str] = []  # the CRDs whose conversion webhook Kueue serves
         self.health_port = free_port()
         self.webhook_port = free_port()
 
@@ -130,8 +133,9 @@ class Kueue:
         mod = module_dir()
         ca = make_certs(self.work)
         crds = self.work / "crds.json"
-        crds.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": custom_resource_definitions(
-            mod / "config" / "components" / "crd", self.webhook_port, ca)}))
+        items = custom_resource_definitions(mod / "config" / "components" / "crd", self.webhook_port, ca)
+        self.converted = [c["metadata"]["name"] for c in items if c["spec"].get("conversion")]
+        crds.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
         kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
         kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crds))
         kubectl("create", "namespace", "kueue-system", check=False)
@@ -182,6 +186,12 @@ class Kueue:
             return "(no kueue log)"
 
     def stop(self) -> None:
+        """Ends Kueue, removes its webhook configurations and turns its CRDs' conversion webhook off: left
+        pointing at the stopped process, it would fail every read of a Kueue object, so a namespace still
+        holding one (e.g. deleted just before the session ended) would stay Terminating. start() puts it back."""
         for kind, name in WEBHOOK_NAMES.items():
             kubectl("delete", kind.lower(), name, "--ignore-not-found", check=False)
         stop_process(self.proc, group=True)
+        no_conversion = json.dumps({"spec": {"conversion": {"strategy": "None", "webhook": None}}})
+        for crd in self.converted:
+            kubectl("patch", "crd", crd, "--type=merge", "-p", no_conversion, check=False)
