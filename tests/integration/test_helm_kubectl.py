@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 from support.cluster import kubeconfig_path
-from support.kubectl import kubectl, kubectl_binary
+from support.kubectl import kubectl, kubectl_binary, table_rows
 from support.kwok import kwok_job, succeed_pod
 from support.operator_process import OperatorProcess
 from support.paths import CRD_FILE as CRD
@@ -73,9 +73,10 @@ def test_cli_and_kubectl_follow_a_job_to_succeeded(
     assert rc == 1 and "already exists" in err
 
     kubectl("wait", "--for=condition=Running", "tj/ergo", "-n", namespace, "--timeout=90s", timeout=100)
-    get = kubectl("get", "tj", "-n", namespace).stdout.splitlines()
-    assert get[0].split() == ["NAME", "PHASE", "WORKERS", "STEP", "RESTARTS", "AGE"]
-    assert get[1].split()[:5] == ["ergo", "Running", "2/2", "0", "0"]
+    (row,) = table_rows(kubectl("get", "tj", "-n", namespace).stdout)
+    assert list(row) == ["NAME", "PHASE", "WORKERS", "STEP", "DONE", "ETA", "LOSS", "RESTARTS", "AGE"]
+    assert row | {"AGE": ""} == {"NAME": "ergo", "PHASE": "Running", "WORKERS": "2/2", "STEP": "0", "DONE": "",
+                                 "ETA": "", "LOSS": "", "RESTARTS": "0", "AGE": ""}
     wide = kubectl("get", "tjob", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert "STRATEGY" in wide[0].split() and "ddp" in wide[1].split()
 

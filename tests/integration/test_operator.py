@@ -16,7 +16,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.cluster import kubeconfig_path
 from support.jobs import TrainingJobs
-from support.kubectl import kubectl, kubectl_binary
+from support.kubectl import kubectl, kubectl_binary, table_rows
 from support.kwok import fail_pod, kwok_job, set_node_ready, succeed_pod
 from support.operator_process import OperatorProcess
 from support.resources import wait_gone
@@ -94,9 +94,8 @@ def test_apply_run_succeed_delete(jobs: Jobs, kube_cluster: Any) -> None:
     if kubectl_binary().exists():
         out = kubectl("get", "tj", "-n", jobs.ns, check=False)
         if out.returncode == 0:
-            header, row = out.stdout.splitlines()[:2]
-            assert header.split()[:5] == ["NAME", "PHASE", "WORKERS", "STEP", "RESTARTS"]
-            assert row.split()[:5] == ["hello", "Running", "3/3", "0", "0"]
+            (row,) = table_rows(out.stdout)
+            assert [row[c] for c in ("NAME", "PHASE", "WORKERS", "STEP", "RESTARTS")] == ["hello", "Running", "3/3", "0", "0"]
     # rank 0 last: once it exits 0 the job succeeds and cleanPodPolicy deletes the workers still running
     for p in sorted(pods, key=lambda p: p.metadata.name, reverse=True):
         succeed_pod(jobs.core, jobs.ns, p.metadata.name)

@@ -18,3 +18,14 @@ def kubectl(*args: str, check: bool = True, timeout: float = 120) -> subprocess.
     """``kubectl ARGS...`` as the cluster's admin; with ``check``, a non-zero exit fails the test."""
     return run_checked([str(kubectl_binary()), *args], check=check, timeout=timeout,
                        env={"KUBECONFIG": str(kubeconfig_path())})
+
+
+def table_rows(output: str) -> list[dict[str, str]]:
+    """`kubectl get` table output as one dict per row, header -> cell, an unset field as "" (kubectl prints blanks
+    or <none>). Cells are cut at the header's column starts: splitting on whitespace would shift past a blank."""
+    header, *rows = output.splitlines()
+    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    names = [header[a:b].strip() for a, b in bounds]
+    cells = [{name: row[a:b].strip() for name, (a, b) in zip(names, bounds, strict=True)} for row in rows]
+    return [{name: "" if cell == "<none>" else cell for name, cell in row.items()} for row in cells]
