@@ -1,9 +1,12 @@
 """The local backend carries out every lifecycle action, with real (tiny) worker processes."""
 
+import signal
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from support.waiting import wait_for
 
 from kubetrain.core.api import Phase, TrainingJob
 from kubetrain.core.lifecycle import Action, CreateWorkers, DeleteJob, Transition, step
@@ -63,6 +66,36 @@ def test_wait_while_running_then_suspend_stops_the_gang(tmp_path):
     t = step(run.spec, run.job_status, run.observe(), now)
     run.carry_out(t, now)
     assert (t.decision.action, t.status.phase, run.gen) == (Action.SUSPEND, Phase.SUSPENDED, None)
+
+
+def interrupt_once_ready(run: LocalRun, ready: Path, workers: int) -> threading.Thread:
+    """Ctrl-C (as the signal handler sees it) once every worker has written its file under `ready`."""
+    def press() -> None:
+        wait_for(lambda: len(list(ready.iterdir())) == workers, 30, interval=0.02, what="the workers' ready files")
+        run._on_interrupt(signal.SIGINT, None)
+    thread = threading.Thread(target=press, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_ctrl_c_suspends_a_gang_that_stops_on_sigterm(tmp_path):
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    run = local(tmp_path, f"import os, time; open('{ready}/' + os.environ['RANK'], 'w'); time.sleep(60)")
+    interrupt_once_ready(run, ready, 2)
+    s = run.run()
+    assert (s.phase, s.reason) == ("Suspended", "Interrupted")
+
+
+def test_ctrl_c_after_the_workers_finished_is_a_success(tmp_path):
+    """The stop came as the last step ended: every worker exits 0, and the run is over, not resumable."""
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    run = local(tmp_path, "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                          f"open('{ready}/' + os.environ['RANK'], 'w'); time.sleep(1)")
+    interrupt_once_ready(run, ready, 2)
+    s = run.run()
+    assert (s.phase, s.reason) == ("Succeeded", "Succeeded")
 
 
 def test_stale_generation_is_stopped_before_the_next_starts(tmp_path):

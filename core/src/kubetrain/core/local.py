@@ -442,6 +442,17 @@ class LocalRun:
         self.line.say("stopping: asking workers to checkpoint and exit (Ctrl-C again is ignored) ...")
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self._stop_all(STOP_GRACE_SECONDS)
+        self._end_stopped()
+
+    def _end_stopped(self) -> None:
+        """Suspended after Ctrl-C, unless the workers had finished when it came: then the job Succeeded, and a
+        rerun (a sweep resuming its trial) does not train it again."""
+        now = now_utc()
+        t = lc.step(self.spec, self.job_status, self.observe(), now)
+        if t.status.phase == Phase.SUCCEEDED:
+            self.job_status = t.status
+            self.carry_out(t, now)
+            return
         self.job_status = self.job_status.model_copy(update={
             "phase": Phase.SUSPENDED, "reason": lc.Reason.INTERRUPTED, "message": "stopped by the user; run again to resume"})
 
