@@ -42,6 +42,8 @@ def test_quickstart_trains_and_loss_falls(runs):
     # bf16 on this CPU: measured before the start, and said when it is the slower precision
     assert s["bf16_slowdown"] > 0
     assert ("bf16 is slow on this CPU" in err) == (s["bf16_slowdown"] >= hardware.SLOW_BF16)
+    native = hardware.this_cpu_native_bf16()
+    assert s["bf16_emulated"] == (None if native is None else not native)
 
 
 def test_fail_at_restarts_once_resumes_from_step_20_and_resume_is_exact(runs):

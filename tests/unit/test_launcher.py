@@ -61,6 +61,23 @@ def test_local_backend_gives_every_rank_the_pods_contract(tmp_path):
     assert {e[contract.RESTART_GENERATION] for e in local} == {"1"}
 
 
+def test_local_ranks_share_the_machines_cores_unless_the_job_or_the_shell_chose(tmp_path, monkeypatch):
+    for var in contract.THREAD_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+
+    def threads(**spec) -> tuple[str, str]:
+        run = LocalRun(job(command=["python", "train.py"], **spec), tmp_path, RunOptions(output_dir=tmp_path / "out"))
+        env = run._worker_env(0, 0, 29999)
+        return env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"]
+
+    assert threads(workers=2) == ("2", "2")  # 4 cores, 2 ranks
+    assert threads(workers=2, procsPerWorker=4) == ("1", "1")  # 8 ranks on 4 cores: still one each
+    assert threads(workers=2, env=[{"name": "OMP_NUM_THREADS", "value": "3"}]) == ("3", "2")
+    monkeypatch.setenv("MKL_NUM_THREADS", "1")
+    assert threads(workers=1) == ("4", "1")
+
+
 def test_child_envs_of_a_pod_with_four_procs():
     envs = launcher.child_envs({
         "PET_NPROC_PER_NODE": "4", "PET_NNODES": "2", "NODE_RANK": "1", "PET_MASTER_ADDR": "job-worker-0",

@@ -1,5 +1,6 @@
 """The local backend carries out every lifecycle action, with real (tiny) worker processes."""
 
+import json
 import signal
 import threading
 from datetime import UTC, datetime
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 from support.waiting import wait_for
 
+from kubetrain.core import cli, hardware
 from kubetrain.core.api import Phase, TrainingJob
 from kubetrain.core.lifecycle import Action, CreateWorkers, DeleteJob, Transition, step
 from kubetrain.core.local import LocalRun, LocalRunError, RunOptions
@@ -122,3 +124,27 @@ def test_metrics_ports_past_65535_on_one_host_are_refused_before_anything_starts
     with pytest.raises(LocalRunError, match=r"spec.metricsPort: 8 processes on one host need ports 65530-65537"):
         LocalRun(big, tmp_path, RunOptions(output_dir=tmp_path / "out", workers=8))
     assert not (tmp_path / "out").exists()
+
+
+ON_A_GPU_HOST = pytest.mark.skipif(Path("/proc/driver/nvidia").exists(), reason="workers would train on the GPU")
+
+
+@ON_A_GPU_HOST
+def test_slow_bf16_on_this_cpu_is_said_before_the_start_and_after_the_result(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(hardware, "bf16_slowdown", lambda: 5.4)
+    monkeypatch.setattr(hardware, "this_cpu_native_bf16", lambda: False)
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(job("pass", precision="bf16").model_dump_json(by_alias=True, exclude_none=True))
+    assert cli.main(["run", str(manifest), "--output-dir", str(tmp_path / "out"), "-q"]) == 0
+    out, err = capsys.readouterr()
+    notice = "bf16 is slow on this CPU (no AVX512-BF16, AMX or Arm BF16: bf16 is emulated): a bf16 matrix product took 5.4x"
+    assert notice in err and notice in out.split("tokens/s")[-1]  # before the start, and after the result line
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert (summary["bf16_slowdown"], summary["bf16_emulated"]) == (5.4, True)
+
+
+@ON_A_GPU_HOST
+def test_an_fp32_run_measures_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(hardware, "bf16_slowdown", lambda: pytest.fail("fp32 needs no bf16 measurement"))
+    s = local(tmp_path, "pass", precision="fp32").run()
+    assert (s.phase, s.bf16_slowdown, s.bf16_emulated) == ("Succeeded", None, None)

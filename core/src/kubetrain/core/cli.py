@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from kubetrain.core import __version__, kube_cli
+from kubetrain.core import __version__, hardware, kube_cli
 from kubetrain.core.api import KIND, Phase, SweepPhase, TrialState
 from kubetrain.core.contract import PROFILE_REQUEST_FILE, PROFILES_DIR, TENSORBOARD_DIR
 from kubetrain.core.crd import CRDS, crd_yaml
@@ -134,6 +134,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if summary.phase == Phase.FAILED:
         print(f"  {summary.message}", file=sys.stderr)
+    native = None if summary.bf16_emulated is None else not summary.bf16_emulated
+    if notice := hardware.bf16_notice(summary.bf16_slowdown, native):
+        print(f"  {notice}")  # said before the start too; repeated where the run's cost is read
     print(f"summary: {opts.summary_json or Path(summary.output_dir) / 'summary.json'}")
     if summary.phase == Phase.SUSPENDED:  # suspend: true ends at once (0); Ctrl-C ends as a shell says (130)
         return 130 if summary.reason == Reason.INTERRUPTED else 0

@@ -108,7 +108,10 @@ class Summary:
     best_eval_step: int | None = None
     """Step of the checkpoint with the lowest eval loss (kept; recorded in best-eval.json)."""
     bf16_slowdown: float | None = None
-    """A CPU run with precision bf16: the bf16/fp32 matrix-product time ratio measured before it started."""
+    """A CPU run with precision bf16: the bf16/fp32 matrix-product time ratio (one core) measured before it started."""
+    bf16_emulated: bool | None = None
+    """A CPU run with precision bf16: whether /proc/cpuinfo lacks AVX512-BF16, AMX and Arm BF16; None: not
+    such a run, or no /proc/cpuinfo."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2)
@@ -238,6 +241,7 @@ class LocalRun:
         self.gen: Generation | None = None
         self.resumed_from: list[int] = []
         self.bf16_slowdown: float | None = None
+        self.bf16_emulated: bool | None = None
         self.stop_requested = False
 
     # ------------------------------------------------------------------ processes
@@ -418,12 +422,19 @@ class LocalRun:
         self.line.say(f"output: {self.out} (logs/, checkpoints/, progress.json)")
         if spec.checkpoint.ephemeral:
             self.line.say("checkpoint.ephemeral applies to pods only: local checkpoints survive restarts")
-        if spec.precision == "bf16" and not Path("/proc/driver/nvidia").exists():  # the workers train on this CPU
-            self.bf16_slowdown = hardware.bf16_slowdown()
-            if notice := hardware.bf16_notice(self.bf16_slowdown, hardware.this_cpu_native_bf16()):
-                self.line.say(notice)
+        self._check_bf16()
         ports = f"{spec.metrics_port}-{spec.metrics_port + spec.world_size - 1}"
         self.line.say(f"metrics: http://127.0.0.1:{ports}/metrics (one port per rank, Prometheus format)")
+
+    def _check_bf16(self) -> None:
+        """A CPU run with precision bf16: how much slower bf16 is here, said before the first step."""
+        if self.spec.precision != "bf16" or Path("/proc/driver/nvidia").exists():  # workers train on the GPU
+            return
+        native = hardware.this_cpu_native_bf16()
+        self.bf16_emulated = None if native is None else not native
+        self.bf16_slowdown = hardware.bf16_slowdown()
+        if notice := hardware.bf16_notice(self.bf16_slowdown, native):
+            self.line.say(notice)
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
         self.stop_requested = True
@@ -488,4 +499,5 @@ class LocalRun:
             eval_loss=p.eval_loss,
             best_eval_step=p.best_eval_step,
             bf16_slowdown=self.bf16_slowdown,
+            bf16_emulated=self.bf16_emulated,
         )
