@@ -50,6 +50,13 @@ def make_stager(rt: Runtime) -> Any:
     )
 
 
+def _spent(stager: Any) -> bool:
+    """torch 2.11 closes its StateDictStager after each save (its copiers and cached pinned buffers are dropped; a
+    second save fails with KeyError: <class 'type'>); later versions keep them for the next save."""
+    inner = getattr(stager, "_state_dict_stager", None)
+    return inner is not None and not getattr(inner, "_deepcopy_dispatch", True)
+
+
 def state_of(engine: Engine) -> dict[str, Any]:
     model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
     return {"model": model_sd, "optim": optim_sd}
@@ -128,7 +135,7 @@ def _wait(upload: Future | None, saver: Saver, path: str | None) -> float:
 
 
 def async_saves(rt: Runtime, engine: Engine, step: Step, saves: int, gap: int, saver: Saver) -> dict[str, Any]:
-    stager = make_stager(rt)
+    stager, stagers = make_stager(rt), 1
     stalls, waited, steps = [], [], []
     writes: list[float] = []
     upload: Future | None = None
@@ -145,11 +152,15 @@ def async_saves(rt: Runtime, engine: Engine, step: Step, saves: int, gap: int, s
             staging.result()  # state copied off the parameters: the loop may go on
         stalls.append(max_over_ranks(rt, time.perf_counter() - t0))
         upload.add_done_callback(_record_end(writes, t0))
+        if _spent(stager):
+            stager.close()
+            stager, stagers = make_stager(rt), stagers + 1
     _wait(upload, saver, path)
     # result() can return before the future's callbacks ran: the last duration may still be coming.
     wait_for(lambda: len(writes) == saves, 10.0, interval=0.01, what="the async saves' done callbacks")
     stager.close()
-    return {"stall_seconds": stalls, "write_seconds": writes, "waited_seconds": waited, "gap_steps": steps}
+    return {"stall_seconds": stalls, "write_seconds": writes, "waited_seconds": waited, "gap_steps": steps,
+            "stagers": stagers}
 
 
 def _futures(response: Any) -> tuple[Future | None, Future]:
