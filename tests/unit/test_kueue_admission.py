@@ -182,3 +182,19 @@ def test_a_job_another_controller_manages_gets_only_its_workload():
     assert p.create == [] and p.status is None and p.events == [] and p.queue.suspend is None
     p = plan(body(managedBy=contract.MANAGED_BY_OPERATOR, scheduling={}), [], {}, T0, S)
     assert [o["kind"] for o in p.create].count("Pod") == 2
+
+
+def test_a_job_whose_stored_spec_is_refused_fails_and_finishes_its_workload():
+    """A spec the CRD accepted that this operator's model refuses (one written under an older schema, say): the
+    job fails, and its admitted Workload gives its quota back instead of holding the queue for ever."""
+    bad = body(model={"dModel": 100, "nHeads": 3})
+    p = plan(bad, [], {}, T0, S, queue=QueueView(wl(ADMITTED, ADMISSION)))
+    assert p.status["phase"] == "Failed" and p.status["reason"] == "InvalidSpec"
+    st = p.queue.workload_status
+    assert st is not None and st["admission"] is None
+    conds = {c["type"]: c for c in st["conditions"]}
+    assert (conds["Finished"]["status"], conds["Finished"]["reason"]) == ("True", "Failed")
+    assert conds["QuotaReserved"]["status"] == "False" and conds["Admitted"]["status"] == "False"
+    failed = plan(bad | {"status": p.status}, [], {}, T0, S, queue=QueueView(wl([("Finished", "True", "Failed", "")])))
+    assert failed.status is None and failed.queue == kueue.QueuePlan()
+    assert plan(bad, [], {}, T0, S).queue == kueue.QueuePlan()  # no Workload: nothing to finish

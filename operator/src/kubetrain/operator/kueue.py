@@ -20,7 +20,8 @@ from kubetrain.core.api import ADMITTED, FINISHED_PHASES, ConditionReason, Phase
 from kubetrain.core.lifecycle import set_condition
 from kubetrain.operator import builders as b
 
-__all__ = ["Placement", "QueuePlan", "QueueView", "kueue_queue", "place", "plan_queue", "workload", "workload_name"]
+__all__ = ["Placement", "QueuePlan", "QueueView", "kueue_queue", "place", "plan_invalid", "plan_queue", "workload",
+           "workload_name"]
 
 WORKLOAD_API_VERSION = f"{contract.KUEUE_GROUP}/{contract.KUEUE_VERSION}"
 WORKLOAD_PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
@@ -162,6 +163,12 @@ def plan_queue(job: TrainingJob, body: dict[str, Any], view: QueueView, gang_gon
         return QueuePlan(suspend=False if job.spec.suspend else None, condition=condition,
                          placement=placement(wl, view.flavors))
     return _held(job, True, _queued(job, wl))
+
+
+def plan_invalid(view: QueueView, now: datetime) -> QueuePlan:
+    """A job whose stored spec this operator refuses fails: its Workload, if it has one, is finished, so that
+    its quota and its place in the queue go to the jobs behind it."""
+    return QueuePlan(workload_status=None if view.workload is None else _finish(view.workload, Phase.FAILED, now))
 
 
 def _held(job: TrainingJob, hold: bool, condition: tuple[bool, str, str], **kw: Any) -> QueuePlan:

@@ -43,7 +43,9 @@ class KueueIO:
         if not (((body.get("spec") or {}).get("scheduling") or {}).get("queue")):
             return kueue.QueueView()  # most jobs: not parsed twice
         job, _ = stored_object(TrainingJob, body)
-        if job is None or kueue.kueue_queue(job) is None:
+        if job is None:  # a spec this operator refuses: the job fails, and its Workload is finished
+            return kueue.QueueView(cache.workload(key))
+        if kueue.kueue_queue(job) is None:
             return kueue.QueueView()
         wl = cache.workload(key)
         priority, missing = (None, None) if wl is not None else await self._priority(body, job)

@@ -201,7 +201,7 @@ def plan(
     old = _status_of(body)
     job, problems = _job_model(body)
     if job is None:
-        return _invalid(old, problems, now)
+        return _invalid(old, problems, now, kueue.plan_invalid(queue or kueue.QueueView(), now))
     ours = [p for p in pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
     gang_gone = not any(still_running(p) for p in ours)
     q = kueue.plan_queue(job, body, queue or kueue.QueueView(), gang_gone, old.phase, settings, now)
@@ -237,9 +237,9 @@ def profile_request(body: dict[str, Any], pods: list[dict[str, Any]], generation
     return {}
 
 
-def _invalid(old: TrainingJobStatus, problems: list[str], now: datetime) -> Plan:
+def _invalid(old: TrainingJobStatus, problems: list[str], now: datetime, queue: kueue.QueuePlan) -> Plan:
     """A spec the API server accepted but the model refuses: Failed once, with every problem named."""
-    out = Plan()
+    out = Plan(queue=queue)
     if old.phase != Phase.FAILED:
         message = "invalid spec: " + "; ".join(problems)
         new = old.model_copy(update={"phase": Phase.FAILED, "reason": Reason.INVALID_SPEC, "message": message,
