@@ -152,8 +152,20 @@ def test_kueue_not_installed_or_a_missing_priority_class_is_said_and_looked_at_a
     cond = next(c for c in p.status["conditions"] if c["type"] == "Admitted")
     assert cond["reason"] == "KueueMissing" and "install Kueue" in cond["message"]
     assert ("Warning", "KueueMissing") in [e[:2] for e in p.events] and p.requeue_after == 30.0
+    assert p.queue.create is not None, "the Workload is created as soon as Kueue is installed"
     p = plan(body(), [], {}, T0, S, queue=QueueView(priority_missing="WorkloadPriorityClass x does not exist"))
     assert next(c for c in p.status["conditions"] if c["type"] == "Admitted")["reason"] == "PriorityClassMissing"
+    assert p.queue.create is None, "not without its priority"
+
+
+def test_a_workload_name_held_by_someone_elses_workload_is_said_and_looked_at_again():
+    taken = "Workload trainingjob-j-abcde exists and is not owned by this TrainingJob: not adopting it; delete or rename it"
+    p = plan(body(), [], {}, T0, S, queue=QueueView(workload_foreign=taken))
+    assert p.status["phase"] == "Suspended" and not [o for o in p.create if o["kind"] == "Pod"]
+    cond = next(c for c in p.status["conditions"] if c["type"] == "Admitted")
+    assert (cond["status"], cond["reason"], cond["message"]) == ("False", "ForeignObject", taken)
+    assert ("Warning", "ForeignObject") in [e[:2] for e in p.events] and p.requeue_after == 30.0
+    assert p.queue.create is not None and p.queue.create["metadata"]["name"] == "trainingjob-j-abcde"
 
 
 def test_reconcile_holds_a_queued_job_until_admitted_then_creates_placed_pods():

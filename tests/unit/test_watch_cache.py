@@ -231,8 +231,11 @@ def test_a_jobs_workload_is_kept_newest_first_and_only_when_the_job_owns_it() ->
     cache.job_event("ADDED", {**job("a"), "metadata": {**job("a")["metadata"], "uid": "u1"}})
     assert cache.workload_event("ADDED", workload("a", 3, owner_uid="someone-else")) is None
     cache.set_kueue_missing((NS, "a"), True)
+    cache.set_workload_foreign((NS, "a"), "Workload w exists and is not owned by this TrainingJob")
+    assert cache.workload_foreign((NS, "a")) is not None
     assert cache.workload_event("ADDED", workload("a", 3, owner_uid="u1")) == (NS, "a")
     assert not cache.kueue_missing((NS, "a"))  # a Workload seen: Kueue serves the kind
+    assert cache.workload_foreign((NS, "a")) is None  # and the job's own now holds its name
     cache.workload_event("MODIFIED", workload("a", 2, owner_uid="u1"))  # stale
     assert cache.workload((NS, "a"))["metadata"]["resourceVersion"] == "3"  # type: ignore[index]
     cache.workload_event("DELETED", workload("a", 4, owner_uid="u1", name="other"))  # not the one kept

@@ -26,8 +26,10 @@ __all__ = ["Placement", "QueuePlan", "QueueView", "kueue_queue", "place", "plan_
 WORKLOAD_API_VERSION = f"{contract.KUEUE_GROUP}/{contract.KUEUE_VERSION}"
 WORKLOAD_PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
 POD_PRIORITY_SOURCE = "scheduling.k8s.io/priorityclass"
-LOOK_AGAIN = frozenset({ConditionReason.KUEUE_MISSING, ConditionReason.PRIORITY_CLASS_MISSING})
-"""Admitted reasons that no watched object's event ends (a CRD or a priority class created)."""
+LOOK_AGAIN = frozenset({ConditionReason.KUEUE_MISSING, ConditionReason.PRIORITY_CLASS_MISSING,
+                        ConditionReason.FOREIGN_OBJECT})
+"""Admitted reasons that no watched object's event ends (a CRD or a priority class created, a foreign Workload
+deleted: it carries no job label, so the Workload watch does not see it)."""
 LOOK_AGAIN_SECONDS = 30.0
 REQUEUED_REASONS = frozenset({"Preempted", "NodeFailures"})
 """Eviction reasons after which Kueue's own integrations mark a Workload Requeued=True."""
@@ -46,6 +48,8 @@ class QueueView:
     """The message when the priority class named on the job does not exist."""
     kueue_missing: bool = False
     """The API server does not serve Kueue's Workload kind."""
+    workload_foreign: str | None = None
+    """The message when the Workload's name is held by an object this job does not own."""
 
 
 @dataclass(frozen=True)
@@ -142,12 +146,10 @@ def plan_queue(job: TrainingJob, body: dict[str, Any], view: QueueView, gang_gon
     wl = view.workload
     if phase in FINISHED_PHASES:
         return QueuePlan(workload_status=None if wl is None else _finish(wl, str(phase), now))
-    if view.kueue_missing or view.priority_missing:
-        reason = ConditionReason.KUEUE_MISSING if view.kueue_missing else ConditionReason.PRIORITY_CLASS_MISSING
-        message = (f"the API server does not serve {WORKLOAD_API_VERSION} Workload: install Kueue to run a job "
-                   f"with spec.scheduling.queue" if view.kueue_missing else str(view.priority_missing))
-        return _held(job, gang_gone, (False, reason, message))
     desired = workload(job, body, settings, view.priority)
+    if (blocked := _blocked(view)) is not None:  # the create is tried again each LOOK_AGAIN_SECONDS
+        retry = wl is None and not view.priority_missing
+        return _held(job, gang_gone, (False, *blocked), create=desired if retry else None)
     if wl is None:
         return _held(job, gang_gone, _queued(job, None), create=desired)
     if not _matches(wl, desired):
@@ -163,6 +165,18 @@ def plan_queue(job: TrainingJob, body: dict[str, Any], view: QueueView, gang_gon
         return QueuePlan(suspend=False if job.spec.suspend else None, condition=condition,
                          placement=placement(wl, view.flavors))
     return _held(job, True, _queued(job, wl))
+
+
+def _blocked(view: QueueView) -> tuple[str, str] | None:
+    """(reason, message) when the job's Workload cannot be made as it is; None when nothing stands in the way."""
+    if view.kueue_missing:
+        return (ConditionReason.KUEUE_MISSING, f"the API server does not serve {WORKLOAD_API_VERSION} Workload: "
+                "install Kueue to run a job with spec.scheduling.queue")
+    if view.priority_missing:
+        return ConditionReason.PRIORITY_CLASS_MISSING, view.priority_missing
+    if view.workload_foreign:
+        return ConditionReason.FOREIGN_OBJECT, view.workload_foreign
+    return None
 
 
 def plan_invalid(view: QueueView, now: datetime) -> QueuePlan:
@@ -276,6 +290,5 @@ def admitted_condition(conditions: list[dict[str, Any]], plan: QueuePlan, now: d
     old = next((c for c in conditions if c.get("type") == ADMITTED), None)
     event = None
     if old is None or old.get("reason") != reason:
-        event = ("Warning" if reason in (ConditionReason.EVICTED, ConditionReason.KUEUE_MISSING,
-                                         ConditionReason.PRIORITY_CLASS_MISSING) else "Normal", reason, message)
+        event = ("Warning" if reason in {ConditionReason.EVICTED, *LOOK_AGAIN} else "Normal", reason, message)
     return set_condition(conditions, ADMITTED, value, reason, message, now, add_false=True), event

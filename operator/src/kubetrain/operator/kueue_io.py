@@ -18,6 +18,7 @@ from kubetrain.core import api, contract
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.validate import stored_object
 from kubetrain.operator import kueue
+from kubetrain.operator.apply import foreign_message
 from kubetrain.operator.watch_cache import Key, owned_by, uid_of
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class KueueIO:
         wl = cache.workload(key)
         priority, missing = (None, None) if wl is not None else await self._priority(body, job)
         flavors = {n: (await self._lookup("resourceflavors", n) or {}).get("spec") or {} for n in kueue.flavor_names(wl)}
-        return kueue.QueueView(wl, flavors, priority, missing, cache.kueue_missing(key))
+        return kueue.QueueView(wl, flavors, priority, missing, cache.kueue_missing(key), cache.workload_foreign(key))
 
     async def _priority(self, body: dict[str, Any], job: TrainingJob) -> tuple[tuple[str, str, int] | None, str | None]:
         """The Workload's priority: the job's Kueue WorkloadPriorityClass label, else its pods' PriorityClass."""
@@ -129,8 +130,9 @@ class KueueIO:
                 raise
             created = await self.applier.io(custom.get_namespaced_custom_object, *K, key[0],
                                             contract.WORKLOAD_PLURAL, obj["metadata"]["name"])
-            if not owned_by(created, uid_of(body)):
-                raise RuntimeError(f"Workload {obj['metadata']['name']} exists and is not this job's") from exc
+            if not owned_by(created, uid_of(body)):  # never adopted; said on the job, looked at again
+                cache.set_workload_foreign(key, foreign_message("Workload", obj["metadata"]["name"], created))
+                return
         cache.workload_event("ADDED", created)
 
     async def _delete(self, key: Key, name: str) -> None:

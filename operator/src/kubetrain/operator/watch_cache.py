@@ -83,6 +83,8 @@ class _Job:
     """The job's Kueue Workload (jobs with scheduling.queue), as last seen."""
     kueue_missing: bool = False
     """The API server answered 404 to the job's Workload create: Kueue is not installed."""
+    workload_foreign: str | None = None
+    """Why the job's Workload could not be created: its name is held by a Workload the job does not own."""
 
 
 class WatchCache:
@@ -157,6 +159,14 @@ class WatchCache:
         if (entry := self._jobs.get(key)) is not None:
             entry.kueue_missing = missing
 
+    def workload_foreign(self, key: Key) -> str | None:
+        entry = self._jobs.get(key)
+        return entry.workload_foreign if entry else None
+
+    def set_workload_foreign(self, key: Key, message: str | None) -> None:
+        if (entry := self._jobs.get(key)) is not None:
+            entry.workload_foreign = message
+
     def workload_event(self, kind: str | None, body: dict[str, Any]) -> Key | None:
         """Keep the newer copy of a job's Workload (the job must own it); the job's key, or None."""
         meta = body["metadata"]
@@ -169,7 +179,7 @@ class WatchCache:
                 entry.workload = None
         elif entry.workload is None or resource_version(body) >= resource_version(entry.workload):
             entry.workload = body
-            entry.kueue_missing = False
+            entry.kueue_missing, entry.workload_foreign = False, None
         return (meta["namespace"], str(job))
 
     def progress(self, key: Key) -> Progress | None:
