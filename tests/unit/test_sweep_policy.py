@@ -5,9 +5,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kubetrain.core.api import Phase, SweepPhase, TrainingSweepSpec, TrainingSweepStatus, TrialState
+from kubetrain.core.api import Phase, SweepPhase, SweepReason, TrainingSweepSpec, TrainingSweepStatus, TrialState
 from kubetrain.core.sweep import policy
-from kubetrain.core.sweep.model import StartTrial, StopTrial, SweepEvent, SweepReason, TrialObservation
+from kubetrain.core.sweep.model import StartTrial, StopTrial, SweepEvent, TrialObservation
 
 NOW = datetime(2025, 5, 1, 12, 0, tzinfo=UTC)
 LR = {"path": "optimizer.lr", "low": 1e-3, "high": 1e-1, "log": True}

@@ -12,13 +12,13 @@ import optuna
 import pytest
 import yaml
 
-from kubetrain.core.api import Phase, TrainingSweep, TrainingSweepSpec, TrainingSweepStatus, TrialRecord
+from kubetrain.core.api import Phase, SweepReason, TrainingSweep, TrainingSweepSpec, TrainingSweepStatus, TrialRecord
 from kubetrain.core.cli import main
 from kubetrain.core.contract import LABEL_SWEEP, format_time, threads_per_process
 from kubetrain.core.sweep import report
 from kubetrain.core.sweep.local import runnable_anywhere, template_manifest
 from kubetrain.core.sweep.mirror import INDEX_ATTR, StudyMirror
-from kubetrain.core.sweep.model import SweepEvent, SweepReason, TrialObservation
+from kubetrain.core.sweep.model import SweepEvent, TrialObservation
 from kubetrain.core.sweep.trials import LocalTrials, ended, from_disk, local_manifest
 from kubetrain.core.sweep.view import SweepView
 from kubetrain.core.validate import check

@@ -124,7 +124,7 @@ class ConditionReason(enum.StrEnum):
     CREATE_REJECTED = "CreateRejected"
     """WorkersBlocked: the API server refused a worker pod (ResourceQuota, Pod Security Admission, an invalid field)."""
     FOREIGN_OBJECT = "ForeignObject"
-    """WorkersBlocked: an object with a child's name exists and is not owned by this job; it is not adopted."""
+    """WorkersBlocked: an object with a child's name exists and is not owned by this job; it is not adopted. Admitted False: so does a Workload under the job's Workload name."""
     GANG_SCHEDULER_MISSING = "GangSchedulerMissing"
     """WorkersBlocked: the API server does not serve the PodGroup kind of spec.scheduling.gang (its CRD is not installed); no worker pod is created until it is."""
     NCCL_FALLBACK_TO_SOCKET = "NcclFallbackToSocket"
@@ -143,6 +143,8 @@ class ConditionReason(enum.StrEnum):
     """Admitted False: the API server does not serve Kueue's Workload kind (Kueue is not installed); no worker pod is created until it is."""
     PRIORITY_CLASS_MISSING = "PriorityClassMissing"
     """Admitted False: the WorkloadPriorityClass named by the label kueue.x-k8s.io/priority-class does not exist."""
+    PROGRESS_REPORTING_FORBIDDEN = "ProgressReportingForbidden"
+    """A Warning Event, no condition: the API server refused the job's progress Role or RoleBinding (the operator lacks RBAC for it); the job trains, its status shows no progress."""
 
 
 class _Model(BaseModel):
@@ -857,6 +859,28 @@ class SweepPhase(enum.StrEnum):
 
 
 FINISHED_SWEEP_PHASES = (SweepPhase.SUCCEEDED, SweepPhase.FAILED)
+
+
+class SweepReason(enum.StrEnum):
+    """status.reason of a sweep, its trials' StopTrial reasons, and its Event reasons."""
+
+    CREATED = "Created"
+    """Pending: no trial recorded yet."""
+    TRIALS_RUNNING = "TrialsRunning"
+    INVALID_SPEC = "InvalidSpec"
+    """Failed: the search space cannot give valid TrainingJobs (see the message)."""
+    TOO_MANY_FAILED_TRIALS = "TooManyFailedTrials"
+    COMPLETED = "Completed"
+    """Succeeded: every trial finished and at least one completed."""
+    NO_TRIAL_COMPLETED = "NoTrialCompleted"
+    """Failed: every trial finished and none completed."""
+    TRIAL_COMPLETED = "TrialCompleted"
+    TRIAL_FAILED = "TrialFailed"
+    TRIAL_PRUNED = "TrialPruned"
+    PRUNED = "Pruned"
+    """StopTrial: the pruner stopped the trial."""
+    SWEEP_FINISHED = "SweepFinished"
+    """StopTrial: the sweep finished (failed) while the trial ran."""
 
 
 class TrialState(enum.StrEnum):

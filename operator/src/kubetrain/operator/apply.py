@@ -312,10 +312,11 @@ class Applier:
         await asyncio.gather(self._create_in_order(key[0], ordered, body, seen), *rest)
         refused, foreign = seen.first(objs)
         if refused is not None and refused != self.cache.create_refused(key):
-            reason = api.ConditionReason.GANG_SCHEDULER_MISSING if is_gang_missing(refused) else "CreateRejected"
+            reason = api.ConditionReason.GANG_SCHEDULER_MISSING if is_gang_missing(refused) \
+                else api.ConditionReason.CREATE_REJECTED
             await self.io(self.record_event, body, "Warning", reason, refused)
         if foreign is not None and foreign[0] != self.cache.foreign(key):
-            await self.io(self.record_event, body, "Warning", "ForeignObject", foreign[1])
+            await self.io(self.record_event, body, "Warning", api.ConditionReason.FOREIGN_OBJECT, foreign[1])
         self.cache.set_create_refused(key, refused)
         self.cache.set_foreign(key, None if foreign is None else foreign[0])
         return refused is None and foreign is None
@@ -390,7 +391,7 @@ class Applier:
             # The progress RBAC is not worth failing the job over: it trains, its status shows
             # no progress. (The operator lacks roles/rolebindings create or get/patch on pods.)
             self.cache.set_progress_refused((ns, job["metadata"]["name"]), True)
-            await self.io(self.record_event, job, "Warning", "ProgressReportingForbidden",
+            await self.io(self.record_event, job, "Warning", api.ConditionReason.PROGRESS_REPORTING_FORBIDDEN,
                           f"could not create {kind} {name}: {api_message(exc)}; "
                           "rank 0 cannot report progress (status and progressDeadlineSeconds)")
             return False

@@ -27,12 +27,13 @@ from kubetrain.core.api import (
     ConditionReason,
     Phase,
     SweepPhase,
+    SweepReason,
     TrainingSweep,
     TrainingSweepStatus,
 )
 from kubetrain.core.contract import format_time
 from kubetrain.core.sweep import policy, space
-from kubetrain.core.sweep.model import StartTrial, StopTrial, SweepEvent, SweepReason, TrialObservation
+from kubetrain.core.sweep.model import StartTrial, StopTrial, SweepEvent, TrialObservation
 from kubetrain.core.validate import stored_object
 
 __all__ = ["SweepPlan", "finished", "needs_live_look", "observation", "observe",

@@ -8,33 +8,10 @@ rebuilt from it on every step, so a restarted backend loses nothing.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any
 
 from kubetrain.core.api import Phase, TrainingSweepStatus
-
-
-class SweepReason(enum.StrEnum):
-    """status.reason of a sweep, its trials' StopTrial reasons, and its Event reasons."""
-
-    CREATED = "Created"
-    """Pending: no trial recorded yet."""
-    TRIALS_RUNNING = "TrialsRunning"
-    INVALID_SPEC = "InvalidSpec"
-    """Failed: the search space cannot give valid TrainingJobs (see the message)."""
-    TOO_MANY_FAILED_TRIALS = "TooManyFailedTrials"
-    COMPLETED = "Completed"
-    """Succeeded: every trial finished and at least one completed."""
-    NO_TRIAL_COMPLETED = "NoTrialCompleted"
-    """Failed: every trial finished and none completed."""
-    TRIAL_COMPLETED = "TrialCompleted"
-    TRIAL_FAILED = "TrialFailed"
-    TRIAL_PRUNED = "TrialPruned"
-    PRUNED = "Pruned"
-    """StopTrial: the pruner stopped the trial."""
-    SWEEP_FINISHED = "SweepFinished"
-    """StopTrial: the sweep finished (failed) while the trial ran."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from kubetrain.core.api import (
     Condition,
     Phase,
     SweepPhase,
+    SweepReason,
     TrainingSweepSpec,
     TrainingSweepStatus,
     TrialRecord,
@@ -41,7 +42,6 @@ from kubetrain.core.sweep.model import (
     StartTrial,
     StopTrial,
     SweepEvent,
-    SweepReason,
     SweepTransition,
     TrialObservation,
 )

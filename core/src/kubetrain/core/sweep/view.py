@@ -7,9 +7,9 @@ import shutil
 from collections.abc import Mapping
 from typing import IO
 
-from kubetrain.core.api import TrainingSweepSpec, TrainingSweepStatus, TrialState
+from kubetrain.core.api import SweepReason, TrainingSweepSpec, TrainingSweepStatus, TrialState
 from kubetrain.core.sweep import report
-from kubetrain.core.sweep.model import SweepEvent, SweepReason
+from kubetrain.core.sweep.model import SweepEvent
 
 UP_AND_CLEAR = "\033[{n}F\033[J"
 """Cursor to the start of the line n lines up, then clear to the end of the screen."""
