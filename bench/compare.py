@@ -5,8 +5,9 @@
 
 Starts a PRIVATE control plane with hack/cluster-up.sh (own state dir and ports, kube-apiserver
 audit log on), creates the kwok GPU nodes, then for every scenario runs kubetrain's operator and
-then Kubeflow's (built by hack/kubeflow/build.sh), each as a real process under its own
-ServiceAccount token, one at a time, in a fresh namespace that is deleted afterwards. Measures:
+then Kubeflow's (built by hack/kubeflow/build.sh), then the minimal creator (bench/min_creator.py:
+kubetrain's pods and Services, no controller; not for recovery scenarios), each as a real process
+under its own ServiceAccount token, one at a time, in a fresh namespace that is deleted afterwards. Measures:
 time from apply to all pods created / all Running (one watch, no polling of the API server),
 recovery from a failed worker, operator CPU seconds and peak RSS (/proc), API requests per
 operator identity (audit log), reconcile errors (the operators' own metrics). Prints a markdown
@@ -58,8 +59,11 @@ KUBETRAIN_SA = "kubetrain"
 KUBEFLOW_NS = "kubeflow"  # manifests/overlays/standalone
 KUBEFLOW_SA = "training-operator"
 KUBEFLOW_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # hard-coded in pkg/cert (the Secret's volume mount)
+CREATOR_NS = "kubetrain-bench-creator"
+CREATOR_SA = "min-creator"
 USERS = {cl.KUBETRAIN: f"system:serviceaccount:{KUBETRAIN_NS}:{KUBETRAIN_SA}",
-         cl.KUBEFLOW: f"system:serviceaccount:{KUBEFLOW_NS}:{KUBEFLOW_SA}"}
+         cl.KUBEFLOW: f"system:serviceaccount:{KUBEFLOW_NS}:{KUBEFLOW_SA}",
+         cl.CREATOR: f"system:serviceaccount:{CREATOR_NS}:{CREATOR_SA}"}
 QUIET_S = 5.0
 """The measurement of a run ends once the operator has sent no request for this long."""
 DEFAULT_CLUSTER = {"KUBETRAIN_CLUSTER_DIR": str(cache_dir() / "cluster"), "KUBETRAIN_APISERVER_PORT": "16443",
@@ -168,6 +172,20 @@ def install_kubeflow(admin: client.ApiClient, core: client.CoreV1Api, moddir: Pa
             metadata=client.V1ObjectMeta(name="training-operator-webhook-cert")))
     wait_established(admin, [yaml.safe_load(f.read_text())["metadata"]["name"] for f in crd_files], timeout=60)
     return sa_kubeconfig(admin, KUBEFLOW_NS, KUBEFLOW_SA, Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "kubeflow.kubeconfig")
+
+
+def install_creator(admin: client.ApiClient, core: client.CoreV1Api) -> Path:
+    """A ServiceAccount for bench/min_creator.py that may create pods and Services, nothing else."""
+    ensure_namespace(core, CREATOR_NS)
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kubetrain-bench-min-creator"}
+    meta = {"name": ref["name"]}
+    for doc in ({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": CREATOR_SA, "namespace": CREATOR_NS}},
+                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta,
+                 "rules": [{"apiGroups": [""], "resources": ["pods", "services"], "verbs": ["create"]}]},
+                {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": meta,
+                 "roleRef": ref, "subjects": [{"kind": "ServiceAccount", "name": CREATOR_SA, "namespace": CREATOR_NS}]}):
+        apply(admin, doc, FIELD_MANAGER)
+    return sa_kubeconfig(admin, CREATOR_NS, CREATOR_SA, Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "creator.kubeconfig")
 
 
 # --------------------------------------------------------------------------- pod watch
@@ -325,7 +343,7 @@ class Operator:
     extra_args: list[str] = field(default_factory=list)
     """Appended to the operator's command line (--kubeflow-args): a tuned run next to the defaults."""
 
-    def start(self, log: Path, core: client.CoreV1Api) -> None:
+    def start(self, log: Path, core: client.CoreV1Api, sc: cl.Scenario, ns: str) -> None:
         self.log = log
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         mport, hport = free_port(), free_port()
@@ -396,7 +414,50 @@ class Operator:
         total = cl.metric_sum(text, "controller_runtime_reconcile_total")  # every controller, every result
         return total, cl.metric_sum(text, "controller_runtime_reconcile_errors_total")
 
+    def apply(self, admin: client.ApiClient, sc: cl.Scenario, ns: str) -> None:
+        """What starts the clock's work: the scenario's jobs, created as the admin."""
+        create_jobs(admin, self.key, sc, ns)
+
+    def summary(self) -> str:
+        return ""
+
     def stop(self) -> None:
+        stop_process(self.proc, 20)
+
+
+@dataclass
+class Creator(Operator):
+    """bench/min_creator.py as one more operator: started per scenario (it builds that scenario's
+    objects and opens its connections first), told "go" instead of being given jobs."""
+
+    def start(self, log: Path, core: client.CoreV1Api, sc: cl.Scenario, ns: str) -> None:
+        self.log = log
+        cmd = [sys.executable, str(REPO / "bench" / "min_creator.py"), "--kubeconfig", str(self.kubeconfig),
+               "--namespace", ns, "--jobs", str(sc.jobs), "--workers", str(sc.workers), "--gpus", str(sc.gpus),
+               *self.extra_args]
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        wait_for(lambda: self._alive() and "ready:" in log.read_text(errors="replace"), 180, interval=0.1,
+                 what=f"minimal creator ready; log {log}")
+        time.sleep(2.0)  # as for the operators
+
+    def apply(self, admin: client.ApiClient, sc: cl.Scenario, ns: str) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
+
+    def reconcile_counts(self) -> tuple[float | None, float | None]:
+        return None, None
+
+    def summary(self) -> str:
+        """Its own "done: ..." line: objects, seconds, HTTP status counts, retries."""
+        lines = [] if self.log is None else self.log.read_text(errors="replace").splitlines()
+        return next((line for line in reversed(lines) if line.startswith("done:")), "no 'done:' line")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()  # it exits at the end of its stdin
         stop_process(self.proc, 20)
 
 
@@ -490,7 +551,7 @@ def run_one(admin: client.ApiClient, op: Operator, sc: cl.Scenario, timeout: flo
     log = Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "logs" / f"bench-{ns}.log"
     watch = PodWatch(admin, ns)
     try:
-        op.start(log, core)
+        op.start(log, core, sc, ns)
         assert op.proc is not None
         pid = op.proc.pid
         watch.start()
@@ -510,7 +571,7 @@ def run_one(admin: client.ApiClient, op: Operator, sc: cl.Scenario, timeout: flo
         res.load_before = os.getloadavg()
         before = proc_stats(pid)
         wall0, t0 = time.time(), time.monotonic()
-        create_jobs(admin, op.key, sc, ns)
+        op.apply(admin, sc, ns)
         res.apply_s = time.monotonic() - t0
         t_created = watch.wait("created", timeout, progress("creating"))
         t_running = watch.wait("running", max(1.0, t0 + timeout - time.monotonic()), progress("starting"))
@@ -531,10 +592,9 @@ def run_one(admin: client.ApiClient, op: Operator, sc: cl.Scenario, timeout: flo
     finally:
         watch.stop()
         op.stop()
-    user = USERS[op.key]
-    window = cl.count_requests(read_audit(audit_offset), [user], since=wall0, until=wall1)[user]
-    total = cl.count_requests(read_audit(audit_offset), [user])[user]
-    res.api_requests, res.api_requests_total, res.api_by_verb = window.total, total.total, dict(window.by_verb)
+    if op.summary():
+        res.notes.append(op.summary())
+    window = count_audit(res, USERS[op.key], audit_offset, wall0, wall1)
     status("")
     say(f"{sc.name} / {op.key}: created {cl.fmt(res.pods_created_s, 1)}s, Running {cl.fmt(res.all_running_s, 1)}s"
         + (f", recovery {cl.fmt(res.recovery_s, 1)}s ({res.pods_replaced} pods created, {res.restarts} restarts)"
@@ -543,6 +603,14 @@ def run_one(admin: client.ApiClient, op: Operator, sc: cl.Scenario, timeout: flo
         f"({window.summary(4)}), reconcile errors {cl.fmt(res.reconcile_errors, 0)}; log {log}")
     delete_namespace(admin, ns)
     return res
+
+
+def count_audit(res: cl.RunResult, user: str, offset: int, wall0: float, wall1: float) -> cl.RequestCount:
+    """The user's API requests into ``res``: in the measurement window [wall0, wall1], and in all."""
+    window = cl.count_requests(read_audit(offset), [user], since=wall0, until=wall1)[user]
+    total = cl.count_requests(read_audit(offset), [user])[user]
+    res.api_requests, res.api_requests_total, res.api_by_verb = window.total, total.total, dict(window.by_verb)
+    return window
 
 
 def recover(core: client.CoreV1Api, watch: PodWatch, op: Operator, sc: cl.Scenario, ns: str,
@@ -607,23 +675,82 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), {int(mem) / 2**20:.0f} GiB"
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"{cl.QUICK_NODES} nodes and small scenarios (smoke test)")
     p.add_argument("--scenarios", help="comma-separated subset of scenario names")
-    p.add_argument("--operators", default=f"{cl.KUBETRAIN},{cl.KUBEFLOW}", help="comma-separated, run in this order")
+    p.add_argument("--operators", default=f"{cl.KUBETRAIN},{cl.KUBEFLOW},{cl.CREATOR}",
+                   help=f"comma-separated, run in this order ({cl.CREATOR}: bench/min_creator.py)")
     p.add_argument("--timeout", type=float, default=1200, help="per milestone, seconds")
     p.add_argument("--keep-cluster", action="store_true", help="leave the private cluster running")
     p.add_argument("--json", type=Path, help="write all results here")
     p.add_argument("--kubeflow-args", default="",
                    help="extra flags for Kubeflow's manager, e.g. '--kube-api-qps=500 --kube-api-burst=1000' "
                         "(default: none, as its manifests run it)")
+    p.add_argument("--creator-args", default="",
+                   help="extra flags for bench/min_creator.py, e.g. '--client aiohttp --concurrency 16'")
     p.add_argument("--cluster-dir", default=os.environ.get("KUBETRAIN_BENCH_CLUSTER_DIR",
                                                            str(cache_dir() / "bench-cluster")))
     p.add_argument("--apiserver-port", type=int, default=int(os.environ.get("KUBETRAIN_BENCH_APISERVER_PORT", 26443)))
     p.add_argument("--etcd-port", type=int, default=int(os.environ.get("KUBETRAIN_BENCH_ETCD_PORT", 33790)))
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def install_operators(admin: client.ApiClient, args: argparse.Namespace, operators: list[str],
+                      kubeflow: tuple[Path, Path, str] | None) -> dict[str, Operator]:
+    """Each operator's CRDs and RBAC, and the identity (kubeconfig) it runs as."""
+    core = client.CoreV1Api(admin)
+    ops: dict[str, Operator] = {}
+    if cl.KUBETRAIN in operators:
+        ops[cl.KUBETRAIN] = Operator(cl.KUBETRAIN, install_kubetrain(admin, core))
+    if kubeflow is not None:
+        binary, moddir, _ = kubeflow
+        ops[cl.KUBEFLOW] = Operator(cl.KUBEFLOW, install_kubeflow(admin, core, moddir), binary=binary,
+                                    extra_args=shlex.split(args.kubeflow_args))
+    if cl.CREATOR in operators:
+        ops[cl.CREATOR] = Creator(cl.CREATOR, install_creator(admin, core), extra_args=shlex.split(args.creator_args))
+    return ops
+
+
+def run_all(args: argparse.Namespace, scenarios: list[cl.Scenario], operators: list[str], nodes: int,
+            kubeflow: tuple[Path, Path, str] | None) -> list[cl.RunResult]:
+    """Every scenario with every operator on a private cluster, stopped at the end (unless --keep-cluster)."""
+    start_cluster(nodes)
+    results: list[cl.RunResult] = []
+    try:
+        admin = new_admin_client()
+        ops = install_operators(admin, args, operators, kubeflow)
+        for sc in scenarios:
+            say(f"scenario {sc.name}: {sc.describe()} on {nodes} nodes x 8 GPUs")
+            for key in operators:
+                if key == cl.CREATOR and sc.fail_one:  # nothing of its own would replace the failed pod
+                    results.append(cl.RunResult(cl.CREATOR, sc.name, sc.pods, skipped=cl.NO_CONTROLLER))
+                    continue
+                results.append(run_one(admin, ops[key], sc, args.timeout))
+    finally:
+        if not args.keep_cluster and cluster_running():
+            say("stopping the private cluster")
+            run_hack("cluster-down.sh", check=False)
+    return results
+
+
+def report(title: str, scenarios: list[cl.Scenario], results: list[cl.RunResult]) -> None:
+    print(f"\n{title}\n")
+    print(cl.table(scenarios, results))
+    print()
+    for r in results:
+        if r.skipped:
+            print(f"- {r.scenario} / {r.operator}: {r.skipped}")
+            continue
+        verbs = ", ".join(f"{k} {v}" for k, v in sorted(r.api_by_verb.items(), key=lambda kv: -kv[1])[:8])
+        notes = "; ".join(r.notes)
+        print(f"- {r.scenario} / {r.operator}: load {cl.load_str(r.load_before)} -> {cl.load_str(r.load_after)}; "
+              f"jobs applied in {cl.fmt(r.apply_s, 1)}s; CPU incl. start {cl.fmt(r.cpu_total_s, 1)}s; "
+              f"requests incl. start {r.api_requests_total}; {verbs}" + (f"; {notes}" if notes else ""))
+
+
+def main() -> int:
+    args = parse_args()
     scenarios = list(cl.QUICK if args.quick else cl.FULL)
     if args.scenarios:
         wanted = args.scenarios.split(",")
@@ -632,45 +759,18 @@ def main() -> int:
     nodes = cl.QUICK_NODES if args.quick else cl.FULL_NODES
     use_private_cluster(args)
 
-    binary = moddir = None
-    kf_version = "-"
-    if cl.KUBEFLOW in operators:
-        binary, moddir, kf_version = kubeflow_binary()
+    kubeflow = kubeflow_binary() if cl.KUBEFLOW in operators else None
+    kf_version = "-" if kubeflow is None else kubeflow[2]
+    if kubeflow is not None:
         cl.OPERATOR_TITLES[cl.KUBEFLOW] = f"Kubeflow {kf_version}"
         if args.kubeflow_args:
             kf_version += f" ({args.kubeflow_args})"
     say(f"machine: {machine()}; load average {cl.load_str(os.getloadavg())}")
-    start_cluster(nodes)
-    results: list[cl.RunResult] = []
-    try:
-        admin = new_admin_client()
-        core = client.CoreV1Api(admin)
-        ops: dict[str, Operator] = {}
-        if cl.KUBETRAIN in operators:
-            ops[cl.KUBETRAIN] = Operator(cl.KUBETRAIN, install_kubetrain(admin, core))
-        if cl.KUBEFLOW in operators:
-            assert moddir is not None
-            ops[cl.KUBEFLOW] = Operator(cl.KUBEFLOW, install_kubeflow(admin, core, moddir), binary=binary,
-                                        extra_args=shlex.split(args.kubeflow_args))
-        for sc in scenarios:
-            say(f"scenario {sc.name}: {sc.describe()} on {nodes} nodes x 8 GPUs")
-            for key in operators:
-                results.append(run_one(admin, ops[key], sc, args.timeout))
-    finally:
-        if not args.keep_cluster and cluster_running():
-            say("stopping the private cluster")
-            run_hack("cluster-down.sh", check=False)
-    title = (f"kubetrain {git_rev()} vs Kubeflow Training Operator {kf_version}; Kubernetes "
+    results = run_all(args, scenarios, operators, nodes, kubeflow)
+    creator = f" and the minimal creator ({args.creator_args or 'defaults'})" if cl.CREATOR in operators else ""
+    title = (f"kubetrain {git_rev()} vs Kubeflow Training Operator {kf_version}{creator}; Kubernetes "
              f"{pinned_kubernetes_version()} (hack/), {nodes} kwok nodes x 8 nvidia.com/gpu; {machine()}")
-    print(f"\n{title}\n")
-    print(cl.table(scenarios, results))
-    print()
-    for r in results:
-        verbs = ", ".join(f"{k} {v}" for k, v in sorted(r.api_by_verb.items(), key=lambda kv: -kv[1])[:8])
-        notes = "; ".join(r.notes)
-        print(f"- {r.scenario} / {r.operator}: load {cl.load_str(r.load_before)} -> {cl.load_str(r.load_after)}; "
-              f"jobs applied in {cl.fmt(r.apply_s, 1)}s; CPU incl. start {cl.fmt(r.cpu_total_s, 1)}s; "
-              f"requests incl. start {r.api_requests_total}; {verbs}" + (f"; {notes}" if notes else ""))
+    report(title, scenarios, results)
     if args.json:
         args.json.write_text(json.dumps({"title": title, "results": [r.to_json() for r in results]}, indent=1))
     return 0

@@ -15,7 +15,11 @@ from typing import Any
 
 KUBETRAIN = "kubetrain"
 KUBEFLOW = "kubeflow"
-OPERATOR_TITLES = {KUBETRAIN: "kubetrain", KUBEFLOW: "Kubeflow v1"}
+CREATOR = "creator"
+"""bench/min_creator.py: no controller, only kubetrain's pods and Services created as fast as it can."""
+OPERATOR_TITLES = {KUBETRAIN: "kubetrain", KUBEFLOW: "Kubeflow v1", CREATOR: "minimal creator"}
+NO_CONTROLLER = "n/a: no controller"
+"""What the creator's column says for a recovery scenario: nothing would replace the failed pod."""
 
 TRAINER_IMAGE = "kubetrain/trainer:bench"
 """Never pulled: kwok runs no containers. The same image name goes into both operators' pods."""
@@ -312,6 +316,8 @@ class RunResult:
     load_after: tuple[float, float, float] | None = None
     apply_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    skipped: str | None = None
+    """Why this operator did not run the scenario (the creator's NO_CONTROLLER); every value is None."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -364,28 +370,51 @@ def load_str(load: tuple[float, float, float] | None) -> str:
 
 
 def table(scenarios: Sequence[Scenario], results: Sequence[RunResult], *, ours: str = KUBETRAIN,
-          baseline: str = KUBEFLOW) -> str:
-    """The markdown table: one block of rows per scenario, both operators side by side and the ratio."""
+          baseline: str = KUBEFLOW, reference: str = CREATOR) -> str:
+    """The markdown table: one block of rows per scenario, both operators side by side and the ratio;
+    with results of ``reference`` (the minimal creator) also its column, and a row with each one's
+    time to all pods created as a multiple of the creator's."""
     by = {(r.scenario, r.operator): r for r in results}
+    with_ref = any(r.operator == reference for r in results)
     title_o, title_b = OPERATOR_TITLES.get(ours, ours), OPERATOR_TITLES.get(baseline, baseline)
     lines = [f"| scenario | metric | {title_o} | {title_b} | {title_b} / {title_o} |",
              "|---|---|---:|---:|---:|"]
+    if with_ref:
+        lines = [lines[0] + f" {OPERATOR_TITLES.get(reference, reference)} |", lines[1] + "---:|"]
     for sc in scenarios:
-        a, b = by.get((sc.name, ours)), by.get((sc.name, baseline))
-        if a is None and b is None:
+        a, b, c = by.get((sc.name, ours)), by.get((sc.name, baseline)), by.get((sc.name, reference))
+        if a is None and b is None and c is None:
             continue
-        first = True
-        for row in ROWS:
-            va = getattr(a, row.attr) if a else None
-            vb = getattr(b, row.attr) if b else None
-            if va is None and vb is None and row.attr in ("recovery_s", "pods_replaced", "restarts",
-                                                                   "kwok_duplicate_deletes"):
-                continue
-            label = f"**{sc.name}** ({sc.describe()})" if first else ""
-            first = False
-            r = ratio(vb, va) if row.ratio else ""
-            lines.append(f"| {label} | {row.title} | {fmt(va, row.digits)} | {fmt(vb, row.digits)} | {r} |")
-        la = load_str(a.load_before if a else None)
-        lb = load_str(b.load_before if b else None)
-        lines.append(f"| | load average at start (1/5/15 min) | {la} | {lb} | |")
+        lines.extend(_block(sc, a, b, c if with_ref else None, with_ref))
     return "\n".join(lines)
+
+
+RECOVERY_ATTRS = ("recovery_s", "pods_replaced", "restarts", "kwok_duplicate_deletes")
+
+
+def _block(sc: Scenario, a: RunResult | None, b: RunResult | None, c: RunResult | None, with_ref: bool
+           ) -> list[str]:
+    """One scenario's rows. ``c``: the reference (creator) run, shown in a last column when ``with_ref``."""
+    lines: list[str] = []
+
+    def add(title: str, cells: Sequence[str]) -> None:
+        label = f"**{sc.name}** ({sc.describe()})" if not lines else ""
+        lines.append(f"| {label} | {title} | " + " | ".join(cells if with_ref else cells[:3]) + " |")
+
+    def ref_cell(text: str) -> str:
+        """The creator's cell: ``text``, or why it did not run (said in full in the block's first row)."""
+        if c is not None and c.skipped:
+            return c.skipped if not lines else "n/a"
+        return text
+
+    for row in ROWS:
+        va, vb, vc = (getattr(r, row.attr) if r else None for r in (a, b, c))
+        if va is None and vb is None and vc is None and row.attr in RECOVERY_ATTRS:
+            continue
+        add(row.title, [fmt(va, row.digits), fmt(vb, row.digits), ratio(vb, va) if row.ratio else "",
+                        ref_cell(fmt(vc, row.digits))])
+        if row.attr == "pods_created_s" and with_ref:
+            add("all pods created, × creator's time", [ratio(va, vc), ratio(vb, vc), "", ref_cell(ratio(vc, vc))])
+    la, lb, lc = (load_str(r.load_before if r else None) for r in (a, b, c))
+    add("load average at start (1/5/15 min)", [la, lb, "", ref_cell(lc)])
+    return lines

@@ -122,6 +122,28 @@ def test_table_rows_ratios_and_missing_values():
     assert "**rec-4** (1 job x 4 workers, 8 GPU/worker, one worker fails)" in out
 
 
+def test_table_with_the_minimal_creator_adds_its_column_and_each_time_as_a_multiple_of_its_own():
+    scenarios = [cl.Scenario("gang-8", 1, 8, 1), cl.Scenario("rec-4", 1, 4, 8, fail_one=True)]
+    results = [
+        cl.RunResult(cl.KUBETRAIN, "gang-8", 8, pods_created_s=1.5, cpu_s=3.0),
+        cl.RunResult(cl.KUBEFLOW, "gang-8", 8, pods_created_s=4.5, cpu_s=1.5),
+        cl.RunResult(cl.CREATOR, "gang-8", 8, pods_created_s=1.0, cpu_s=0.5),
+        cl.RunResult(cl.KUBETRAIN, "rec-4", 4, recovery_s=0.5, pods_replaced=4),
+        cl.RunResult(cl.CREATOR, "rec-4", 4, skipped=cl.NO_CONTROLLER),
+    ]
+    lines = cl.table(scenarios, results).splitlines()
+    assert lines[0].endswith("| Kubeflow v1 / kubetrain | minimal creator |")
+    second = next(i for i, line in enumerate(lines) if line.startswith("| **rec-4**"))
+    row = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[3:7]] for line in lines[2:second]}
+    assert row["all pods created (s)"] == ["1.5", "4.5", "3.00x", "1.0"]
+    assert row["all pods created, × creator's time"] == ["1.50x", "4.50x", "", "1.00x"]
+    assert row["operator CPU (s)"] == ["3.0", "1.5", "0.50x", "0.5"]
+    recovery = [line.split("|")[6].strip() for line in lines[second:]]
+    assert recovery[0] == cl.NO_CONTROLLER and set(recovery[1:]) == {"n/a"}
+    without = cl.table(scenarios, results[:2]).splitlines()
+    assert without[0].endswith("| Kubeflow v1 / kubetrain |") and not any("creator" in line for line in without)
+
+
 def test_scenarios_fit_the_fake_nodes():
     for scenarios, nodes in ((cl.FULL, cl.FULL_NODES), (cl.QUICK, cl.QUICK_NODES)):
         for sc in scenarios:
