@@ -14,6 +14,7 @@ cluster's real node, each Complete with the loss its rank 0 reported.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from support.cluster import kubeconfig_path
+from support.conditions import condition
 from support.helm_rbac import ChartIdentity, assert_no_forbidden
 from support.kubectl import kubectl
 from support.kwok import kwok_job, succeed_pod
@@ -236,18 +238,32 @@ def test_a_refused_trial_job_is_one_warning_and_is_created_once_allowed(
     quota = client.V1ResourceQuota(metadata=client.V1ObjectMeta(name="one-job"),
                                    spec=client.V1ResourceQuotaSpec(hard={counted: "1"}))
     sweeps.core.create_namespaced_resource_quota(namespace, quota)
-    # Until the quota controller has computed its usage, admission refuses every create ("status unknown").
-    wait_for(lambda: (sweeps.core.read_namespaced_resource_quota("one-job", namespace).status.hard or {}).get(counted),
-             30, what="the quota's status")
+    # Until the quota controller has computed its usage, admission refuses every create ("status unknown"). On a
+    # fresh cluster it first discovers the CRD's resource (its 30 s discovery period) and then recounts a quota only
+    # when its spec.hard changes or at its 5-minute resync: a growing ConfigMap limit changes hard meanwhile.
+    pokes = itertools.count(1000)
+
+    def computed() -> bool:
+        st = sweeps.core.read_namespaced_resource_quota("one-job", namespace).status
+        if counted in (st.used or {}):
+            return True
+        sweeps.core.patch_namespaced_resource_quota(
+            "one-job", namespace, {"spec": {"hard": {"count/configmaps": str(next(pokes))}}})
+        return False
+    wait_for(computed, 120, interval=5, what="the quota's usage computed")
     sweeps.submit(kwok_sweep("quota", maxTrials=2))
     [warning] = wait_for(lambda: [e for e in sweeps.events("quota") if e.reason == "CreateRejected"], 15,
                          what="CreateRejected Warning")
     assert warning.type == "Warning" and "exceeded quota" in warning.message, warning.message
     assert len(sweeps.trial_jobs("quota")) == 1
     assert [t["state"] for t in sweeps.status("quota")["trials"]].count("Pending") >= 1, "the refused one waits"
+    blocked = wait_for(lambda: condition(sweeps.status("quota"), api.TRIALS_BLOCKED), 30, what="TrialsBlocked")
+    assert blocked["status"] == "True" and blocked["reason"] == "CreateRejected" and "exceeded quota" in blocked["message"]
 
     sweeps.core.patch_namespaced_resource_quota("one-job", namespace, {"spec": {"hard": {counted: "5"}}})
     wait_for(lambda: len(sweeps.trial_jobs("quota")) == 2, 90, what="the refused trial's job created after all")
+    wait_for(lambda: (condition(sweeps.status("quota"), api.TRIALS_BLOCKED) or {}).get("status") == "False", 30,
+             what="TrialsBlocked False once the job was created")
     # Retried with backoff until the quota allowed it: one Event, not one per retry.
     assert [e.reason for e in sweeps.events("quota")].count("CreateRejected") == 1
     st = run_to_the_end(sweeps, "quota", parallelism=2)

@@ -151,6 +151,24 @@ def test_a_lost_create_is_made_again_with_the_same_name_and_no_new_trial() -> No
     assert sw.needs_live_look(body, []), "unfinished trials without a job in the cache are confirmed live first"
 
 
+def test_a_refused_trial_job_is_a_trials_blocked_condition_until_one_is_created() -> None:
+    first = sw.plan(sweep_body(), [], T0)
+    body = {**sweep_body(), "status": first.status}
+    refused = (api.ConditionReason.CREATE_REJECTED, 'TrainingJob lr-1 was refused: exceeded quota: one-job')
+    blocked = sw.plan(body, [], T0 + timedelta(seconds=5), refused)
+    assert blocked.status is not None and [j["metadata"]["name"] for j in blocked.create] == ["lr-0", "lr-1"]
+    cond = next(c for c in blocked.status["conditions"] if c["type"] == api.TRIALS_BLOCKED)
+    assert (cond["status"], cond["reason"], cond["message"]) == ("True", "CreateRejected", refused[1])
+    assert blocked.status["phase"] == "Running", "a refusal is waited out, not a failure"
+    body = {**sweep_body(), "status": blocked.status}
+    assert sw.plan(body, [], T0 + timedelta(seconds=9), refused).status is None, "said once, not per retry"
+    cleared = sw.plan(body, [], T0 + timedelta(seconds=20))
+    assert cleared.status is not None
+    cond = next(c for c in cleared.status["conditions"] if c["type"] == api.TRIALS_BLOCKED)
+    assert (cond["status"], cond["reason"]) == ("False", "TrialsCreated")
+    assert not any(c["type"] == api.TRIALS_BLOCKED for c in first.status["conditions"]), "never blocked: no condition"
+
+
 def test_a_whole_sweep_runs_to_the_best_trial_never_more_than_parallelism_at_once() -> None:
     sim = Sim(sweep_body(pruner={"type": "none"}))
     sim.round()

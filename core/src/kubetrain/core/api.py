@@ -94,6 +94,9 @@ WORKERS_BLOCKED = "WorkersBlocked"
 """Condition: a worker pod of the current generation cannot start (image, configuration, scheduling); the job waits."""
 ADMITTED = "Admitted"
 """Condition (jobs with scheduling.queue): Kueue admitted the job's Workload; False says why it waits (quota, eviction)."""
+TRIALS_BLOCKED = "TrialsBlocked"
+"""Condition (TrainingSweep): a trial's TrainingJob could not be created (a quota, admission, or its name held by a
+job the sweep does not own); its trial waits Pending and the create is retried with backoff."""
 FABRIC_DEGRADED = "FabricDegraded"
 """Condition: spec.fabric names a fabric, but NCCL on rank 0 chose another network transport (most often
 TCP sockets, which NCCL falls back to without a word when the fabric is not wired into the pods)."""
@@ -143,6 +146,8 @@ class ConditionReason(enum.StrEnum):
     """Admitted False: the API server does not serve Kueue's Workload kind (Kueue is not installed); no worker pod is created until it is."""
     PRIORITY_CLASS_MISSING = "PriorityClassMissing"
     """Admitted False: the WorkloadPriorityClass named by the label kueue.x-k8s.io/priority-class does not exist."""
+    TRIALS_CREATED = "TrialsCreated"
+    """TrialsBlocked False (TrainingSweep): the trial job create that was refused has been made."""
     PROGRESS_REPORTING_FORBIDDEN = "ProgressReportingForbidden"
     """A Warning Event, no condition: the API server refused the job's progress Role or RoleBinding (the operator lacks RBAC for it); the job trains, its status shows no progress."""
 

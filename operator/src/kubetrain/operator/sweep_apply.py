@@ -186,7 +186,6 @@ class SweepApplier:
 
     async def _report_refused(self, key: Key, sweep: dict[str, Any], refused: CreateWarning | None) -> None:
         reported = self.cache.reported(key)
-        message = None if refused is None else refused[1]
-        if refused is not None and message != reported.refused:
+        if refused is not None and refused != reported.refused:
             await self.applier.io(self.applier.record_event, sweep, "Warning", refused[0], refused[1])
-        reported.refused = message
+        reported.refused = refused

@@ -25,8 +25,8 @@ from kubetrain.operator.watch_cache import DELETED, Key, resource_version, uid_o
 class Reported:
     """What the last Warning Events of a sweep said, so that each is recorded once per change, not per reconcile."""
 
-    refused: str | None = None
-    """The API server's message refusing the last refused trial job create."""
+    refused: tuple[str, str] | None = None
+    """(reason, message) of the last trial job create refused or found its name taken; None once one succeeded."""
     foreign: tuple[str, ...] = ()
     """Labelled jobs the sweep does not own."""
 

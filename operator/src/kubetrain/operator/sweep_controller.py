@@ -85,7 +85,7 @@ class SweepController:
         try:
             if sw.needs_live_look(body, self.cache.jobs(key)):
                 await self.io.refresh(key)
-            p = sw.plan(body, self.cache.jobs(key), self.clock())
+            p = sw.plan(body, self.cache.jobs(key), self.clock(), self.cache.reported(key).refused)
             outcome = await self.io.execute(key, body, p)
         except Exception as exc:
             metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()

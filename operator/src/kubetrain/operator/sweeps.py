@@ -24,6 +24,7 @@ from kubetrain.core import api, contract
 from kubetrain.core.api import (
     FINISHED_SWEEP_PHASES,
     FINISHED_TRIAL_STATES,
+    Condition,
     ConditionReason,
     Phase,
     SweepPhase,
@@ -32,6 +33,7 @@ from kubetrain.core.api import (
     TrainingSweepStatus,
 )
 from kubetrain.core.contract import format_time
+from kubetrain.core.lifecycle import set_condition
 from kubetrain.core.sweep import policy, space
 from kubetrain.core.sweep.model import StartTrial, StopTrial, SweepEvent, TrialObservation
 from kubetrain.core.validate import stored_object
@@ -165,8 +167,10 @@ def sweep_owner_reference(body: Mapping[str, Any]) -> dict[str, Any]:
             "controller": True, "blockOwnerDeletion": True}
 
 
-def plan(body: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]], now: datetime) -> SweepPlan:
-    """One reconcile of the sweep `body`, given the TrainingJobs labelled as its trials."""
+def plan(body: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]], now: datetime,
+         refused: tuple[str, str] | None = None) -> SweepPlan:
+    """One reconcile of the sweep `body`, given the TrainingJobs labelled as its trials. `refused`: (reason,
+    message) of the last trial job create the API server refused or found its name taken, None once one was made."""
     owned, foreign = owned_jobs(body, jobs)
     old = _status_of(body)
     sweep, problems = _sweep_model(body)
@@ -180,6 +184,7 @@ def plan(body: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]], now: dateti
         return SweepPlan(suspend=_to_suspend(stops, owned), foreign=foreign, finished=True)
     generation = int((body.get("metadata") or {}).get("generation") or 0)
     new = t.status.model_copy(update={"observed_generation": generation})
+    new.conditions = _trials_blocked(new.conditions, None if new.phase in FINISHED_SWEEP_PHASES else refused, now)
     out = SweepPlan(requeue_after=t.requeue_after, foreign=foreign, finished=new.phase in FINISHED_SWEEP_PHASES)
     if new.dump() != old.dump():
         out.status = new.dump()
@@ -193,6 +198,18 @@ def plan(body: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]], now: dateti
             out.events.append((effect.type, effect.reason, effect.message))
     out.suspend = _to_suspend(stops, owned)
     return out
+
+
+def _trials_blocked(conditions: list[Condition], refused: tuple[str, str] | None, now: datetime) -> list[Condition]:
+    """TrialsBlocked: True with the API server's word while a trial job cannot be created, False once one was."""
+    conds = [c.dump() for c in conditions]
+    if refused is not None:
+        conds = set_condition(conds, api.TRIALS_BLOCKED, True, refused[0], refused[1], now)
+    elif any(c.get("type") == api.TRIALS_BLOCKED and c.get("status") == "True" for c in conds):
+        conds = set_condition(conds, api.TRIALS_BLOCKED, False, TRIALS_CREATED, "every trial's job was created", now)
+    else:
+        return conditions
+    return [Condition.model_validate(c) for c in conds]
 
 
 def _trial_job(body: Mapping[str, Any], sweep: TrainingSweep, effect: StartTrial) -> dict[str, Any]:
@@ -234,3 +251,4 @@ def foreign_message(names: Sequence[str]) -> str:
 
 FOREIGN_REASON = ConditionReason.FOREIGN_OBJECT
 CREATE_REJECTED_REASON = ConditionReason.CREATE_REJECTED
+TRIALS_CREATED = ConditionReason.TRIALS_CREATED
