@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from support.cluster import kubeconfig_path
+from support.conditions import condition
 from support.identities import token_for
 from support.jobs import TrainingJobs
 from support.kwok import fake_node_manifest, kwok_job
@@ -78,7 +79,7 @@ def report(admin: client.ApiClient, ns: str, job: str, tmp: Path, step: int, tra
 
 
 def fabric_condition(status: dict[str, Any]) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c["type"] == api.FABRIC_DEGRADED), None)
+    return condition(status, api.FABRIC_DEGRADED)
 
 
 def test_socket_on_an_efa_job_is_fabric_degraded_once_and_ofi_is_not(

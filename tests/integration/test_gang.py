@@ -24,6 +24,7 @@ import pytest
 from kubernetes import client
 from support import gang
 from support.cluster import kubeconfig_path
+from support.conditions import condition
 from support.jobs import TrainingJobs
 from support.kwok import fake_node_manifest, kwok_job
 from support.operator_process import OperatorProcess
@@ -111,7 +112,7 @@ def test_each_gang_creates_its_pod_group_and_keeps_it_through_restarts_and_resiz
 
 
 def blocked(status: dict[str, Any]) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c["type"] == api.WORKERS_BLOCKED), None)
+    return condition(status, api.WORKERS_BLOCKED)
 
 
 def test_without_its_crd_a_gang_job_waits_with_a_condition_and_one_event_then_starts_once_installed(

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from support.cluster import kubeconfig_path
+from support.conditions import condition
 from support.jobs import TrainingJobs
 from support.kwok import fake_node_manifest, kwok_job, succeed_pod
 from support.operator_process import OperatorProcess
@@ -22,7 +23,7 @@ from support.real_pods import TRAINER_IMAGE, RealJobs, quickstart
 from support.resources import not_found_ok
 from support.waiting import wait_for
 
-from kubetrain.core import contract
+from kubetrain.core import api, contract
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +90,7 @@ class Queue:
 
 
 def admitted(status: dict[str, Any]) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c["type"] == "Admitted"), None)
+    return condition(status, api.ADMITTED)
 
 
 def live_pods(jobs: TrainingJobs, name: str) -> list[client.V1Pod]:

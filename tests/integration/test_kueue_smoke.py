@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from support.conditions import condition
 from support.kueue import Kueue
 from support.resources import not_found_ok, wait_gone
 from support.waiting import holds, wait_for
@@ -90,12 +91,8 @@ def workload(name: str, queue: str, count: int, gpus_each: int, extra: dict[str,
                 "spec": {"restartPolicy": "Never", "containers": [container]}}}]}}
 
 
-def condition(wl: dict[str, Any], kind: str) -> dict[str, Any] | None:
-    return next((c for c in (wl.get("status") or {}).get("conditions") or [] if c["type"] == kind), None)
-
-
 def is_true(wl: dict[str, Any], kind: str) -> bool:
-    return (c := condition(wl, kind)) is not None and c["status"] == "True"
+    return (c := condition(wl.get("status") or {}, kind)) is not None and c["status"] == "True"
 
 
 def wait_condition(custom: client.CustomObjectsApi, ns: str, name: str, kind: str,
@@ -103,7 +100,7 @@ def wait_condition(custom: client.CustomObjectsApi, ns: str, name: str, kind: st
     """Until Workload `name` has condition `kind` (with `status`, if given): the Workload and the condition."""
     def seen() -> tuple[dict[str, Any], dict[str, Any]] | None:
         wl = read_workload(custom, ns, name)
-        c = condition(wl, kind)
+        c = condition(wl.get("status") or {}, kind)
         return (wl, c) if c is not None and status in (None, c["status"]) else None
     found = wait_for(seen, 60, what=f"Workload {name!r}: {kind}={status or 'any'}")
     assert found is not None

@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support.cluster import kubeconfig_path
+from support.conditions import conditions_of
 from support.jobs import TrainingJobs
 from support.kubectl import kubectl, kubectl_binary, table_rows
 from support.kwok import fail_pod, kwok_job, set_node_ready, succeed_pod
@@ -69,10 +70,6 @@ class Jobs(TrainingJobs):
         st = self.wait_status(name, lambda s: conditions_of(s).get(type_, {}).get("status") == status, timeout,
                               what=f"{name} {type_}={status}")
         return conditions_of(st)[type_]
-
-
-def conditions_of(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["type"]: c for c in status.get("conditions") or []}
 
 
 @pytest.fixture
