@@ -145,7 +145,7 @@ def plan_queue(job: TrainingJob, body: dict[str, Any], view: QueueView, gang_gon
         return QueuePlan()
     wl = view.workload
     if phase in FINISHED_PHASES:
-        return QueuePlan(workload_status=None if wl is None else _finish(wl, str(phase), now))
+        return _finished(wl, str(phase), now)
     desired = workload(job, body, settings, view.priority)
     if (blocked := _blocked(view)) is not None:  # the create is tried again each LOOK_AGAIN_SECONDS
         retry = wl is None and not view.priority_missing
@@ -182,7 +182,12 @@ def _blocked(view: QueueView) -> tuple[str, str] | None:
 def plan_invalid(view: QueueView, now: datetime) -> QueuePlan:
     """A job whose stored spec this operator refuses fails: its Workload, if it has one, is finished, so that
     its quota and its place in the queue go to the jobs behind it."""
-    return QueuePlan(workload_status=None if view.workload is None else _finish(view.workload, Phase.FAILED, now))
+    return _finished(view.workload, Phase.FAILED, now)
+
+
+def _finished(wl: dict[str, Any] | None, phase: str, now: datetime) -> QueuePlan:
+    """The plan of a job that ended: its Workload (if any) Finished."""
+    return QueuePlan(workload_status=None if wl is None else _finish(wl, phase, now))
 
 
 def _held(job: TrainingJob, hold: bool, condition: tuple[bool, str, str], **kw: Any) -> QueuePlan:

@@ -206,7 +206,7 @@ def _trials_blocked(conditions: list[Condition], refused: tuple[str, str] | None
     if refused is not None:
         conds = set_condition(conds, api.TRIALS_BLOCKED, True, refused[0], refused[1], now)
     elif any(c.get("type") == api.TRIALS_BLOCKED and c.get("status") == "True" for c in conds):
-        conds = set_condition(conds, api.TRIALS_BLOCKED, False, TRIALS_CREATED, "every trial's job was created", now)
+        conds = set_condition(conds, api.TRIALS_BLOCKED, False, ConditionReason.TRIALS_CREATED, "every trial's job was created", now)
     else:
         return conditions
     return [Condition.model_validate(c) for c in conds]
@@ -251,4 +251,3 @@ def foreign_message(names: Sequence[str]) -> str:
 
 FOREIGN_REASON = ConditionReason.FOREIGN_OBJECT
 CREATE_REJECTED_REASON = ConditionReason.CREATE_REJECTED
-TRIALS_CREATED = ConditionReason.TRIALS_CREATED
