@@ -125,6 +125,8 @@ def test_killed_worker_resumes_from_the_claim(jobs: RealJobs, real_namespace: st
     if how == "exit-137":  # rank 2 (worker 1's only process) exits 137 at step 35, once
         body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "1:35"}]
     name = jobs.create(body, name=f"resume-{how}")
+    jobs.wait(name, lambda st: st.get("phase") == "Running", 300, "Running")
+    uids = {p.metadata.name: p.metadata.uid for p in jobs.pods(name)}
     if how == "force-delete":
         wait_step(jobs, name, 30)
         kubectl("delete", "pod", "-n", real_namespace, f"{name}-worker-1", "--grace-period=0", "--force")
@@ -132,6 +134,11 @@ def test_killed_worker_resumes_from_the_claim(jobs: RealJobs, real_namespace: st
     resumed = st.get("resumedFromStep", 0)
     print(f"{how}: restarts {st['restartCount']}, resumed from step {resumed}, final loss {st.get('loss')}")
     assert st["restartCount"] == 1 and resumed >= 30, jobs.describe(name)
+    # Restarted in place: worker 0's pod ran both generations, only worker 1's was recreated.
+    now = {p.metadata.name: p.metadata.uid for p in jobs.pods(name)}
+    assert (now[f"{name}-worker-0"], now[f"{name}-worker-1"] != uids[f"{name}-worker-1"]) == (
+        uids[f"{name}-worker-0"], True), jobs.describe(name)
+    assert "starting generation 1 in place (was 0)" in jobs.log(f"{name}-worker-0")
     reference = _reference_loss(tmp_path, body)
     # status.loss is rounded for display; rank 0's progress record on its pod has the float.
     pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace)

@@ -253,6 +253,40 @@ def test_launcher_only_where_a_custom_command_has_several_procs():
     assert env_of(b.worker_pod(job(command=["./train"]), 0, 0, b.Settings()))["RANK"] == "0"
 
 
+def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_file():
+    j = job(restartPolicy={"maxBackoffSeconds": 40})
+    pod = b.worker_pod(j, 1, 3, b.Settings())
+    assert pod["metadata"]["annotations"][contract.IN_PLACE_ANNOTATION] == "true"
+    assert pod["metadata"]["annotations"][contract.GENERATION_ANNOTATION] == "3"
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "generation")
+    assert volume["downwardAPI"]["items"] == [
+        {"path": "generation", "fieldRef": {"fieldPath": "metadata.annotations['kubetrain.io/restart-generation']"}}]
+    c = pod["spec"]["containers"][0]
+    assert {"name": "generation", "mountPath": b.GENERATION_MOUNT, "readOnly": True} in c["volumeMounts"]
+    env = env_of(pod)
+    assert env[contract.GENERATION_FILE] == f"{b.GENERATION_MOUNT}/generation"
+    assert env[contract.IN_PLACE_WAIT] == "100"  # maxBackoffSeconds + the margin
+
+
+@pytest.mark.parametrize("spec", [
+    {"restartPolicy": {"inPlace": False}},
+    {"command": ["./train"]},  # one process, no launcher: its pod cannot outlive a failure
+    {"checkpoint": {"ephemeral": True}},
+])
+def test_a_pod_that_cannot_restart_in_place_has_no_generation_file(spec):
+    pod = b.worker_pod(job(**spec), 0, 0, b.Settings())
+    assert contract.IN_PLACE_ANNOTATION not in pod["metadata"]["annotations"]
+    assert "generation" not in [v["name"] for v in pod["spec"]["volumes"]]
+    assert contract.GENERATION_FILE not in env_of(pod)
+
+
+def test_in_place_true_runs_a_one_process_command_under_the_launcher():
+    j = job(command=["./train"], restartPolicy={"inPlace": True})
+    c = b.worker_pod(j, 0, 0, b.Settings())["spec"]["containers"][0]
+    assert c["command"] == ["python3", "/etc/kubetrain/launcher.py", "--", "./train"]
+    assert set(b.config_map(j)["data"]) == {"config.json", *launcher.FILES}
+
+
 def test_pod_template_override_merges_and_never_drops_kubetrain_pieces():
     j = job(resources={"gpusPerWorker": 8}, podTemplate={
         "metadata": {"labels": {"team": "nlp", b.LABEL_JOB: "hijack"}, "annotations": {"a": "b"}},

@@ -206,6 +206,77 @@ def test_the_launcher_forwards_sigterm_to_every_rank(configmap_dir, tmp_path):
     assert (tmp_path / "term-0").exists() and (tmp_path / "term-1").exists()
 
 
+# ---------------------------------------------------------------- restarting in place
+
+# Each rank records the generation it runs; generation 0 does what `first` says, later ones exit 0. A rank
+# that sees the launcher's own variables exits 9 (a one-process trainer would take itself for the launcher).
+IN_PLACE_RANK = (
+    "import os, sys, time; d = sys.argv[1]; g = os.environ['KUBETRAIN_RESTART_GENERATION']; "
+    "r = os.environ['LOCAL_RANK']; sys.exit(9) if 'KUBETRAIN_GENERATION_FILE' in os.environ else None; "
+    "open(os.path.join(d, 'ran-' + g + '-' + r), 'w').close(); "
+    "sys.exit(0) if g != '0' else None; FIRST")
+
+
+def in_place_launcher(configmap_dir: Path, tmp_path: Path, first: str, wait: str = "60") -> tuple[subprocess.Popen, Path]:
+    gen = tmp_path / "generation"
+    gen.write_text("0")
+    env = {"PET_NPROC_PER_NODE": "2", contract.RESTART_GENERATION: "0", contract.GENERATION_FILE: str(gen),
+           contract.IN_PLACE_WAIT: wait}
+    code = IN_PLACE_RANK.replace("FIRST", first)
+    return pod_launcher(configmap_dir, sys.executable, "-S", "-c", code, str(tmp_path), env=env), gen
+
+
+def wait_for_files(d: Path, *names: str) -> None:
+    deadline = time.monotonic() + 60
+    while not all((d / n).exists() for n in names):
+        assert time.monotonic() < deadline, sorted(p.name for p in d.iterdir())
+        time.sleep(0.05)
+
+
+def test_a_worker_that_lost_its_peers_waits_and_runs_the_next_generation(configmap_dir, tmp_path):
+    p, gen = in_place_launcher(configmap_dir, tmp_path, "sys.exit(3)")
+    wait_for_files(tmp_path, "ran-0-0", "ran-0-1")
+    time.sleep(launcher.PEER_LOST_GRACE_SECONDS + 0.5)
+    assert p.poll() is None  # a lost peer is another worker's failure: this pod stays
+    gen.write_text("2")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert (tmp_path / "ran-2-0").exists() and (tmp_path / "ran-2-1").exists()
+    assert "waiting up to 60s for the next generation" in err and "starting generation 2 in place (was 0)" in err
+
+
+def test_a_new_generation_kills_the_running_processes_and_starts_them_again(configmap_dir, tmp_path):
+    p, gen = in_place_launcher(configmap_dir, tmp_path, "time.sleep(600)")
+    wait_for_files(tmp_path, "ran-0-0", "ran-0-1")
+    gen.write_text("1")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert (tmp_path / "ran-1-0").exists() and (tmp_path / "ran-1-1").exists()
+
+
+def test_a_worker_whose_own_process_fails_still_exits_with_its_code(configmap_dir, tmp_path):
+    p, _ = in_place_launcher(configmap_dir, tmp_path, "sys.exit(7 if r == '1' else 3)")
+    p.communicate(timeout=60)
+    assert p.returncode == 7
+
+
+def test_a_worker_told_no_new_generation_in_time_exits_75(configmap_dir, tmp_path):
+    p, _ = in_place_launcher(configmap_dir, tmp_path, "sys.exit(3)", wait="0.5")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == contract.IN_PLACE_GAVE_UP_EXIT_CODE == 75
+    assert "no new generation within 0.5s; exiting 75" in err
+
+
+def test_a_waiting_worker_stops_on_sigterm(configmap_dir, tmp_path):
+    p, _ = in_place_launcher(configmap_dir, tmp_path, "sys.exit(3)")
+    wait_for_files(tmp_path, "ran-0-0", "ran-0-1")
+    time.sleep(launcher.PEER_LOST_GRACE_SECONDS + 0.5)  # past the grace: waiting for a generation
+    assert p.poll() is None
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 143 and "waiting up to 60s" in err
+
+
 # ---------------------------------------------------------------- local backend
 
 

@@ -69,20 +69,23 @@ def test_all_running_sets_running_with_ready_count_and_condition():
     assert again.status is None and again.events == []
 
 
+RECREATE = {"restartPolicy": {"backoffLimit": 1, "backoffSeconds": 0, "inPlace": False}}
+
+
 def test_retryable_failure_deletes_whole_gang_and_bumps_generation_once():
     st = {"phase": "Running", "gangCreated": True, "startTime": "2026-03-01T12:00:00Z"}
-    p = plan(body(status=st), [pod(0), pod(1, phase="Failed", exit_code=137)], {}, T0, S)
+    p = plan(body(status=st, **RECREATE), [pod(0), pod(1, phase="Failed", exit_code=137)], {}, T0, S)
     assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"]
     assert (p.status["phase"], p.status["restartCount"], p.status["restartGeneration"]) == ("Restarting", 1, 1)
     assert p.status["failures"] == {"ExitCode": 1}
     assert p.events[0][:2] == ("Warning", "ExitCode")
     # next pass: the old pods are terminating -> wait, never a second restart, never new pods yet
     terminating = [pod(0, deleting=True), pod(1, phase="Failed", exit_code=137, deleting=True)]
-    p2 = plan(body(status=p.status), terminating, {}, T0, S)
+    p2 = plan(body(status=p.status, **RECREATE), terminating, {}, T0, S)
     assert p2.status is None or p2.status["restartCount"] == 1
     assert not p2.create and not p2.delete_pods
     # gone -> generation 1 is created
-    p3 = plan(body(status=p.status), [], {}, T0, S)
+    p3 = plan(body(status=p.status, **RECREATE), [], {}, T0, S)
     assert [o["metadata"]["labels"][b.LABEL_GENERATION] for o in p3.create if o["kind"] == "Pod"] == ["1", "1"]
 
 
@@ -311,7 +314,8 @@ def test_gang_restart_names_the_checkpoint_it_restarts_from():
     failed = [pod(0), pod(1, phase="Failed", exit_code=137)]
     spec = {"restartPolicy": {"backoffLimit": 3, "backoffSeconds": 0}}
     p = plan(body(status=st, **spec), failed, {}, T0, S)
-    assert "restarting the whole gang from the checkpoint at step 40 (restart 1 of at most 3" in p.status["message"]
+    assert ("restarting the whole gang from the checkpoint at step 40 in place, keeping 1 of 2 workers "
+            "(restart 1 of at most 3") in p.status["message"]
     assert p.events[0][2] == p.status["message"] and p.status["lastCheckpoint"]["step"] == 40
     assert p.status["resumedFromStep"] == 0  # until the new generation reports what it loaded
     eph = plan(body(status=st, checkpoint={"ephemeral": True}, **spec), failed, {}, T0, S)
@@ -341,8 +345,10 @@ RUNNING = {"phase": "Running", "gangCreated": True, "startTime": "2026-03-01T11:
 @pytest.mark.parametrize(("action", "status", "spec", "pods", "want"), [
     ("CreateWorkers", {}, {}, [], {"pods": ["j-worker-0", "j-worker-1"], "delete": []}),
     ("Wait", RUNNING, {}, [pod(0), pod(1)], {"pods": [], "delete": []}),
-    ("RestartGang", RUNNING, {}, [pod(0), pod(1, phase="Failed", exit_code=1)],
+    ("RestartGang", RUNNING, RECREATE, [pod(0), pod(1, phase="Failed", exit_code=1)],
      {"pods": [], "delete": ["j-worker-0", "j-worker-1"], "event": "ExitCode"}),
+    ("RestartGang", RUNNING, {}, [pod(0), pod(1, phase="Failed", exit_code=1)],
+     {"pods": [], "delete": ["j-worker-1"], "event": "ExitCode"}),
     ("DeleteStale", {**RUNNING, "restartGeneration": 1, "gangCreated": False}, {}, [pod(0), pod(1, gen=1)],
      {"pods": [], "delete": ["j-worker-0"]}),
     ("Suspend", RUNNING, {"suspend": True}, [pod(0), pod(1)],
@@ -404,7 +410,7 @@ def test_refused_progress_rbac_is_a_condition_and_no_hang_restart():
 
 def test_pods_on_a_lost_node_are_deleted_at_once_even_when_terminating():
     lost = {"n1": T0 - timedelta(seconds=61), "n2": None}
-    restart = plan(body(status=RUNNING), [pod(0, node="n2"), pod(1, node="n1")], lost, T0, S)
+    restart = plan(body(status=RUNNING, **RECREATE), [pod(0, node="n2"), pod(1, node="n1")], lost, T0, S)
     assert (restart.status["reason"], restart.force_delete_pods, restart.delete_pods) == (
         "NodeLost", ["j-worker-1"], ["j-worker-0"])
     st = {**RUNNING, "restartGeneration": 1, "gangCreated": False, "restartCount": 1}
@@ -426,7 +432,44 @@ def test_a_profile_request_on_the_job_goes_to_worker_0_of_the_current_generation
     b_ = body(status={"phase": "Running", "restartGeneration": 1, "gangCreated": True})
     b_["metadata"]["annotations"] = {"kubetrain.io/profile": "5:a"}
     pods = [pod(0, gen=1), pod(1, gen=1)]
-    assert plan(b_, pods, {}, T0, S).annotate_pods == {"j-worker-0": {"kubetrain.io/profile": "5:a"}}
+    assert plan(b_, pods, {}, T0, S).patch_pods == {"j-worker-0": {"annotations": {"kubetrain.io/profile": "5:a"}}}
     pods[0]["metadata"].setdefault("annotations", {})["kubetrain.io/profile"] = "5:a"
-    assert plan(b_, pods, {}, T0, S).annotate_pods == {}  # already there
-    assert plan(b_, [pod(0, gen=0)], {}, T0, S).annotate_pods == {}  # an old generation's pod: not rank 0 now
+    assert plan(b_, pods, {}, T0, S).patch_pods == {}  # already there
+    assert plan(b_, [pod(0, gen=0)], {}, T0, S).patch_pods == {}  # an old generation's pod: not rank 0 now
+
+
+# --------------------------------------------------------------------------- restarting in place
+
+
+def kept(i, gen, told):
+    """A pod an in-place restart moved to `gen` whose launcher was last told generation `told`."""
+    p = pod(i, gen=told)
+    p["metadata"]["labels"][b.LABEL_GENERATION] = str(gen)
+    return p
+
+
+def test_an_in_place_restart_moves_the_running_pods_and_deletes_only_the_failed_one():
+    p = plan(body(status=RUNNING), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0, S)
+    assert p.decision is not None and p.decision.keep == (0,)
+    assert p.delete_pods == ["j-worker-1"] and not p.create
+    assert p.patch_pods == {"j-worker-0": {"labels": {b.LABEL_GENERATION: "1"}}}
+    assert p.status["restartGeneration"] == 1 and p.status["workersSummary"] == "0/2"
+
+
+def test_kept_pods_are_told_their_generation_when_the_recreated_pod_is_created():
+    st = plan(body(status=RUNNING), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0, S).status
+    stale = plan(body(status=st), [kept(0, 1, 0), pod(1, phase="Failed", exit_code=1, deleting=True)], {}, T0, S)
+    assert stale.decision.action == "DeleteStale" and not stale.patch_pods and not stale.delete_pods
+    go = plan(body(status=st), [kept(0, 1, 0)], {}, T0, S)
+    assert [o["metadata"]["name"] for o in go.create if o["kind"] == "Pod"] == ["j-worker-1"]
+    assert go.patch_pods == {"j-worker-0": {"annotations": {"kubetrain.io/restart-generation": "1"}}}
+    assert "creating 1 of 2 worker(s) of generation 1 and restarting 1 in place" in go.status["message"]
+    running = plan(body(status=go.status), [kept(0, 1, 1), pod(1, gen=1)], {}, T0, S)
+    assert running.status["phase"] == "Running" and not running.patch_pods and not running.create
+
+
+def test_a_pod_built_without_in_place_is_recreated():
+    old = pod(0)
+    del old["metadata"]["annotations"]["kubetrain.io/in-place"]  # made before in-place restarts existed
+    p = plan(body(status=RUNNING), [old, pod(1, phase="Failed", exit_code=1)], {}, T0, S)
+    assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"] and not p.patch_pods

@@ -53,6 +53,14 @@ POD_NAME = "KUBETRAIN_POD_NAME"
 POD_NAMESPACE = "KUBETRAIN_POD_NAMESPACE"
 """This worker's namespace (Downward API `metadata.namespace`); only in pods."""
 
+GENERATION_FILE = "KUBETRAIN_GENERATION_FILE"
+"""In a pod that restarts in place: the file (Downward API, the pod's GENERATION_ANNOTATION) whose
+number the launcher runs; a higher number stops its processes and starts them again in that generation."""
+IN_PLACE_WAIT = "KUBETRAIN_IN_PLACE_WAIT_SECONDS"
+"""How long a launcher whose processes lost their peers waits for a new generation before it exits
+IN_PLACE_GAVE_UP_EXIT_CODE (restartPolicy.maxBackoffSeconds + IN_PLACE_WAIT_MARGIN_SECONDS)."""
+IN_PLACE_WAIT_MARGIN_SECONDS = 60
+
 DEFAULT_MASTER_PORT = 29500
 
 # Worker pods: labels, annotations and the container, as the operator writes them and the CLI reads them.
@@ -87,6 +95,10 @@ GANG_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 GANG_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 """Volcano's pod-group annotation (scheduling.gang)."""
 GENERATION_ANNOTATION = "kubetrain.io/restart-generation"
+"""On worker pods: the generation the pod's launcher is to run (its label says which generation the pod
+belongs to; the two differ while a kept pod waits for its restart's backoff)."""
+IN_PLACE_ANNOTATION = "kubetrain.io/in-place"
+"""On worker pods that can restart in place ("true"): their launcher reads GENERATION_FILE."""
 LABEL_SWEEP = "kubetrain.io/sweep-name"
 """On a sweep's trial TrainingJobs: the TrainingSweep that created them."""
 LABEL_TRIAL = "kubetrain.io/trial-index"
@@ -104,6 +116,9 @@ PEER_LOST_EXIT_CODE = 3
 """Exit code of a rank whose collective failed because another rank went away (connection
 reset, closed, timed out): the consequence of another failure, rarely its cause. Retryable;
 launchers and the lifecycle policy report any other failure before this one."""
+IN_PLACE_GAVE_UP_EXIT_CODE = 75
+"""A launcher that waited IN_PLACE_WAIT seconds for a new generation and got none (EX_TEMPFAIL): its pod
+is recreated, and the restart it causes recreates every pod (the in-place path did not answer)."""
 COMMAND_NOT_FOUND_EXIT_CODE = 127
 """A worker command that is not there (as a shell exits): permanent by default (restartPolicy)."""
 COMMAND_NOT_EXECUTABLE_EXIT_CODE = 126

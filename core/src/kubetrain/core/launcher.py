@@ -17,6 +17,13 @@ a child fails the others are terminated and the launcher exits with the root cau
 (contract.root_cause: the first failure that is not a lost peer, exit 3, waiting up to
 PEER_LOST_GRACE_SECONDS for one). A command that cannot be started exits 127 (not found) or
 126 (not executable) after one line on stderr, as a shell does.
+
+In a pod that restarts in place (restartPolicy.inPlace; the operator sets KUBETRAIN_GENERATION_FILE to
+a Downward API file holding the pod's kubetrain.io/restart-generation annotation) the launcher outlives
+its processes' lost peers: it waits for a higher number in that file (at most
+KUBETRAIN_IN_PLACE_WAIT_SECONDS, then it exits 75), SIGKILLs whatever still runs of the old generation
+(its state is in the latest complete checkpoint) and starts the processes again with that
+KUBETRAIN_RESTART_GENERATION. Its own processes' failure still ends the worker, so the operator sees it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 if __package__:
@@ -45,6 +53,11 @@ FILES = (SCRIPT, "contract.py")
 TERMINATE_GRACE_SECONDS = 30.0
 PEER_LOST_GRACE_SECONDS = 5.0
 POLL_SECONDS = 0.1
+KILL_WAIT_SECONDS = 30.0
+IN_PLACE_ONLY = (contract.GENERATION_FILE, contract.IN_PLACE_WAIT)
+"""The launcher's own variables, not passed on to the ranks."""
+DEFAULT_IN_PLACE_WAIT_SECONDS = 360.0
+"""Without IN_PLACE_WAIT: restartPolicy's default maxBackoffSeconds + IN_PLACE_WAIT_MARGIN_SECONDS."""
 
 
 class NotStarted:
@@ -141,9 +154,11 @@ def start(
 
 
 def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
-    """Run one child per local rank until all succeed, one fails, or a stop signal has been served."""
-    envs = child_envs(os.environ if env is None else env)
-    children: list[Any] = []
+    """Run one child per local rank until all succeed, one fails, or a stop signal has been served; in a
+    pod that restarts in place (GENERATION_FILE set), run them again for every newer generation."""
+    env = os.environ if env is None else env
+    envs = child_envs(env)
+    children: list[Any] = []  # the current generation's, replaced in place so that `forward` sees them
     stop: list[int] = []  # the stop signal received, if any
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -154,18 +169,98 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    path = env.get(contract.GENERATION_FILE)
+    if not path:
+        return _start(command, envs, children, stop) or _supervise(children, stop).code or 0
+    first = max(_int(env, contract.RESTART_GENERATION, default=0), read_generation(path) or 0)
+    wait_s = float(env.get(contract.IN_PLACE_WAIT) or 0) or DEFAULT_IN_PLACE_WAIT_SECONDS
+    return _in_place(command, envs, InPlace(path, first, wait_s), children, stop)
+
+
+def _start(command: Sequence[str], envs: list[dict[str, str]], children: list[Any], stop: list[int]) -> int | None:
+    """Start one child per environment into `children`; an exit code when the worker ends here instead
+    (stopped before any started, or the command cannot be started)."""
+    children[:] = []
     for child_env in envs:
         if stop:
             break
         children.append(start(command, child_env))
         if isinstance(children[-1], NotStarted):
             break  # every rank runs the same command: one message is enough
-    if not children:
-        return 128 + stop[0]
-    return _supervise(children, stop)
+    return 128 + stop[0] if not children else None
 
 
-def _supervise(children: list[Any], stop: list[int]) -> int:
+@dataclass
+class InPlace:
+    """Where a pod that restarts in place reads its generation, the one running, and how long to wait."""
+
+    path: str
+    generation: int
+    wait_s: float
+
+    def newer(self) -> int | None:
+        g = read_generation(self.path)
+        return g if g is not None and g > self.generation else None
+
+
+def read_generation(path: str) -> int | None:
+    """The number in the generation file (the Downward API rewrites it whole); None if unreadable."""
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _in_place(command: Sequence[str], envs: list[dict[str, str]], where: InPlace, children: list[Any],
+              stop: list[int]) -> int:
+    """Run generation after generation in this pod; a worker fails (its pod is recreated) only on its own
+    failure, a stop signal, or when no new generation comes within where.wait_s of losing its peers."""
+    while True:
+        # Without the file the children (a trainer with one process) do not take themselves for the launcher.
+        gen_envs = [{**{k: v for k, v in e.items() if k not in IN_PLACE_ONLY},
+                     contract.RESTART_GENERATION: str(where.generation)} for e in envs]
+        code = _start(command, gen_envs, children, stop)
+        outcome = _supervise(children, stop, where) if code is None else Outcome(code)
+        if outcome.code is not None:
+            return outcome.code
+        newer = outcome.newer
+        if newer is None:
+            _say(f"generation {where.generation}'s processes lost their peers; waiting up to "
+                 f"{where.wait_s:g}s for the next generation")
+            newer = _wait_for_generation(where, stop)
+            if stop:
+                return 128 + stop[0]
+            if newer is None:
+                _say(f"no new generation within {where.wait_s:g}s; exiting {contract.IN_PLACE_GAVE_UP_EXIT_CODE}")
+                return contract.IN_PLACE_GAVE_UP_EXIT_CODE
+        _say(f"starting generation {newer} in place (was {where.generation})")
+        where.generation = newer
+
+
+def _wait_for_generation(where: InPlace, stop: list[int]) -> int | None:
+    deadline = time.monotonic() + where.wait_s
+    while not stop and time.monotonic() < deadline:
+        if (g := where.newer()) is not None:
+            return g
+        time.sleep(POLL_SECONDS)
+    return None
+
+
+def _say(message: str) -> None:
+    print(f"kubetrain launcher: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Outcome:
+    """How one generation's children ended: `code` ends the worker; else `newer` is the generation to run
+    next, or, both None, the children lost their peers and the launcher waits for the next generation."""
+
+    code: int | None = None
+    newer: int | None = None
+
+
+def _supervise(children: list[Any], stop: list[int], in_place: InPlace | None = None) -> Outcome:
     failed: dict[int, int] = {}  # child index -> exit code, in the order the children were seen to fail
     first_failure_at = 0.0
     while True:
@@ -175,9 +270,11 @@ def _supervise(children: list[Any], stop: list[int]) -> int:
                 failed[i] = contract.exit_code(code)
                 first_failure_at = first_failure_at or time.monotonic()
         codes = list(failed.values())
-        running = any(c.poll() is None for c in children)
-        if not running:
-            return contract.root_cause(codes) or 0
+        if in_place is not None and not stop and (newer := in_place.newer()) is not None:
+            # The gang is restarting: what these processes hold is in the latest complete checkpoint.
+            return Outcome(newer=newer) if _kill(children) else Outcome(contract.IN_PLACE_GAVE_UP_EXIT_CODE)
+        if not any(c.poll() is None for c in children):
+            return _ended(contract.root_cause(codes) or 0, stop, in_place)
         # Stopping: every child got the signal and is writing its checkpoint; wait for all of them
         # (the pod's grace period bounds it). Otherwise a failure ends the worker, except that a rank
         # which lost its peer usually dies a moment before the rank that caused it: while that is all
@@ -189,21 +286,45 @@ def _supervise(children: list[Any], stop: list[int]) -> int:
             )
             if not waiting:
                 _terminate(children)
-                return contract.root_cause(codes) or 1
+                return _ended(contract.root_cause(codes) or 1, stop, in_place)
         time.sleep(POLL_SECONDS)
 
 
+def _ended(code: int, stop: list[int], in_place: InPlace | None) -> Outcome:
+    """A worker that restarts in place outlives a lost peer: the failure is another worker's."""
+    if in_place is not None and not stop and code == contract.PEER_LOST_EXIT_CODE:
+        return Outcome()
+    return Outcome(code)
+
+
+def _kill(children: list[Any]) -> bool:
+    """SIGKILL every child and reap it; False when one is still there after KILL_WAIT_SECONDS (stuck in
+    the kernel, a GPU driver call say): this pod cannot run another generation."""
+    stuck = _signal_and_reap(children, signal.SIGKILL, KILL_WAIT_SECONDS)
+    for c in stuck:
+        _say(f"process {c.pid} did not exit within {KILL_WAIT_SECONDS:g}s of SIGKILL")
+    return not stuck
+
+
 def _terminate(children: list[Any]) -> None:
+    for c in _signal_and_reap(children, signal.SIGTERM, TERMINATE_GRACE_SECONDS):
+        c.kill()
+        c.wait()
+
+
+def _signal_and_reap(children: list[Any], sig: int, within: float) -> list[Any]:
+    """Send `sig` to every child still running and wait for all; those still running after `within` s."""
     for c in children:
         if c.poll() is None:
-            c.terminate()
-    deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
+            c.send_signal(sig)
+    deadline = time.monotonic() + within
+    stuck = []
     for c in children:
         try:
             c.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            c.kill()
-            c.wait()
+            stuck.append(c)
+    return stuck
 
 
 def main(argv: Sequence[str]) -> int:

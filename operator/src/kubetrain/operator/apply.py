@@ -285,8 +285,8 @@ class Applier:
         status = plan.status
         if plan.create and not await self.create_all(key, body, plan.create):
             status = gang_not_created(body, status)
-        for pod, notes in plan.annotate_pods.items():
-            await self.annotate_pod(key, pod, notes)
+        if plan.patch_pods:
+            await asyncio.gather(*(self.patch_pod(key, pod, meta) for pod, meta in plan.patch_pods.items()))
         if plan.delete_pods or plan.force_delete_pods:
             await asyncio.gather(*(self.delete_pod(key, pod) for pod in plan.delete_pods),
                                  *(self.delete_pod(key, pod, force=True) for pod in plan.force_delete_pods))
@@ -406,11 +406,10 @@ class Applier:
             return False
         raise exc
 
-    async def annotate_pod(self, key: Key, pod: str, notes: dict[str, str]) -> None:
-        """Merge annotations into a worker pod (a profile request for rank 0); gone already: nothing to do."""
+    async def patch_pod(self, key: Key, pod: str, meta: dict[str, dict[str, str]]) -> None:
+        """Merge labels and annotations into a worker pod (Plan.patch_pods); gone already: nothing to do."""
         try:
-            new = await self.io(self.apis.core.patch_namespaced_pod, pod, key[0],
-                                {"metadata": {"annotations": notes}})
+            new = await self.io(self.apis.core.patch_namespaced_pod, pod, key[0], {"metadata": meta})
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -46,6 +46,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 CHECKPOINT_MOUNT = "/checkpoints"
 CONFIG_MOUNT = "/etc/kubetrain"
 OUTPUT_MOUNT = "/var/run/kubetrain"
+GENERATION_MOUNT = "/etc/kubetrain-generation"
+"""A pod that restarts in place: the Downward API volume with its generation annotation, file `generation`."""
 SIGTERM_CHECKPOINT_GRACE = 300
 TRAINER_GID = 1000
 """The trainer image's group (trainer-image/Dockerfile: USER 1000:1000): fsGroup of the checkpoint claim."""
@@ -184,7 +186,7 @@ def launcher_files() -> dict[str, str]:
 
 def config_map(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any]:
     data = {"config.json": json.dumps(job.spec.dump(), indent=1, sort_keys=True)}
-    if job.spec.command and job.spec.procs > 1:  # see worker_command
+    if job.spec.command and job.spec.runs_launcher:  # see worker_command
         data.update(launcher_files())
     return {
         "apiVersion": "v1",
@@ -196,12 +198,13 @@ def config_map(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[st
 
 def worker_command(spec: TrainingJobSpec) -> tuple[list[str] | None, list[str] | None]:
     """The container's command and args. None: the image's entrypoint (the built-in trainer, which runs its
-    own launcher). With procsPerWorker 1 the user's command is the rank itself; with more, the launcher
-    from the ConfigMap starts it once per rank, so the user's image needs python3 but not kubetrain."""
+    own launcher). With procsPerWorker 1 the user's command is the rank itself; with more (or
+    restartPolicy.inPlace true), the launcher from the ConfigMap starts it once per rank, so the user's
+    image needs python3 but not kubetrain."""
     if not spec.command:
         return None, None
     args = list(spec.args) if spec.args else None
-    if spec.procs == 1:
+    if not spec.runs_launcher:
         return list(spec.command), args
     return ["python3", f"{CONFIG_MOUNT}/{launcher.SCRIPT}", "--", *spec.command], args
 
@@ -320,6 +323,9 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
     values.update(contract.thread_env(cores, spec.procs))  # the worker's CPU request, shared by its processes
     values.update(fabrics.profile(spec).env)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+    if spec.restarts_in_place:
+        env += [{"name": contract.GENERATION_FILE, "value": f"{GENERATION_MOUNT}/generation"},
+                {"name": contract.IN_PLACE_WAIT, "value": f"{in_place_wait_seconds(spec):g}"}]
     if spec.progress_reporting:  # the pod's own identity, for rank 0's progress annotation (Downward API)
         env += [
             {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -327,6 +333,12 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
         ]
     user = {e["name"]: e for e in spec.env or [] if "name" in e}
     return [e for e in env if e["name"] not in user] + list(user.values())
+
+
+def in_place_wait_seconds(spec: TrainingJobSpec) -> float:
+    """How long a kept worker's launcher waits for the next generation: the longest restart backoff, and
+    a margin for the failure to reach the operator."""
+    return spec.restart_policy.max_backoff_seconds + contract.IN_PLACE_WAIT_MARGIN_SECONDS
 
 
 def worker_pod(
@@ -407,6 +419,8 @@ def _worker_meta(job: TrainingJob, index: int, generation: int, labels: dict[str
         contract.GENERATION_ANNOTATION: str(generation),
         **fabrics.profile(job.spec).annotations,
     }
+    if job.spec.restarts_in_place:
+        meta["annotations"][contract.IN_PLACE_ANNOTATION] = "true"
     if job.spec.scheduling.gang in ("volcano", "coscheduling"):  # either scheduler reads its own marker
         meta["annotations"][contract.GANG_GROUP_ANNOTATION] = name
         meta["labels"][contract.GANG_GROUP_LABEL] = name
@@ -414,12 +428,17 @@ def _worker_meta(job: TrainingJob, index: int, generation: int, labels: dict[str
 
 
 def _worker_volumes(job: TrainingJob, claim: str | None) -> list[dict[str, Any]]:
-    return [
+    volumes = [
         {"name": "config", "configMap": {"name": config_name(job.metadata.name)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.spec.resources.shm_size}},
         {"name": "checkpoints", **({"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}})},
         {"name": "output", "emptyDir": {}},
     ]
+    if job.spec.restarts_in_place:  # the kubelet rewrites the file when the annotation changes
+        field_path = f"metadata.annotations['{contract.GENERATION_ANNOTATION}']"
+        volumes.append({"name": "generation", "downwardAPI": {
+            "items": [{"path": "generation", "fieldRef": {"fieldPath": field_path}}]}})
+    return volumes
 
 
 def _worker_container(job: TrainingJob, index: int, generation: int, settings: Settings,
@@ -439,6 +458,8 @@ def _worker_container(job: TrainingJob, index: int, generation: int, settings: S
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "checkpoints", "mountPath": checkpoint_mount(spec)},
             {"name": "output", "mountPath": OUTPUT_MOUNT},
+            *([{"name": "generation", "mountPath": GENERATION_MOUNT, "readOnly": True}]
+              if spec.restarts_in_place else []),
             *(dict(m) for m in fabric.mounts),
         ],
         "resources": _resources(spec, fabric),

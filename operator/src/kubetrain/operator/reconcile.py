@@ -61,8 +61,9 @@ class Plan:
     decision: Decision | None = None
     force_delete_pods: list[str] = field(default_factory=list)
     """Pods to delete at once (grace 0): their node is lost, no kubelet will ever confirm a graceful delete."""
-    annotate_pods: dict[str, dict[str, str]] = field(default_factory=dict)
-    """Pod name -> annotations to set: a profile request on the job, passed to rank 0's pod."""
+    patch_pods: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
+    """Pod name -> labels and annotations to set ({"labels": ..., "annotations": ...}): a kept pod's new
+    generation, the generation its launcher is to run, a profile request on the job passed to rank 0's pod."""
     queue: kueue.QueuePlan = field(default_factory=kueue.QueuePlan)
     """Kueue: the job's Workload to create, delete or update, and the spec.suspend to write."""
 
@@ -110,7 +111,11 @@ def worker_state(index: int, pod: dict[str, Any], nodes: dict[str, datetime | No
             reason = "OOMKilled"
         return WorkerState(index, WorkerPhase.FAILED, exit_code=container_exit_code(term or {}), reason=reason)
     wp = WorkerPhase.RUNNING if phase == "Running" else WorkerPhase.PENDING
-    return WorkerState(index, wp, node_not_ready_since=nodes.get(pod.get("spec", {}).get("nodeName") or ""))
+    notes = pod["metadata"].get("annotations") or {}
+    told = notes.get(contract.GENERATION_ANNOTATION)  # lags the label while a kept pod waits for its backoff
+    return WorkerState(index, wp, node_not_ready_since=nodes.get(pod.get("spec", {}).get("nodeName") or ""),
+                       in_place=notes.get(contract.IN_PLACE_ANNOTATION) == "true",
+                       held=told is not None and told != str(pod_generation(pod)))
 
 
 def container_exit_code(terminated: dict[str, Any]) -> int | None:
@@ -217,7 +222,8 @@ def plan(
         out.requeue_after = min(out.requeue_after or kueue.LOOK_AGAIN_SECONDS, kueue.LOOK_AGAIN_SECONDS)
     for effect in t.effects:
         _translate(effect, job, body, ours, t, settings, out, lost)
-    out.annotate_pods = profile_request(body, ours, t.status.restart_generation)
+    for name, notes in profile_request(body, ours, t.status.restart_generation).items():
+        _patch(out, name, "annotations", notes)
     if t.decision is not None:
         status = _presented(job, body, ours, t, Blocked(claim_phase, create_refused, foreign), now, out)
         if status != old.dump():
@@ -262,14 +268,31 @@ def _translate(
         out.create.extend(_shared_children(job, owner, effect.generation))
         out.create.extend(kueue.place(b.worker_pod(job, i, effect.generation, settings, owner), out.queue.placement)
                           for i in effect.indices)
+        for name in _named(ours, effect.generation, effect.resume):  # their launchers start it now
+            _patch(out, name, "annotations", {contract.GENERATION_ANNOTATION: str(effect.generation)})
+    elif isinstance(effect, lc.KeepWorkers):
+        for name in _named(ours, effect.generation - 1, effect.indices):
+            _patch(out, name, "labels", {b.LABEL_GENERATION: str(effect.generation)})
     elif isinstance(effect, lc.DeleteWorkers):
-        scoped = _in_scope(effect.scope, ours, t.status.restart_generation)
+        kept = set(_named(ours, t.status.restart_generation - 1, effect.keep))
+        scoped = [p for p in _in_scope(effect.scope, ours, t.status.restart_generation)
+                  if p["metadata"]["name"] not in kept]
         out.force_delete_pods.extend(p["metadata"]["name"] for p in scoped if p["metadata"]["name"] in lost)
         out.delete_pods.extend(_alive([p for p in scoped if p["metadata"]["name"] not in lost]))
     elif isinstance(effect, lc.RecordEvent):
         out.events.append((effect.type, effect.reason, effect.message))
     elif isinstance(effect, lc.DeleteJob):
         out.delete_job = True
+
+
+def _named(pods: list[dict[str, Any]], generation: int, indices: Sequence[int]) -> list[str]:
+    """The names of the pods of `generation` with these worker indices."""
+    want = set(indices)
+    return [p["metadata"]["name"] for p in pods if pod_generation(p) == generation and _index(p) in want]
+
+
+def _patch(out: Plan, pod: str, part: str, values: dict[str, str]) -> None:
+    out.patch_pods.setdefault(pod, {}).setdefault(part, {}).update(values)
 
 
 def _in_scope(scope: lc.Scope, pods: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:

@@ -21,7 +21,9 @@ from kubetrain.trainer.config import ConfigError, load_spec, read_env
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(levelname)s rank%(rank)s %(message)s")
     _install_rank_filter()
-    if contract.RANK not in os.environ and os.environ.get(contract.PET_NPROC_PER_NODE):
+    # Several processes per worker, or a pod that restarts in place: the launcher runs the ranks.
+    if (contract.RANK not in os.environ and os.environ.get(contract.PET_NPROC_PER_NODE)) or \
+            os.environ.get(contract.GENERATION_FILE):
         from kubetrain.core.launcher import launch  # noqa: PLC0415
 
         return launch([sys.executable, "-m", "kubetrain.trainer"])

@@ -11,6 +11,9 @@ Rules (the same everywhere; one function each in `policies`):
   progress for progressDeadlineSeconds -- restarts the WHOLE gang from the latest complete
   checkpoint, once per failure: every old worker is gone before the next generation starts. The
   messages name that checkpoint's step, or why there is none (restart_origin).
+- In place (restartPolicy.inPlace): the workers still running and able to are kept; they join the
+  next generation at once (KeepWorkers) and their launchers are told to run it when the recreated
+  workers are created (CreateWorkers.resume), after the restart's backoff.
 - An exit code listed in restartPolicy.permanentExitCodes fails the job at once.
 - Restarts back off exponentially; restartPolicy.backoffLimit caps their count.
 - activeDeadlineSeconds fails a job that has been active too long.

@@ -19,6 +19,7 @@ from kubetrain.core.lifecycle.model import (
     DeleteJob,
     DeleteWorkers,
     Effect,
+    KeepWorkers,
     Observed,
     Reason,
     RecordEvent,
@@ -106,7 +107,7 @@ def _carry_out(spec: TrainingJobSpec, st: TrainingJobStatus, job: JobView, d: De
         st.gang_created_time = st.gang_created_time or format_time(now)
         st.gang_created = True  # the operator writes status after the creates succeed
         missing = tuple(w.index for w in job.workers if w.phase == WorkerPhase.MISSING)
-        return [CreateWorkers(d.generation, missing)]
+        return [CreateWorkers(d.generation, missing, tuple(w.index for w in job.workers if w.held))]
     if d.action == Action.RESTART_GANG:
         _count_failure(st, d)
         st.restart_count += 1
@@ -118,7 +119,9 @@ def _carry_out(spec: TrainingJobSpec, st: TrainingJobStatus, job: JobView, d: De
         planned = d.failure_kind is None  # a resize, not a failure
         if not planned:
             st.last_failure_time = st.last_failure_time or format_time(now)
-        return [DeleteWorkers(Scope.ALL), RecordEvent("Normal" if planned else "Warning", d.reason, d.message)]
+        kept: list[Effect] = [KeepWorkers(d.generation, d.keep)] if d.keep else []
+        return [*kept, DeleteWorkers(Scope.ALL, d.keep),
+                RecordEvent("Normal" if planned else "Warning", d.reason, d.message)]
     if d.action == Action.DELETE_STALE:
         return [DeleteWorkers(Scope.STALE)]
     if d.action == Action.SUSPEND:

@@ -10,8 +10,8 @@ from kubetrain.core.api import CheckpointRef, Phase, TrainingJobStatus
 from kubetrain.core.progress import Progress
 
 __all__ = [
-    "DISRUPTIONS", "Action", "CreateWorkers", "Decision", "DeleteJob", "DeleteWorkers", "Effect", "FailureKind", "Observed",
-    "Reason", "RecordEvent", "Scope", "Transition", "WorkerPhase", "WorkerState",
+    "DISRUPTIONS", "Action", "CreateWorkers", "Decision", "DeleteJob", "DeleteWorkers", "Effect", "FailureKind",
+    "KeepWorkers", "Observed", "Reason", "RecordEvent", "Scope", "Transition", "WorkerPhase", "WorkerState",
 ]
 
 
@@ -77,6 +77,10 @@ class WorkerState:
     created: bool = True
     """False when this worker was never created in this generation."""
     node_not_ready_since: datetime | None = None
+    in_place: bool = False
+    """The worker can restart in place: its launcher runs whatever generation the backend tells it."""
+    held: bool = False
+    """Kept by an in-place restart and not yet told to run this generation (its restart's backoff)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,8 @@ class Decision:
     failed_workers: tuple[int, ...] = field(default_factory=tuple)
     ignored: bool = False
     """A restart not counted against backoffLimit."""
+    keep: tuple[int, ...] = ()
+    """A restart in place: the workers that stay (the others are recreated)."""
 
 
 class Scope(enum.StrEnum):
@@ -142,11 +148,23 @@ class Scope(enum.StrEnum):
 class CreateWorkers:
     generation: int
     indices: tuple[int, ...]
+    resume: tuple[int, ...] = ()
+    """Workers kept by an in-place restart: tell their launchers to run `generation` now."""
+
+
+@dataclass(frozen=True)
+class KeepWorkers:
+    """An in-place restart: these workers of the old generation belong to `generation` from now on."""
+
+    generation: int
+    indices: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class DeleteWorkers:
     scope: Scope
+    keep: tuple[int, ...] = ()
+    """Workers of the current generation that stay (an in-place restart keeps them)."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +180,7 @@ class DeleteJob:
     """The finished job's TTL expired."""
 
 
-Effect = CreateWorkers | DeleteWorkers | RecordEvent | DeleteJob
+Effect = CreateWorkers | KeepWorkers | DeleteWorkers | RecordEvent | DeleteJob
 
 
 @dataclass(frozen=True)

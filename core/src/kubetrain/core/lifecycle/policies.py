@@ -149,6 +149,9 @@ def describe(w: WorkerState, kind: FailureKind) -> str:
             return f"worker {w.index} failed ({w.reason or 'no exit code reported'})"
         if w.exit_code == contract.PEER_LOST_EXIT_CODE and kind == FailureKind.EXIT_CODE:
             return f"worker {w.index} exited with code {w.exit_code} (it lost a peer rank mid-collective)"
+        if w.exit_code == contract.IN_PLACE_GAVE_UP_EXIT_CODE and kind == FailureKind.EXIT_CODE:
+            return (f"worker {w.index} exited with code {w.exit_code} (its launcher was told no new generation "
+                    "in time to restart in place)")
         return f"worker {w.index} exited with code {w.exit_code}"
     if kind == FailureKind.NODE_LOST:
         return f"worker {w.index}'s node is NotReady"
@@ -248,16 +251,34 @@ def failure(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | No
         else backoff_seconds(spec, counted)
     count = (f"not counted against backoffLimit: {worst.why}" if ignored
              else f"restart {counted + 1} of at most {limit}")
+    keep = kept_in_place(spec, job, failures)
+    how = f" in place, keeping {len(keep)} of {spec.workers} workers" if keep else ""
     return Decision(Action.RESTART_GANG, Phase.RESTARTING, kind.value,
-                    f"{what}: restarting the whole gang {restart_origin(job)} ({count}, in {delay:g}s)",
+                    f"{what}: restarting the whole gang {restart_origin(job)}{how} ({count}, in {delay:g}s)",
                     job.generation + 1, requeue_after=delay, failure_kind=kind, failed_workers=failed,
-                    ignored=ignored)
+                    ignored=ignored, keep=keep)
+
+
+def kept_in_place(spec: TrainingJobSpec, job: JobView, failures: list[Failure]) -> tuple[int, ...]:
+    """The workers an in-place restart keeps: running, on a Ready node, able to restart in place, not failed
+    themselves. None when the gang never ran (StartTimeout) or a kept worker's launcher did not answer the
+    last in-place restart: then every worker is recreated."""
+    if not spec.restarts_in_place:
+        return ()
+    if any(f.kind == FailureKind.START_TIMEOUT or f.worker.exit_code == contract.IN_PLACE_GAVE_UP_EXIT_CODE
+           for f in failures):
+        return ()
+    failed = {f.worker.index for f in failures if f.kind != FailureKind.NO_PROGRESS}  # a hang is the gang's
+    return tuple(w.index for w in job.workers if w.in_place and w.phase == WorkerPhase.RUNNING
+                 and w.node_not_ready_since is None and w.index not in failed)
 
 
 def start(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None:
-    """Create the missing workers of this generation, once a restart's backoff has passed."""
+    """Create the missing workers of this generation and start the kept ones in it, once a restart's
+    backoff has passed."""
     missing = [w.index for w in job.workers if w.phase == WorkerPhase.MISSING]
-    if not missing:
+    held = sum(w.held for w in job.workers)
+    if not missing and not held:
         return None
     gen = job.generation
     if gen > 0 and job.last_restart_time is not None:
@@ -272,9 +293,10 @@ def start(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None
                             f"starting generation {gen} {restart_origin(job)} in {wait:.1f}s", gen,
                             requeue_after=wait)
     origin = f" {restart_origin(job)}" if gen > 0 else ""
+    kept = f" and restarting {held} in place" if held else ""
     return Decision(Action.CREATE_WORKERS, Phase.CREATED if gen == 0 else Phase.RESTARTING,
                     Reason.CREATING_WORKERS,
-                    f"creating {len(missing)} of {spec.workers} worker(s) of generation {gen}{origin}", gen)
+                    f"creating {len(missing)} of {spec.workers} worker(s) of generation {gen}{kept}{origin}", gen)
 
 
 def next_deadline(spec: TrainingJobSpec, job: JobView, now: datetime, default: float) -> float:
