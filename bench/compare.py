@@ -1,15 +1,20 @@
-"""kubetrain vs Kubeflow Training Operator v1 (PyTorchJob): operator scale and recovery on one cluster.
+"""kubetrain vs Kubeflow Training Operator v1 (PyTorchJob, with its defaults and tuned) vs Kubeflow Trainer v2
+(TrainJob on JobSet): operator scale and recovery on one cluster.
 
-    .venv/bin/python bench/compare.py            # full: 128 kwok nodes x 8 GPUs, four scenarios (~30-60 min on 2 cores)
-    .venv/bin/python bench/compare.py --quick    # smoke: 16 nodes, small scenarios (a few minutes)
+    .venv/bin/python bench/compare.py            # full: 128 kwok nodes x 8 GPUs, four scenarios (~1-2 h on 2 cores)
+    .venv/bin/python bench/compare.py --quick    # smoke: 16 nodes, small scenarios (several minutes)
+    .venv/bin/python bench/compare.py --quick --operators kubeflow-tuned,trainer-v2   # a subset
 
 Starts a PRIVATE control plane with hack/cluster-up.sh (own state dir and ports, kube-apiserver
-audit log on), creates the kwok GPU nodes, then for every scenario runs kubetrain's operator and
-then Kubeflow's (built by hack/kubeflow/build.sh), then the minimal creator (bench/min_creator.py:
-kubetrain's pods and Services, no controller; not for recovery scenarios), each as a real process
-under its own ServiceAccount token, one at a time, in a fresh namespace that is deleted afterwards. Measures:
-time from apply to all pods created / all Running (one watch, no polling of the API server),
-recovery from a failed worker, operator CPU seconds and peak RSS (/proc), API requests per
+audit log on), creates the kwok GPU nodes, then for every scenario runs each configuration of
+--operators in turn: kubetrain's operator; Kubeflow v1 (hack/kubeflow/build.sh) as its manifests run
+it and again with a higher client rate limit (--kubeflow-tuned-args); Kubeflow Trainer v2 with the
+JobSet controller it runs on (hack/trainer-v2/build.sh; kube-controller-manager's Job controller
+creates the pods); the minimal creator (bench/min_creator.py: kubetrain's pods and Services, no
+controller; not for recovery scenarios). Each is a real process (Trainer v2: two) under its own
+ServiceAccount token, one configuration at a time, in a fresh namespace that is deleted afterwards.
+Measures: time from apply to all pods created / all Running (one watch, no polling of the API
+server), recovery from a failed worker, operator CPU seconds and peak RSS (/proc), API requests per
 operator identity (audit log), reconcile errors (the operators' own metrics). Prints a markdown
 table; --json writes every number. See docs/benchmarks.md.
 """
@@ -22,14 +27,17 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
+import ssl
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +51,7 @@ from support.helm_rbac import RBAC_KINDS
 from support.identities import token_for, token_kubeconfig
 from support.jobs import TrainingJobs
 from support.kubectl import kubectl
+from support.kueue import make_certs
 from support.kwok import fail_pod
 from support.paths import HACK_DIR as HACK
 from support.paths import REPO_ROOT as REPO
@@ -51,19 +60,42 @@ from support.processes import stop_process
 from support.resources import apply, apply_crds, wait_default_service_account, wait_established
 from support.waiting import wait_for
 
-from kubetrain.core import api
-
 FIELD_MANAGER = "kubetrain-bench"
 KUBETRAIN_NS = "kubetrain-system"
 KUBETRAIN_SA = "kubetrain"
 KUBEFLOW_NS = "kubeflow"  # manifests/overlays/standalone
 KUBEFLOW_SA = "training-operator"
 KUBEFLOW_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # hard-coded in pkg/cert (the Secret's volume mount)
+KUBEFLOW_KEYS = (cl.KUBEFLOW, cl.KUBEFLOW_TUNED)
+"""Both run the same binary under the same identity (one at a time)."""
+TRAINER_NS = "kubeflow-system"  # manifests/overlays/manager
+TRAINER_SA = "kubeflow-trainer-controller-manager"
+JOBSET_NS = "jobset-system"  # config/default: namespace and namePrefix
+JOBSET_PREFIX = "jobset-"
+JOBSET_SA = f"{JOBSET_PREFIX}controller-manager"
+JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"
+"""kube-controller-manager's Job controller (--use-service-account-credentials): it creates the pods of
+JobSet's Jobs."""
 CREATOR_NS = "kubetrain-bench-creator"
 CREATOR_SA = "min-creator"
-USERS = {cl.KUBETRAIN: f"system:serviceaccount:{KUBETRAIN_NS}:{KUBETRAIN_SA}",
-         cl.KUBEFLOW: f"system:serviceaccount:{KUBEFLOW_NS}:{KUBEFLOW_SA}",
-         cl.CREATOR: f"system:serviceaccount:{CREATOR_NS}:{CREATOR_SA}"}
+
+
+def _sa(namespace: str, name: str) -> str:
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+USERS: dict[str, tuple[str, ...]] = {
+    cl.KUBETRAIN: (_sa(KUBETRAIN_NS, KUBETRAIN_SA),),
+    cl.KUBEFLOW: (_sa(KUBEFLOW_NS, KUBEFLOW_SA),),
+    cl.KUBEFLOW_TUNED: (_sa(KUBEFLOW_NS, KUBEFLOW_SA),),
+    cl.TRAINER_V2: (_sa(TRAINER_NS, TRAINER_SA), _sa(JOBSET_NS, JOBSET_SA)),
+    cl.CREATOR: (_sa(CREATOR_NS, CREATOR_SA),)}
+"""The identities whose requests are an operator's: API requests, and the end of its measurement."""
+HELPERS: dict[str, tuple[str, ...]] = {cl.TRAINER_V2: (JOB_CONTROLLER,)}
+"""Identities that work for an operator (counted apart; the measurement also waits for them to be quiet)."""
+GARBAGE_COLLECTOR = "system:serviceaccount:kube-system:generic-garbage-collector"
+"""Audited too (not counted): it deletes the pods of the Jobs JobSet deletes on a restart, and
+cl.unrequested_deletes must see those DELETE requests."""
 QUIET_S = 5.0
 """The measurement of a run ends once the operator has sent no request for this long."""
 DEFAULT_CLUSTER = {"KUBETRAIN_CLUSTER_DIR": str(cache_dir() / "cluster"), "KUBETRAIN_APISERVER_PORT": "16443",
@@ -105,7 +137,8 @@ def start_cluster(nodes: int) -> None:
     cdir = Path(os.environ["KUBETRAIN_CLUSTER_DIR"])
     cdir.mkdir(parents=True, exist_ok=True)
     policy = cdir / "audit-policy.yaml"
-    policy.write_text(yaml.safe_dump(cl.audit_policy(list(USERS.values()))))
+    users = sorted({u for group in (*USERS.values(), *HELPERS.values(), (GARBAGE_COLLECTOR,)) for u in group})
+    policy.write_text(yaml.safe_dump(cl.audit_policy(users)))
     say(f"private cluster in {cdir} (kube-apiserver :{os.environ['KUBETRAIN_APISERVER_PORT']}, "
         f"etcd :{os.environ['KUBETRAIN_ETCD_PORT']}), {nodes} kwok nodes; stopping a leftover one first")
     run_hack("cluster-down.sh", check=False)
@@ -140,13 +173,25 @@ def install_kubetrain(admin: client.ApiClient, core: client.CoreV1Api) -> Path:
     return sa_kubeconfig(admin, KUBETRAIN_NS, sa, Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "kubetrain.kubeconfig")
 
 
-def kubeflow_binary() -> tuple[Path, Path, str]:
-    """(binary, module dir in GOMODCACHE, version); builds the binary when missing."""
-    build = HACK / "kubeflow" / "build.sh"
-    binary = Path(subprocess.run([str(build)], check=True, stdout=subprocess.PIPE, text=True).stdout.strip())
-    moddir = Path(subprocess.run([str(build), "--module-dir"], check=True, stdout=subprocess.PIPE,
-                                 text=True).stdout.strip())
-    return binary, moddir, moddir.name.split("@", 1)[1]
+@dataclass(frozen=True)
+class GoBuild:
+    """A peer built by one of the hack/*/build.sh scripts (hack/lib.sh go_tool)."""
+
+    binary: Path
+    moddir: Path
+    """The module's source in GOMODCACHE: its manifests are what gets applied."""
+    version: str
+
+
+def go_build(script: str, *args: str) -> GoBuild:
+    """Run hack/<script> (builds the binary once per pin) and ask it for the module's directory."""
+    def out(*extra: str) -> str:
+        proc = subprocess.run([str(HACK / script), *args, *extra], check=True, stdout=subprocess.PIPE, text=True)
+        return proc.stdout.strip().splitlines()[-1]
+
+    binary = Path(out())
+    moddir = Path(out("--module-dir"))
+    return GoBuild(binary, moddir, moddir.name.split("@", 1)[1])
 
 
 def install_kubeflow(admin: client.ApiClient, core: client.CoreV1Api, moddir: Path) -> Path:
@@ -154,10 +199,7 @@ def install_kubeflow(admin: client.ApiClient, core: client.CoreV1Api, moddir: Pa
     configuration: all six CRDs, the ClusterRole/Binding and ServiceAccount in namespace kubeflow,
     and the (empty) webhook-cert Secret that the operator fills in."""
     ensure_namespace(core, KUBEFLOW_NS)
-    crd_files = sorted((moddir / "manifests" / "base" / "crds").glob("kubeflow.org_*.yaml"))
-    for f in crd_files:  # kubectl: one request per CRD, these are large
-        kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", str(f),
-                timeout=300)
+    crd_names = kubectl_apply(sorted((moddir / "manifests" / "base" / "crds").glob("kubeflow.org_*.yaml")))
     for f in sorted((moddir / "manifests" / "base" / "rbac").glob("*.yaml")):
         for doc in yaml.safe_load_all(f.read_text()):
             if not doc:
@@ -170,7 +212,7 @@ def install_kubeflow(admin: client.ApiClient, core: client.CoreV1Api, moddir: Pa
     with contextlib.suppress(ApiException):
         core.create_namespaced_secret(KUBEFLOW_NS, client.V1Secret(
             metadata=client.V1ObjectMeta(name="training-operator-webhook-cert")))
-    wait_established(admin, [yaml.safe_load(f.read_text())["metadata"]["name"] for f in crd_files], timeout=60)
+    wait_established(admin, crd_names, timeout=60)
     return sa_kubeconfig(admin, KUBEFLOW_NS, KUBEFLOW_SA, Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "kubeflow.kubeconfig")
 
 
@@ -186,6 +228,101 @@ def install_creator(admin: client.ApiClient, core: client.CoreV1Api) -> Path:
                  "roleRef": ref, "subjects": [{"kind": "ServiceAccount", "name": CREATOR_SA, "namespace": CREATOR_NS}]}):
         apply(admin, doc, FIELD_MANAGER)
     return sa_kubeconfig(admin, CREATOR_NS, CREATOR_SA, Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "creator.kubeconfig")
+
+
+def yaml_docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def kustomization_files(directory: Path) -> list[Path]:
+    """The files a kustomization.yaml lists under ``resources`` (local files only)."""
+    resources = yaml.safe_load((directory / "kustomization.yaml").read_text()).get("resources") or []
+    return [directory / r for r in resources if (directory / r).is_file()]
+
+
+def patched_webhooks(directory: Path, prefix: str = "") -> list[dict[str, Any]]:
+    """The webhook configurations of a kustomize webhook directory with its JSON patches applied (a patch
+    targets a kind, and a name where it says one) and ``prefix`` on their names (namePrefix)."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    out = []
+    for path in kustomization_files(directory):
+        for doc in yaml_docs(path):
+            if not doc["kind"].endswith("WebhookConfiguration"):
+                continue  # the Service: nothing calls it here
+            for patch in kustomization.get("patches") or []:
+                target = patch.get("target") or {}
+                if target.get("kind") == doc["kind"] and target.get("name", doc["metadata"]["name"]) \
+                        == doc["metadata"]["name"]:
+                    doc = cl.json_patch(doc, yaml.safe_load((directory / patch["path"]).read_text()))
+            out.append(cl.kustomize(doc, "", prefix))
+    return out
+
+
+def kubectl_apply(files: list[Path]) -> list[str]:
+    """Server-side apply of CRD files with kubectl (one request each: they are large); their names."""
+    for f in files:
+        kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", str(f),
+                timeout=300)
+    return [yaml.safe_load(f.read_text())["metadata"]["name"] for f in files]
+
+
+def install_jobset(admin: client.ApiClient, core: client.CoreV1Api, moddir: Path, port: int, ca: bytes) -> Path:
+    """What JobSet's config/default installs, minus the Deployment, Services, the cert Secret and the CRD's
+    conversion webhook (one served version: never called): the CRD, the RBAC (kustomized: namespace
+    jobset-system, prefix jobset-) and the webhook configurations, calling 127.0.0.1:``port``."""
+    ensure_namespace(core, JOBSET_NS)
+    comp = moddir / "config" / "components"
+    names = kubectl_apply(sorted((comp / "crd" / "bases").glob("*.yaml")))
+    for f in kustomization_files(comp / "rbac"):
+        for doc in yaml_docs(f):
+            apply(admin, cl.kustomize(doc, JOBSET_NS, JOBSET_PREFIX), FIELD_MANAGER)
+    for doc in patched_webhooks(comp / "webhook", JOBSET_PREFIX):
+        apply(admin, cl.webhooks_to_url(doc, port, ca), FIELD_MANAGER)
+    wait_established(admin, names, timeout=60)
+    return sa_kubeconfig(admin, JOBSET_NS, JOBSET_SA, Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "jobset.kubeconfig")
+
+
+def install_trainer(admin: client.ApiClient, core: client.CoreV1Api, moddir: Path, port: int, ca: bytes) -> Path:
+    """What Trainer v2's manifests/overlays/manager installs from manifests/base, minus the Deployment,
+    Service, cert Secret and the SDK's public ConfigMap: the three CRDs, the RBAC (namespace
+    kubeflow-system) and the webhook configurations, calling 127.0.0.1:``port``. (JobSet: above.)"""
+    ensure_namespace(core, TRAINER_NS)
+    base = moddir / "manifests" / "base"
+    names = kubectl_apply(kustomization_files(base / "crds"))
+    for f in kustomization_files(base / "rbac"):
+        for doc in yaml_docs(f):
+            apply(admin, cl.kustomize(doc, TRAINER_NS), FIELD_MANAGER)
+    for doc in patched_webhooks(base / "webhook"):
+        apply(admin, cl.webhooks_to_url(doc, port, ca), FIELD_MANAGER)
+    wait_established(admin, names, timeout=60)
+    return sa_kubeconfig(admin, TRAINER_NS, TRAINER_SA, Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "trainer.kubeconfig")
+
+
+def install_trainer_v2(admin: client.ApiClient, core: client.CoreV1Api, trainer: GoBuild, jobset: GoBuild
+                       ) -> TrainerV2:
+    """Both controllers' manifests, a throwaway CA and serving certificate for 127.0.0.1 (their webhooks;
+    JobSet's metrics too), and the operator that runs both."""
+    work = Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "trainer-v2"
+    certs = work / "certs"
+    certs.mkdir(parents=True, exist_ok=True)
+    ca = make_certs(certs)
+    # Trainer's webhook server has no certDir setting: controller-runtime's default is
+    # $TMPDIR/k8s-webhook-server/serving-certs, so the process gets TMPDIR=<work>/tmp.
+    served = work / "tmp" / "k8s-webhook-server" / "serving-certs"
+    served.mkdir(parents=True, exist_ok=True)
+    for name in ("tls.crt", "tls.key"):
+        shutil.copy(certs / name, served / name)
+    ports = {"jobset": free_port(), "trainer": free_port()}
+    jobset_kc = install_jobset(admin, core, jobset.moddir, ports["jobset"], ca)
+    trainer_kc = install_trainer(admin, core, trainer.moddir, ports["trainer"], ca)
+    base = trainer.moddir / "manifests" / "base"
+    return TrainerV2(
+        cl.TRAINER_V2, trainer_kc, binary=trainer.binary, work=work, webhook_ports=ports, jobset_binary=jobset.binary,
+        jobset_kubeconfig=jobset_kc, jobset_token=token_for(admin, JOBSET_NS, JOBSET_SA, 6 * 3600),
+        trainer_config=yaml.safe_load((base / "manager" / "controller_manager_config.yaml").read_text()),
+        jobset_config=yaml.safe_load((jobset.moddir / "config" / "components" / "manager" /
+                                      "controller_manager_config.yaml").read_text()),
+        runtimes=cl.training_runtimes(yaml.safe_load((base / "runtimes" / "torch_distributed.yaml").read_text())))
 
 
 # --------------------------------------------------------------------------- pod watch
@@ -341,7 +478,7 @@ class Operator:
     ready_url: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
-    """Appended to the operator's command line (--kubeflow-args): a tuned run next to the defaults."""
+    """Appended to the operator's command line (--kubeflow-args, --kubeflow-tuned-args)."""
 
     def start(self, log: Path, core: client.CoreV1Api, sc: cl.Scenario, ns: str) -> None:
         self.log = log
@@ -370,11 +507,11 @@ class Operator:
                     f.unlink()
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
-        if self.key == cl.KUBEFLOW:
+        if self.key in KUBEFLOW_KEYS:
             self._mount_webhook_secret(core)
         wait_for(lambda: self._alive() and http_ok(self.ready_url), 180, interval=0.2,
                  what=f"{self.key} operator ready ({self.ready_url}); log {log}")
-        if self.key == cl.KUBEFLOW:  # controllers start after the certificates (cmd/training-operator.v1)
+        if self.key in KUBEFLOW_KEYS:  # controllers start after the certificates (cmd/training-operator.v1)
             wait_for(lambda: self._alive() and "Starting workers" in log.read_text(errors="replace")
                      and "pytorchjob" in log.read_text(errors="replace"), 60, interval=0.2,
                      what=f"kubeflow pytorchjob-controller workers; log {log}")
@@ -385,6 +522,11 @@ class Operator:
         if self.proc.poll() is not None:
             raise RuntimeError(f"{self.key} operator exited with {self.proc.returncode}; log {self.log}")
         return True
+
+    def pids(self) -> dict[str, int]:
+        """The operator's processes by name: what its CPU and RSS are measured on."""
+        assert self.proc is not None
+        return {self.key: self.proc.pid}
 
     def _mount_webhook_secret(self, core: client.CoreV1Api) -> None:
         """What the kubelet does for the Deployment's `cert` volume: the Secret's keys as files in the cert dir.
@@ -461,13 +603,129 @@ class Creator(Operator):
         stop_process(self.proc, 20)
 
 
+@dataclass
+class TrainerV2(Operator):
+    """Kubeflow Trainer v2's controller manager (``proc``, ``kubeconfig``) and JobSet's (``jobset_proc``), each
+    with its manifests' flags (--config=<its controller_manager_config.yaml> --zap-log-level=2) and that
+    config as shipped but for loopback ports, provided certificates and the Lease namespace
+    (compare_lib.trainer_config, jobset_config). Both elect a leader, as shipped: a start waits for the
+    previous process's Lease to expire. The torch runtimes are applied once the trainer's webhook answers."""
+
+    work: Path = Path()
+    webhook_ports: dict[str, int] = field(default_factory=dict)
+    jobset_binary: Path = Path()
+    jobset_kubeconfig: Path = Path()
+    jobset_token: str = ""
+    trainer_config: dict[str, Any] = field(default_factory=dict)
+    jobset_config: dict[str, Any] = field(default_factory=dict)
+    runtimes: list[dict[str, Any]] = field(default_factory=list)
+    jobset_proc: subprocess.Popen[bytes] | None = None
+    jobset_log: Path | None = None
+    jobset_metrics_url: str = ""
+
+    def start(self, log: Path, core: client.CoreV1Api, sc: cl.Scenario, ns: str) -> None:
+        self.log, self.jobset_log = log, log.with_name(f"{log.stem}-jobset.log")
+        self.proc = self.jobset_proc = None  # the previous scenario's, stopped
+        health, metrics = free_port(), free_port()
+        self.jobset_metrics_url = f"https://127.0.0.1:{metrics}/metrics"
+        cfg = cl.jobset_config(self.jobset_config, health=health, metrics=metrics, webhook=self.webhook_ports["jobset"],
+                               namespace=JOBSET_NS, cert_dir=str(self.work / "certs"))
+        self.jobset_proc = self._launch(self.jobset_binary, self.jobset_kubeconfig, "jobset-config.yaml", cfg,
+                                        self.jobset_log)
+        self._ready(self.jobset_log, health, "JobSet", '"controllerKind": "JobSet"')
+        health, metrics = free_port(), free_port()
+        self.metrics_url = f"https://127.0.0.1:{metrics}/metrics"
+        cfg = cl.trainer_config(self.trainer_config, health=health, metrics=metrics,
+                                webhook=self.webhook_ports["trainer"], namespace=TRAINER_NS)
+        self.proc = self._launch(self.binary, self.kubeconfig, "trainer-config.yaml", cfg, log)
+        self._ready(log, health, "TrainJob", '"controller":"trainjob_controller"')
+        admin = core.api_client
+        for runtime in self.runtimes:  # validated by the trainer's webhook: retried until it answers
+            wait_for(partial(self._apply_runtime, admin, runtime), 60, interval=0.5,
+                     what=f"ClusterTrainingRuntime {runtime['metadata']['name']} applied; log {log}")
+        time.sleep(2.0)  # as for the others
+
+    def _launch(self, binary: Path | None, kubeconfig: Path, config_name: str, cfg: dict[str, Any], log: Path
+                ) -> subprocess.Popen[bytes]:
+        config = self.work / config_name
+        config.write_text(yaml.safe_dump(cfg))
+        # TMPDIR: where the trainer's webhook server finds its certificate (install_trainer_v2).
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "TMPDIR": str(self.work / "tmp")}
+        with open(log, "wb") as out:
+            return subprocess.Popen([str(binary), f"--config={config}", "--zap-log-level=2"], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, cwd=REPO)
+
+    def _ready(self, log: Path, health: int, kind: str, marker: str) -> None:
+        """Ready (certificates read, webhook server listening) and the ``kind`` controller's workers started
+        (after it won the leader election): a "Starting workers" log line with ``marker``."""
+        wait_for(lambda: self._alive() and http_ok(f"http://127.0.0.1:{health}/readyz"), 180, interval=0.2,
+                 what=f"{kind} controller manager ready; log {log}")
+
+        def started() -> bool:
+            self._alive()
+            return any("Starting workers" in line and marker in line
+                       for line in log.read_text(errors="replace").splitlines())
+
+        wait_for(started, 120, interval=0.2, what=f"{kind} controller workers (leader election); log {log}")
+
+    def _apply_runtime(self, admin: client.ApiClient, runtime: dict[str, Any]) -> bool:
+        return self._alive() and _applied(admin, runtime)
+
+    def _alive(self) -> bool:
+        for name, proc, log in (("trainer", self.proc, self.log), ("jobset", self.jobset_proc, self.jobset_log)):
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{name} controller manager exited with {proc.returncode}; log {log}")
+        return True
+
+    def pids(self) -> dict[str, int]:
+        assert self.proc is not None and self.jobset_proc is not None
+        return {"trainer": self.proc.pid, "jobset": self.jobset_proc.pid}
+
+    def reconcile_counts(self) -> tuple[float | None, float | None]:
+        """Both managers' controller-runtime counters. Trainer's metrics are HTTPS without authentication
+        (its own certificate); JobSet's authenticate the caller: its own token (TokenReview and
+        SubjectAccessReview requests by its identity, after the measurement window)."""
+        texts = [https_text(self.metrics_url), https_text(self.jobset_metrics_url, self.jobset_token)]
+
+        def both(name: str) -> float | None:
+            values = [cl.metric_sum(t, name) for t in texts]
+            return None if any(v is None for v in values) else sum(v or 0.0 for v in values)
+
+        return both("controller_runtime_reconcile_total"), both("controller_runtime_reconcile_errors_total")
+
+    def stop(self) -> None:
+        stop_process(self.proc, 20)
+        stop_process(self.jobset_proc, 20)
+
+
+def _applied(admin: client.ApiClient, body: dict[str, Any]) -> bool:
+    try:
+        apply(admin, body, FIELD_MANAGER)
+    except ApiException as exc:
+        if exc.status is not None and exc.status >= 500:  # webhook not answering yet
+            return False
+        raise
+    return True
+
+
+def https_text(url: str, token: str = "") -> str:
+    """GET over HTTPS from a local process with its own certificate (not verified: loopback)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5, context=ctx) as r:
+            return r.read().decode()
+    except OSError:
+        return ""
+
+
 # --------------------------------------------------------------------------- one run
 
 
 def create_jobs(admin: client.ApiClient, operator: str, sc: cl.Scenario, ns: str) -> None:
     custom = client.CustomObjectsApi(admin)
-    group, version, plural = ((api.GROUP, api.VERSION, api.PLURAL) if operator == cl.KUBETRAIN
-                              else ("kubeflow.org", "v1", "pytorchjobs"))
+    group, version, plural = cl.JOB_RESOURCES[operator]
 
     def create(i: int) -> None:
         custom.create_namespaced_custom_object(group, version, ns, plural, cl.job_manifest(operator, sc, ns, i))
@@ -502,8 +760,12 @@ def delete_namespace(admin: client.ApiClient, ns: str, timeout: float = 600) -> 
 
 def strip_finalizers(admin: client.ApiClient, ns: str) -> None:
     custom = client.CustomObjectsApi(admin)
-    for group, version, plural in ((api.GROUP, api.VERSION, api.PLURAL), ("kubeflow.org", "v1", "pytorchjobs")):
-        for item in custom.list_namespaced_custom_object(group, version, ns, plural).get("items", []):
+    for group, version, plural in sorted({*cl.JOB_RESOURCES.values(), ("jobset.x-k8s.io", "v1alpha2", "jobsets")}):
+        try:
+            items = custom.list_namespaced_custom_object(group, version, ns, plural).get("items", [])
+        except ApiException:  # that operator is not installed
+            continue
+        for item in items:
             if item["metadata"].get("finalizers"):
                 say(f"removing finalizers {item['metadata']['finalizers']} from {plural}/{item['metadata']['name']}")
                 custom.patch_namespaced_custom_object(group, version, ns, plural, item["metadata"]["name"],
@@ -516,12 +778,13 @@ def read_audit(offset: int) -> Iterator[bytes]:
         yield from f
 
 
-def wait_quiet(user: str, offset: int, since: float, progress: Callable[[], str], quiet: float = QUIET_S,
+def wait_quiet(users: Sequence[str], offset: int, since: float, progress: Callable[[], str], quiet: float = QUIET_S,
                limit: float = 300.0) -> float | None:
-    """Wait until ``user`` has sent no API request for ``quiet`` seconds (audit log); return the
-    epoch time of its last request after ``since`` (None if it sent none)."""
+    """Wait until ``users`` have sent no API request for ``quiet`` seconds (audit log); return the
+    epoch time of their last request after ``since`` (None if they sent none). Leader-election Lease
+    requests do not count here (Trainer v2 and JobSet renew theirs every 2 s, as shipped: never quiet)."""
     last: float | None = None
-    needle = json.dumps(user).encode()
+    needles = [json.dumps(u).encode() for u in users]
     deadline = time.monotonic() + limit
     with open(audit_log(), "rb") as f:
         f.seek(offset)
@@ -530,9 +793,12 @@ def wait_quiet(user: str, offset: int, since: float, progress: Callable[[], str]
             buf += f.read()
             lines, _, buf = buf.rpartition(b"\n")
             for line in lines.split(b"\n"):
-                if needle in line:
+                if any(n in line for n in needles):
                     with contextlib.suppress(ValueError, KeyError):
-                        t = cl.parse_time(json.loads(line)["requestReceivedTimestamp"])
+                        ev = json.loads(line)
+                        if (ev.get("objectRef") or {}).get("resource") == "leases":
+                            continue
+                        t = cl.parse_time(ev["requestReceivedTimestamp"])
                         if t >= since and (last is None or t > last):
                             last = t
             if time.time() - max(last or since, since) >= quiet:
@@ -550,27 +816,17 @@ def run_one(admin: client.ApiClient, op: Operator, sc: cl.Scenario, timeout: flo
     audit_offset = audit_log().stat().st_size
     log = Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "logs" / f"bench-{ns}.log"
     watch = PodWatch(admin, ns)
+    users, helpers = USERS[op.key], HELPERS.get(op.key, ())
     try:
         op.start(log, core, sc, ns)
-        assert op.proc is not None
-        pid = op.proc.pid
         watch.start()
         n = sc.pods
         watch.expect("created", lambda w: len(w.uid_of) >= n)
         watch.expect("running", lambda w: len(w.running) >= n)
-
-        def progress(phase: str) -> Callable[[], str]:
-            def line() -> str:
-                with watch.lock:
-                    created, running = len(watch.uid_of), len(watch.running)
-                la = os.getloadavg()[0]
-                return (f"  {sc.name} / {op.key}: {phase} {time.monotonic() - t0:6.1f}s  pods {created}/{n} "
-                        f"Running {running}/{n}  load {la:.1f}")
-            return line
-
         res.load_before = os.getloadavg()
-        before = proc_stats(pid)
+        before = {name: proc_stats(pid) for name, pid in op.pids().items()}
         wall0, t0 = time.time(), time.monotonic()
+        progress = progress_line(watch, op, sc, lambda: time.monotonic() - t0)
         op.apply(admin, sc, ns)
         res.apply_s = time.monotonic() - t0
         t_created = watch.wait("created", timeout, progress("creating"))
@@ -580,21 +836,19 @@ def run_one(admin: client.ApiClient, op: Operator, sc: cl.Scenario, timeout: flo
         if sc.fail_one and t_running is not None:
             recover(core, watch, op, sc, ns, res, timeout)
         # The operator may still be working (Services, status, Events): measure until it is quiet.
-        last = wait_quiet(USERS[op.key], audit_offset, wall0, progress("settling"))
+        last = wait_quiet((*users, *helpers), audit_offset, wall0, progress("settling"))
         res.last_request_s = None if last is None else last - wall0
-        after = proc_stats(pid)
+        after = {name: proc_stats(pid) for name, pid in op.pids().items()}
         wall1 = time.time()
         res.load_after = os.getloadavg()
-        res.cpu_s = after.cpu_s - before.cpu_s
-        res.cpu_total_s = after.cpu_s
-        res.peak_rss_mb = after.peak_rss_bytes / 2**20
+        record_stats(res, before, after)
         res.reconciles, res.reconcile_errors = op.reconcile_counts()
     finally:
         watch.stop()
         op.stop()
     if op.summary():
         res.notes.append(op.summary())
-    window = count_audit(res, USERS[op.key], audit_offset, wall0, wall1)
+    window = count_audit(res, users, helpers, audit_offset, wall0, wall1)
     status("")
     say(f"{sc.name} / {op.key}: created {cl.fmt(res.pods_created_s, 1)}s, Running {cl.fmt(res.all_running_s, 1)}s"
         + (f", recovery {cl.fmt(res.recovery_s, 1)}s ({res.pods_replaced} pods created, {res.restarts} restarts)"
@@ -605,25 +859,64 @@ def run_one(admin: client.ApiClient, op: Operator, sc: cl.Scenario, timeout: flo
     return res
 
 
-def count_audit(res: cl.RunResult, user: str, offset: int, wall0: float, wall1: float) -> cl.RequestCount:
-    """The user's API requests into ``res``: in the measurement window [wall0, wall1], and in all."""
-    window = cl.count_requests(read_audit(offset), [user], since=wall0, until=wall1)[user]
-    total = cl.count_requests(read_audit(offset), [user])[user]
-    res.api_requests, res.api_requests_total, res.api_by_verb = window.total, total.total, dict(window.by_verb)
-    return window
+def progress_line(watch: PodWatch, op: Operator, sc: cl.Scenario, elapsed: Callable[[], float]
+                  ) -> Callable[[str], Callable[[], str]]:
+    def for_phase(phase: str) -> Callable[[], str]:
+        def line() -> str:
+            with watch.lock:
+                created, running = len(watch.uid_of), len(watch.running)
+            return (f"  {sc.name} / {op.key}: {phase} {elapsed():6.1f}s  pods {created}/{sc.pods} "
+                    f"Running {running}/{sc.pods}  load {os.getloadavg()[0]:.1f}")
+        return line
+    return for_phase
+
+
+def record_stats(res: cl.RunResult, before: dict[str, cl.ProcStats], after: dict[str, cl.ProcStats]) -> None:
+    """CPU and peak RSS into ``res``: summed over the operator's processes, and each one's where it has several."""
+    res.cpu_s = sum(after[name].cpu_s - before[name].cpu_s for name in after)
+    res.cpu_total_s = sum(a.cpu_s for a in after.values())
+    res.peak_rss_mb = sum(a.peak_rss_bytes for a in after.values()) / 2**20
+    if len(after) > 1:
+        res.processes = {name: {"cpu_s": round(a.cpu_s - before[name].cpu_s, 2), "cpu_total_s": a.cpu_s,
+                                "peak_rss_mb": round(a.peak_rss_bytes / 2**20, 1)} for name, a in after.items()}
+        res.notes.append("processes: " + ", ".join(
+            f"{name} CPU {p['cpu_s']:.1f}s, peak RSS {p['peak_rss_mb']:.0f} MB" for name, p in res.processes.items()))
+
+
+def count_audit(res: cl.RunResult, users: Sequence[str], helpers: Sequence[str], offset: int, wall0: float,
+                wall1: float) -> cl.RequestCount:
+    """The operator's API requests (all its ``users``) into ``res``: in the measurement window [wall0, wall1],
+    and in all; its ``helpers``' requests in the window apart."""
+    window = cl.count_requests(read_audit(offset), [*users, *helpers], since=wall0, until=wall1)
+    total = cl.count_requests(read_audit(offset), list(users))
+    mine = cl.RequestCount()
+    for u in dict.fromkeys(users):
+        mine.total += window[u].total
+        mine.by_verb.update(window[u].by_verb)
+    res.api_requests, res.api_by_verb = mine.total, dict(mine.by_verb)
+    res.api_requests_total = sum(total[u].total for u in dict.fromkeys(users))
+    if helpers:
+        res.helper_api_requests = sum(window[u].total for u in dict.fromkeys(helpers))
+        res.notes.append("Job controller requests: " + ", ".join(window[u].summary(4) for u in dict.fromkeys(helpers)))
+    return mine
 
 
 def recover(core: client.CoreV1Api, watch: PodWatch, op: Operator, sc: cl.Scenario, ns: str,
             res: cl.RunResult, timeout: float) -> None:
     """Fail one worker; time until the set of pods the operator must replace is Running again.
 
-    kubetrain restarts the whole gang (every pod of generation 0 is replaced by generation 1);
-    Kubeflow v1 deletes and re-creates only the failed pod (restartPolicy ExitCode, exit 137)."""
-    victim = cl.victim_pod(sc)
+    kubetrain restarts the whole gang (every pod of generation 0 is replaced by generation 1); so does
+    Trainer v2 through JobSet's failurePolicy (the failed pod fails its Job, backoffLimit 0, and JobSet
+    re-creates every Job); Kubeflow v1 deletes and re-creates only the failed pod (restartPolicy
+    ExitCode, exit 137)."""
     with watch.lock:
-        victim_uid = watch.uid_of[victim]
+        victim = cl.find_victim(op.key, sc, watch.uid_of)
         before = set(watch.uid_of.values())
-    replaced = before if op.key == cl.KUBETRAIN else {victim_uid}
+    if victim is None:
+        res.notes.append(f"no victim pod found for worker {cl.victim_index(sc)}")
+        return
+    victim_uid = watch.uid_of[victim]
+    replaced = before if op.key in cl.GANG_RESTART else {victim_uid}
     n = sc.pods
     watch.expect("failed", lambda w: w.phase_of.get(victim_uid) in ("Failed", "Deleted"))
     watch.expect("recovered", lambda w: "failed" in w.milestones and len(w.running - replaced) >= n)
@@ -647,18 +940,35 @@ def recover(core: client.CoreV1Api, watch: PodWatch, op: Operator, sc: cl.Scenar
         gone = len(before & watch.deleted) + sum(
             1 for uid in before if watch.phase_of.get(uid) == "Failed" and uid not in watch.deleted)
         res.pods_replaced = len(watch.seen - before)
+        deleted = len(before & watch.deleted)
+    res.restarts = restart_count(core.api_client, op.key, sc, ns, deleted)
     if t_rec is not None:
         res.recovery_s = t_rec - t_failed
         res.recovery_from_injection_s = t_rec - t_inject
-    if op.key == cl.KUBETRAIN:
-        res.restarts = TrainingJobs(core.api_client, ns).status(cl.job_name(sc, 0)).get("restartCount")
+    res.notes.append(f"recovery: {gone} old pods gone or failed, {res.pods_replaced} new pods created, "
+                     f"{res.restarts} restart(s)")
+    if op.key in cl.UNIQUE_POD_NAMES:
+        res.notes.append("kwok's duplicate deletes by name not counted: no pod name is reused")
     else:
-        res.restarts = len(before & watch.deleted)
+        note_kwok_deletes(res, ns)
+
+
+def restart_count(admin: client.ApiClient, operator: str, sc: cl.Scenario, ns: str, deleted: int) -> int | None:
+    """kubetrain: the TrainingJob's status.restartCount; Trainer v2: the JobSet's status.restarts;
+    Kubeflow v1: the old pods it deleted (to re-create them)."""
+    if operator == cl.KUBETRAIN:
+        return TrainingJobs(admin, ns).status(cl.job_name(sc, 0)).get("restartCount")
+    if operator == cl.TRAINER_V2:
+        jobset = client.CustomObjectsApi(admin).get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", ns, "jobsets", cl.job_name(sc, 0))
+        return (jobset.get("status") or {}).get("restarts", 0)
+    return deleted
+
+
+def note_kwok_deletes(res: cl.RunResult, ns: str) -> None:
     kwok_log = Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "logs" / "kwok.log"
     with open(kwok_log, errors="replace") as f, open(audit_log(), "rb") as a:
         res.kwok_duplicate_deletes = cl.unrequested_deletes(f, ns, cl.delete_requests(a, ns))
-    res.notes.append(f"recovery: {gone} old pods gone or failed, {res.pods_replaced} new pods created, "
-                     f"{res.restarts} restart(s)")
     if res.kwok_duplicate_deletes:
         res.notes.append(f"kwok deleted {res.kwok_duplicate_deletes} pod(s) nobody asked to delete: re-created "
                          "workers (its pod-delete stage fired twice for the old pod and deletes by name)")
@@ -679,14 +989,19 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"{cl.QUICK_NODES} nodes and small scenarios (smoke test)")
     p.add_argument("--scenarios", help="comma-separated subset of scenario names")
-    p.add_argument("--operators", default=f"{cl.KUBETRAIN},{cl.KUBEFLOW},{cl.CREATOR}",
-                   help=f"comma-separated, run in this order ({cl.CREATOR}: bench/min_creator.py)")
+    p.add_argument("--operators", default=",".join(cl.OPERATORS),
+                   help=f"comma-separated, run in this order ({cl.KUBEFLOW_TUNED}: Kubeflow v1 with "
+                        f"--kubeflow-tuned-args; {cl.TRAINER_V2}: Kubeflow Trainer v2 on JobSet; "
+                        f"{cl.CREATOR}: bench/min_creator.py)")
     p.add_argument("--timeout", type=float, default=1200, help="per milestone, seconds")
     p.add_argument("--keep-cluster", action="store_true", help="leave the private cluster running")
     p.add_argument("--json", type=Path, help="write all results here")
     p.add_argument("--kubeflow-args", default="",
-                   help="extra flags for Kubeflow's manager, e.g. '--kube-api-qps=500 --kube-api-burst=1000' "
+                   help=f"extra flags for Kubeflow's manager in the '{cl.KUBEFLOW}' configuration "
                         "(default: none, as its manifests run it)")
+    p.add_argument("--kubeflow-tuned-args", default=cl.KUBEFLOW_TUNED_ARGS,
+                   help=f"extra flags for Kubeflow's manager in the '{cl.KUBEFLOW_TUNED}' configuration "
+                        "(default: %(default)s)")
     p.add_argument("--creator-args", default="",
                    help="extra flags for bench/min_creator.py, e.g. '--client aiohttp --concurrency 16'")
     p.add_argument("--cluster-dir", default=os.environ.get("KUBETRAIN_BENCH_CLUSTER_DIR",
@@ -696,30 +1011,49 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def install_operators(admin: client.ApiClient, args: argparse.Namespace, operators: list[str],
-                      kubeflow: tuple[Path, Path, str] | None) -> dict[str, Operator]:
+@dataclass(frozen=True)
+class Builds:
+    """The peers built from their Go modules (None: not among --operators)."""
+
+    kubeflow: GoBuild | None = None
+    trainer: GoBuild | None = None
+    jobset: GoBuild | None = None
+
+    @classmethod
+    def needed(cls, operators: list[str]) -> Builds:
+        """Only what the chosen configurations run: the Go builds happen here, never in CI's tests."""
+        trainer = cl.TRAINER_V2 in operators
+        return cls(kubeflow=go_build("kubeflow/build.sh") if set(KUBEFLOW_KEYS) & set(operators) else None,
+                   trainer=go_build("trainer-v2/build.sh") if trainer else None,
+                   jobset=go_build("trainer-v2/build.sh", "--jobset") if trainer else None)
+
+
+def install_operators(admin: client.ApiClient, args: argparse.Namespace, operators: list[str], builds: Builds
+                      ) -> dict[str, Operator]:
     """Each operator's CRDs and RBAC, and the identity (kubeconfig) it runs as."""
     core = client.CoreV1Api(admin)
     ops: dict[str, Operator] = {}
     if cl.KUBETRAIN in operators:
         ops[cl.KUBETRAIN] = Operator(cl.KUBETRAIN, install_kubetrain(admin, core))
-    if kubeflow is not None:
-        binary, moddir, _ = kubeflow
-        ops[cl.KUBEFLOW] = Operator(cl.KUBEFLOW, install_kubeflow(admin, core, moddir), binary=binary,
-                                    extra_args=shlex.split(args.kubeflow_args))
+    if builds.kubeflow is not None:
+        kubeconfig = install_kubeflow(admin, core, builds.kubeflow.moddir)
+        for key, extra in ((cl.KUBEFLOW, args.kubeflow_args), (cl.KUBEFLOW_TUNED, args.kubeflow_tuned_args)):
+            ops[key] = Operator(key, kubeconfig, binary=builds.kubeflow.binary, extra_args=shlex.split(extra))
+    if builds.trainer is not None and builds.jobset is not None:
+        ops[cl.TRAINER_V2] = install_trainer_v2(admin, core, builds.trainer, builds.jobset)
     if cl.CREATOR in operators:
         ops[cl.CREATOR] = Creator(cl.CREATOR, install_creator(admin, core), extra_args=shlex.split(args.creator_args))
     return ops
 
 
 def run_all(args: argparse.Namespace, scenarios: list[cl.Scenario], operators: list[str], nodes: int,
-            kubeflow: tuple[Path, Path, str] | None) -> list[cl.RunResult]:
+            builds: Builds) -> list[cl.RunResult]:
     """Every scenario with every operator on a private cluster, stopped at the end (unless --keep-cluster)."""
     start_cluster(nodes)
     results: list[cl.RunResult] = []
     try:
         admin = new_admin_client()
-        ops = install_operators(admin, args, operators, kubeflow)
+        ops = install_operators(admin, args, operators, builds)
         for sc in scenarios:
             say(f"scenario {sc.name}: {sc.describe()} on {nodes} nodes x 8 GPUs")
             for key in operators:
@@ -758,21 +1092,24 @@ def main() -> int:
     operators = args.operators.split(",")
     nodes = cl.QUICK_NODES if args.quick else cl.FULL_NODES
     use_private_cluster(args)
-
-    kubeflow = kubeflow_binary() if cl.KUBEFLOW in operators else None
-    kf_version = "-" if kubeflow is None else kubeflow[2]
-    if kubeflow is not None:
-        cl.OPERATOR_TITLES[cl.KUBEFLOW] = f"Kubeflow {kf_version}"
-        if args.kubeflow_args:
-            kf_version += f" ({args.kubeflow_args})"
+    cl.configurations(operators)  # an unknown name fails before anything is built or started
+    builds = Builds.needed(operators)
+    configs = cl.configurations(
+        operators, kubeflow_version=builds.kubeflow.version if builds.kubeflow else "?",
+        kubeflow_args=args.kubeflow_args, tuned_args=args.kubeflow_tuned_args, creator_args=args.creator_args,
+        trainer_version=builds.trainer.version if builds.trainer else "?",
+        jobset_version=builds.jobset.version if builds.jobset else "?")
+    cl.OPERATOR_TITLES.update({key: c["title"] for key, c in configs.items()})
     say(f"machine: {machine()}; load average {cl.load_str(os.getloadavg())}")
-    results = run_all(args, scenarios, operators, nodes, kubeflow)
-    creator = f" and the minimal creator ({args.creator_args or 'defaults'})" if cl.CREATOR in operators else ""
-    title = (f"kubetrain {git_rev()} vs Kubeflow Training Operator {kf_version}{creator}; Kubernetes "
-             f"{pinned_kubernetes_version()} (hack/), {nodes} kwok nodes x 8 nvidia.com/gpu; {machine()}")
+    results = run_all(args, scenarios, operators, nodes, builds)
+    peers = "; ".join(c["describe"] for key, c in configs.items() if key != cl.KUBETRAIN)
+    who = f"kubetrain {git_rev()} vs {peers}" if cl.KUBETRAIN in configs else f"{peers} (kubetrain {git_rev()}'s bench)"
+    title = (f"{who}; Kubernetes {pinned_kubernetes_version()} (hack/), {nodes} kwok nodes x 8 nvidia.com/gpu; "
+             f"{machine()}")
     report(title, scenarios, results)
     if args.json:
-        args.json.write_text(json.dumps({"title": title, "results": [r.to_json() for r in results]}, indent=1))
+        args.json.write_text(json.dumps({"title": title, "configurations": configs,
+                                         "results": [r.to_json() for r in results]}, indent=1))
     return 0
 
 

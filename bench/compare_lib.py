@@ -5,19 +5,42 @@ Nothing here talks to a cluster or reads a clock, so tests/unit/test_bench_compa
 
 from __future__ import annotations
 
+import base64
+import copy
 import json
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
 KUBETRAIN = "kubetrain"
 KUBEFLOW = "kubeflow"
+KUBEFLOW_TUNED = "kubeflow-tuned"
+"""Kubeflow v1 again, with a higher client rate limit (KUBEFLOW_TUNED_ARGS)."""
+TRAINER_V2 = "trainer-v2"
+"""Kubeflow Trainer v2: its controller manager (TrainJob -> JobSet) and JobSet's (JobSet -> Jobs);
+kube-controller-manager's Job controller creates the pods."""
 CREATOR = "creator"
 """bench/min_creator.py: no controller, only kubetrain's pods and Services created as fast as it can."""
-OPERATOR_TITLES = {KUBETRAIN: "kubetrain", KUBEFLOW: "Kubeflow v1", CREATOR: "minimal creator"}
+OPERATORS = (KUBETRAIN, KUBEFLOW, KUBEFLOW_TUNED, TRAINER_V2, CREATOR)
+"""Every configuration compare.py knows, in the order it runs them (and the table's columns)."""
+OPERATOR_TITLES = {KUBETRAIN: "kubetrain", KUBEFLOW: "Kubeflow v1", KUBEFLOW_TUNED: "Kubeflow v1 tuned",
+                   TRAINER_V2: "Trainer v2", CREATOR: "minimal creator"}
+KUBEFLOW_TUNED_ARGS = "--kube-api-qps=500 --kube-api-burst=1000"
+"""Its client's defaults are 20 QPS / burst 30 (cmd/training-operator.v1 flags)."""
+GANG_RESTART = frozenset({KUBETRAIN, TRAINER_V2})
+"""Recover by replacing every pod (kubetrain: gang restart; Trainer v2: JobSet failurePolicy, Recreate);
+the others re-create only the failed pod."""
+UNIQUE_POD_NAMES = frozenset({TRAINER_V2})
+"""Operators whose pods never reuse a name (the Job controller adds a random suffix): kwok's duplicate
+deletes by name (unrequested_deletes) can only hit the pod they already deleted, so they are not counted."""
+JOB_RESOURCES = {KUBETRAIN: ("kubetrain.io", "v1alpha1", "trainingjobs"),
+                 KUBEFLOW: ("kubeflow.org", "v1", "pytorchjobs"),
+                 KUBEFLOW_TUNED: ("kubeflow.org", "v1", "pytorchjobs"),
+                 TRAINER_V2: ("trainer.kubeflow.org", "v1alpha1", "trainjobs")}
+"""(group, version, plural) of the job object each operator is given."""
 NO_CONTROLLER = "n/a: no controller"
 """What the creator's column says for a recovery scenario: nothing would replace the failed pod."""
 
@@ -108,17 +131,163 @@ def pytorchjob(name: str, namespace: str, workers: int, gpus: int, *, restart_po
             "metadata": {"name": name, "namespace": namespace}, "spec": {"pytorchReplicaSpecs": replicas}}
 
 
+TORCH_RUNTIME = "torch-distributed"
+"""Trainer v2's ClusterTrainingRuntime for torch (manifests/base/runtimes/torch_distributed.yaml)."""
+TORCH_RESTART_RUNTIME = "torch-distributed-restart"
+"""The same, plus JobSet's failurePolicy: what the recovery scenarios' TrainJobs run on."""
+JOBSET_MAX_RESTARTS = 3
+TRAINER_NODE = "node"
+"""The upstream runtime's replicated job and container name (constants.Node: the trainer's node)."""
+
+
+def trainjob(name: str, namespace: str, workers: int, gpus: int, runtime: str = TORCH_RUNTIME) -> dict[str, Any]:
+    """A Kubeflow Trainer v2 TrainJob: ``workers`` nodes of ``gpus`` GPUs each (resourcesPerNode limits)."""
+    trainer: dict[str, Any] = {"numNodes": workers}
+    if gpus:
+        trainer["resourcesPerNode"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
+                                    "name": runtime},
+                     "trainer": trainer}}
+
+
+def training_runtimes(upstream: dict[str, Any]) -> list[dict[str, Any]]:
+    """The upstream torch-distributed ClusterTrainingRuntime with the bench's image, and a copy for
+    recovery: JobSet restarts every Job (failurePolicy, restartStrategy Recreate by default) when one
+    fails, and a Job fails on its first failed pod (backoffLimit 0; the Job default, 6, would have
+    kube-controller-manager re-create only the failed pod, JobSet never seeing a failure)."""
+    plain = copy.deepcopy(upstream)
+    plain["metadata"] = {k: v for k, v in plain["metadata"].items() if k in ("name", "labels")}
+    for rjob in plain["spec"]["template"]["spec"]["replicatedJobs"]:
+        for container in rjob["template"]["spec"]["template"]["spec"]["containers"]:
+            if container["name"] == TRAINER_NODE:
+                container["image"] = TRAINER_IMAGE
+    restart = copy.deepcopy(plain)
+    restart["metadata"]["name"] = TORCH_RESTART_RUNTIME
+    jobset = restart["spec"]["template"]["spec"]
+    jobset["failurePolicy"] = {"maxRestarts": JOBSET_MAX_RESTARTS}
+    for rjob in jobset["replicatedJobs"]:
+        rjob["template"]["spec"]["backoffLimit"] = 0
+    return [plain, restart]
+
+
 def job_manifest(operator: str, scenario: Scenario, namespace: str, i: int) -> dict[str, Any]:
     name = job_name(scenario, i)
     if operator == KUBETRAIN:
         return trainingjob(name, namespace, scenario.workers, scenario.gpus, fast_restart=scenario.fail_one)
+    if operator == TRAINER_V2:
+        return trainjob(name, namespace, scenario.workers, scenario.gpus,
+                        TORCH_RESTART_RUNTIME if scenario.fail_one else TORCH_RUNTIME)
     return pytorchjob(name, namespace, scenario.workers, scenario.gpus,
                       restart_policy="ExitCode" if scenario.fail_one else None)
 
 
+def victim_index(scenario: Scenario) -> int:
+    """The index of the worker the recovery scenario fails (kubetrain's worker-N, Kubeflow's Worker
+    replica N, Trainer v2's completion index N)."""
+    return min(5, scenario.workers - 2)
+
+
 def victim_pod(scenario: Scenario) -> str:
-    """The worker the recovery scenario fails: the same pod name under both operators."""
-    return f"{job_name(scenario, 0)}-worker-{min(5, scenario.workers - 2)}"
+    """The victim's pod name under kubetrain and Kubeflow v1: the same name under both."""
+    return f"{job_name(scenario, 0)}-worker-{victim_index(scenario)}"
+
+
+def find_victim(operator: str, scenario: Scenario, names: Iterable[str]) -> str | None:
+    """The victim among the current pod ``names``. Trainer v2's pods are named by kube-controller-manager's
+    Job controller: <JobSet>-<replicated job>-<job index>-<completion index>-<random suffix>."""
+    if operator != TRAINER_V2:
+        name = victim_pod(scenario)
+        return name if name in names else None
+    prefix = f"{job_name(scenario, 0)}-{TRAINER_NODE}-0-{victim_index(scenario)}-"
+    return next((n for n in sorted(names) if n.startswith(prefix) and "-" not in n[len(prefix):]), None)
+
+
+# --------------------------------------------------------------------------- Trainer v2 and JobSet installs
+
+CLUSTER_SCOPED = frozenset({"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Namespace",
+                            "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"})
+
+
+def kustomize(doc: dict[str, Any], namespace: str, prefix: str = "") -> dict[str, Any]:
+    """What a kustomization's ``namespace:`` and ``namePrefix:`` do to one of its resources: the
+    namespace on namespaced objects and on ServiceAccount subjects, the prefix on every name and on
+    the names that refer to the kustomization's own RBAC objects and ServiceAccounts."""
+    out = copy.deepcopy(doc)
+    meta = out["metadata"]
+    if out["kind"] != "CustomResourceDefinition":
+        meta["name"] = prefix + meta["name"]
+    if out["kind"] not in CLUSTER_SCOPED:
+        meta["namespace"] = namespace
+    if "roleRef" in out and out["roleRef"]["kind"] in ("Role", "ClusterRole"):
+        out["roleRef"]["name"] = prefix + out["roleRef"]["name"]
+    for subject in out.get("subjects") or []:
+        if subject["kind"] == "ServiceAccount":
+            subject["name"] = prefix + subject["name"]
+            subject["namespace"] = namespace
+    return out
+
+
+def json_patch(doc: dict[str, Any], ops: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902 ``add`` and ``replace`` (all that the upstream webhook patches use) on a copy of ``doc``."""
+    out = copy.deepcopy(doc)
+    for op in ops:
+        if op["op"] not in ("add", "replace"):
+            raise ValueError(f"unsupported patch op: {op}")
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].lstrip("/").split("/")]
+        node: Any = out
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if isinstance(node, list):
+            if op["op"] == "add" and last == "-":
+                node.append(op["value"])
+            elif op["op"] == "add":
+                node.insert(int(last), op["value"])
+            else:
+                node[int(last)] = op["value"]
+        else:
+            node[last] = op["value"]
+    return out
+
+
+def webhooks_to_url(doc: dict[str, Any], port: int, ca_pem: bytes) -> dict[str, Any]:
+    """A webhook configuration whose webhooks call ``https://127.0.0.1:<port><path>`` (a local process,
+    no Service), trusting ``ca_pem``, instead of the Service the manifests name."""
+    out = copy.deepcopy(doc)
+    ca = base64.b64encode(ca_pem).decode()
+    for hook in out["webhooks"]:
+        path = hook["clientConfig"]["service"].get("path", "/")
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
+    return out
+
+
+def trainer_config(upstream: dict[str, Any], *, health: int, metrics: int, webhook: int, namespace: str
+                   ) -> dict[str, Any]:
+    """Trainer v2's controller_manager_config.yaml as its Deployment mounts it, but for a local process:
+    listen on loopback ports, its webhook certificate provided (certManagement off: the rotator would
+    issue one for the Service's DNS name), the leader-election Lease in its namespace (in a pod
+    controller-runtime reads that from the ServiceAccount mount). Everything else as shipped."""
+    cfg = copy.deepcopy(upstream)
+    cfg["health"]["healthProbeBindAddress"] = f"127.0.0.1:{health}"
+    cfg["metrics"]["bindAddress"] = f"127.0.0.1:{metrics}"
+    cfg["webhook"] = {**cfg.get("webhook", {}), "port": webhook, "host": "127.0.0.1"}
+    cfg["certManagement"] = {**cfg.get("certManagement", {}), "enable": False}
+    cfg["leaderElection"] = {**cfg.get("leaderElection", {}), "resourceNamespace": namespace}
+    return cfg
+
+
+def jobset_config(upstream: dict[str, Any], *, health: int, metrics: int, webhook: int, namespace: str,
+                  cert_dir: str) -> dict[str, Any]:
+    """JobSet's controller_manager_config.yaml the same way (internalCertManagement off; the webhook and
+    the metrics server read tls.crt/tls.key from ``cert_dir``)."""
+    cfg = copy.deepcopy(upstream)
+    cfg["health"] = {**cfg.get("health", {}), "healthProbeBindAddress": f"127.0.0.1:{health}"}
+    cfg["metrics"] = {**cfg.get("metrics", {}), "bindAddress": f"127.0.0.1:{metrics}", "certDir": cert_dir}
+    cfg["webhook"] = {**cfg.get("webhook", {}), "port": webhook, "host": "127.0.0.1", "certDir": cert_dir}
+    cfg["internalCertManagement"] = {**cfg.get("internalCertManagement", {}), "enable": False}
+    cfg["leaderElection"] = {**cfg.get("leaderElection", {}), "resourceNamespace": namespace}
+    return cfg
 
 
 # --------------------------------------------------------------------------- /proc
@@ -279,6 +448,35 @@ def metric_sum(text: str, name: str) -> float | None:
     return total if found else None
 
 
+# --------------------------------------------------------------------------- configurations
+
+
+def configurations(operators: Sequence[str], *, kubeflow_version: str = "?", kubeflow_args: str = "",
+                   tuned_args: str = KUBEFLOW_TUNED_ARGS, trainer_version: str = "?", jobset_version: str = "?",
+                   creator_args: str = "") -> dict[str, dict[str, str]]:
+    """What each configuration in ``operators`` is: its column title, a description for the table's
+    title line and the JSON, and the extra flags it runs with."""
+    out: dict[str, dict[str, str]] = {}
+    for op in operators:
+        if op == KUBETRAIN:
+            out[op] = {"title": "kubetrain", "describe": "kubetrain (the chart's defaults)", "args": ""}
+        elif op == KUBEFLOW:
+            out[op] = {"title": f"Kubeflow {kubeflow_version}", "args": kubeflow_args,
+                       "describe": f"Kubeflow Training Operator {kubeflow_version} ({kubeflow_args or 'defaults'})"}
+        elif op == KUBEFLOW_TUNED:
+            out[op] = {"title": f"Kubeflow {kubeflow_version} tuned", "args": tuned_args,
+                       "describe": f"Kubeflow Training Operator {kubeflow_version} tuned ({tuned_args})"}
+        elif op == TRAINER_V2:
+            out[op] = {"title": f"Trainer {trainer_version}", "args": "",
+                       "describe": f"Kubeflow Trainer {trainer_version} on JobSet {jobset_version} (defaults)"}
+        elif op == CREATOR:
+            out[op] = {"title": OPERATOR_TITLES[CREATOR], "args": creator_args,
+                       "describe": f"the minimal creator ({creator_args or 'defaults'})"}
+        else:
+            raise ValueError(f"unknown operator {op!r}: one of {', '.join(OPERATORS)}")
+    return out
+
+
 # --------------------------------------------------------------------------- results and table
 
 
@@ -309,6 +507,12 @@ class RunResult:
     """Requests the operator's identity sent from apply to the end of the measurement (audit log)."""
     api_requests_total: int | None = None
     api_by_verb: dict[str, int] = field(default_factory=dict)
+    helper_api_requests: int | None = None
+    """Trainer v2: requests of kube-controller-manager's Job controller in the same window. It creates
+    the pods of JobSet's Jobs; they are not in ``api_requests`` (not the operator's identity)."""
+    processes: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per process (Trainer v2 runs two: trainer and jobset): cpu_s, peak_rss_mb. The operator's
+    CPU is their sum, its peak RSS the sum of their peaks."""
     reconcile_errors: float | None = None
     reconciles: float | None = None
     """Reconcile calls from the operator's own metrics, over its whole run."""
@@ -329,7 +533,7 @@ class Row:
     attr: str
     digits: int
     ratio: bool = True
-    """Lower is better: the ratio column is Kubeflow / kubetrain."""
+    """Lower is better: a ratio column per peer, peer / kubetrain."""
 
 
 ROWS = (
@@ -338,11 +542,12 @@ ROWS = (
     Row("recovery: failed -> all Running (s)", "recovery_s", 1),
     Row("operator's last API request (s)", "last_request_s", 1),
     Row("pods created on recovery", "pods_replaced", 0, ratio=False),
-    Row("restarts (kubetrain: gang, Kubeflow: pod)", "restarts", 0, ratio=False),
+    Row("restarts (kubetrain, Trainer v2: gang; Kubeflow: pod)", "restarts", 0, ratio=False),
     Row("pods kwok deleted unasked (by name)", "kwok_duplicate_deletes", 0, ratio=False),
     Row("operator CPU (s)", "cpu_s", 1),
     Row("operator peak RSS (MB)", "peak_rss_mb", 0),
     Row("API requests", "api_requests", 0),
+    Row("API requests of the Job controller (kube-controller-manager)", "helper_api_requests", 0, ratio=False),
     Row("reconciles (operator metrics)", "reconciles", 0),
     Row("reconcile errors", "reconcile_errors", 0, ratio=False),
 )
@@ -370,51 +575,88 @@ def load_str(load: tuple[float, float, float] | None) -> str:
 
 
 def table(scenarios: Sequence[Scenario], results: Sequence[RunResult], *, ours: str = KUBETRAIN,
-          baseline: str = KUBEFLOW, reference: str = CREATOR) -> str:
-    """The markdown table: one block of rows per scenario, both operators side by side and the ratio;
-    with results of ``reference`` (the minimal creator) also its column, and a row with each one's
-    time to all pods created as a multiple of the creator's."""
+          reference: str = CREATOR) -> str:
+    """The markdown table: one block of rows per scenario, one column per configuration that has results
+    (in OPERATORS order), each peer's followed by its ratio to ``ours`` (when ``ours`` ran); with results
+    of ``reference`` (the minimal creator) also its column, and a row with each one's time to all pods
+    created as a multiple of the creator's."""
+    present = {r.operator for r in results}
+    order = [o for o in OPERATORS if o in present] + sorted(present - set(OPERATORS))
+    cols = Columns(ours if ours in present else None, [o for o in order if o not in (ours, reference)],
+                   reference if reference in present else None)
     by = {(r.scenario, r.operator): r for r in results}
-    with_ref = any(r.operator == reference for r in results)
-    title_o, title_b = OPERATOR_TITLES.get(ours, ours), OPERATOR_TITLES.get(baseline, baseline)
-    lines = [f"| scenario | metric | {title_o} | {title_b} | {title_b} / {title_o} |",
-             "|---|---|---:|---:|---:|"]
-    if with_ref:
-        lines = [lines[0] + f" {OPERATOR_TITLES.get(reference, reference)} |", lines[1] + "---:|"]
+    lines = ["| scenario | metric | " + " | ".join(cols.titles()) + " |",
+             "|---|---|" + "---:|" * len(cols.titles())]
     for sc in scenarios:
-        a, b, c = by.get((sc.name, ours)), by.get((sc.name, baseline)), by.get((sc.name, reference))
-        if a is None and b is None and c is None:
-            continue
-        lines.extend(_block(sc, a, b, c if with_ref else None, with_ref))
+        runs = {o: by.get((sc.name, o)) for o in order}
+        if any(runs.values()):
+            lines.extend(_block(sc, runs, cols))
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Columns:
+    ours: str | None
+    peers: list[str]
+    reference: str | None
+
+    def titles(self) -> list[str]:
+        t = OPERATOR_TITLES.get
+        out = [t(self.ours, self.ours)] if self.ours else []
+        for peer in self.peers:
+            out.append(t(peer, peer))
+            if self.ours:
+                out.append(f"{t(peer, peer)} / {t(self.ours, self.ours)}")
+        return out + ([t(self.reference, self.reference)] if self.reference else [])
+
+    def cells(self, value: Callable[[str], str], ratio_cell: Callable[[str], str]) -> list[str]:
+        """``value(operator)`` for each column's operator, ``ratio_cell(peer)`` in the ratio columns."""
+        out = [value(self.ours)] if self.ours else []
+        for peer in self.peers:
+            out.append(value(peer))
+            if self.ours:
+                out.append(ratio_cell(peer))
+        return out + ([value(self.reference)] if self.reference else [])
+
+
 RECOVERY_ATTRS = ("recovery_s", "pods_replaced", "restarts", "kwok_duplicate_deletes")
+OPTIONAL_ATTRS = (*RECOVERY_ATTRS, "helper_api_requests")
+"""Rows left out of a scenario's block where no configuration has a value."""
 
 
-def _block(sc: Scenario, a: RunResult | None, b: RunResult | None, c: RunResult | None, with_ref: bool
-           ) -> list[str]:
-    """One scenario's rows. ``c``: the reference (creator) run, shown in a last column when ``with_ref``."""
+def _block(sc: Scenario, runs: dict[str, RunResult | None], cols: Columns) -> list[str]:
+    """One scenario's rows. A skipped run (the creator's NO_CONTROLLER) says why in the block's first
+    row and "n/a" below."""
     lines: list[str] = []
 
     def add(title: str, cells: Sequence[str]) -> None:
         label = f"**{sc.name}** ({sc.describe()})" if not lines else ""
-        lines.append(f"| {label} | {title} | " + " | ".join(cells if with_ref else cells[:3]) + " |")
+        lines.append(f"| {label} | {title} | " + " | ".join(cells) + " |")
 
-    def ref_cell(text: str) -> str:
-        """The creator's cell: ``text``, or why it did not run (said in full in the block's first row)."""
-        if c is not None and c.skipped:
-            return c.skipped if not lines else "n/a"
+    def cell(op: str, text: str) -> str:
+        r = runs.get(op)
+        if r is not None and r.skipped:
+            return r.skipped if not lines else "n/a"
         return text
 
+    def get(op: str | None, attr: str) -> Any:
+        r = runs.get(op) if op else None
+        return getattr(r, attr) if r else None
+
+    def value(row: Row) -> Callable[[str], str]:
+        return lambda op: cell(op, fmt(get(op, row.attr), row.digits))
+
+    def versus_ours(row: Row) -> Callable[[str], str]:
+        return lambda peer: ratio(get(peer, row.attr), get(cols.ours, row.attr)) if row.ratio else ""
+
     for row in ROWS:
-        va, vb, vc = (getattr(r, row.attr) if r else None for r in (a, b, c))
-        if va is None and vb is None and vc is None and row.attr in RECOVERY_ATTRS:
+        if row.attr in OPTIONAL_ATTRS and all(get(o, row.attr) is None for o in runs):
             continue
-        add(row.title, [fmt(va, row.digits), fmt(vb, row.digits), ratio(vb, va) if row.ratio else "",
-                        ref_cell(fmt(vc, row.digits))])
-        if row.attr == "pods_created_s" and with_ref:
-            add("all pods created, × creator's time", [ratio(va, vc), ratio(vb, vc), "", ref_cell(ratio(vc, vc))])
-    la, lb, lc = (load_str(r.load_before if r else None) for r in (a, b, c))
-    add("load average at start (1/5/15 min)", [la, lb, "", ref_cell(lc)])
+        add(row.title, cols.cells(value(row), versus_ours(row)))
+        if row.attr == "pods_created_s" and cols.reference:
+            add("all pods created, × creator's time",
+                cols.cells(lambda o: cell(o, ratio(get(o, "pods_created_s"), get(cols.reference, "pods_created_s"))),
+                           lambda p: ""))
+    add("load average at start (1/5/15 min)",
+        cols.cells(lambda o: cell(o, load_str(get(o, "load_before"))), lambda p: ""))
     return lines

@@ -202,3 +202,186 @@ def test_unrequested_deletes_counts_kwok_deletes_nobody_asked_for():
                          "gang-worker-3": [t("2026-11-22T15:03:36.700Z")]}
     assert cl.unrequested_deletes(lines, "ns", requested) == 1
     assert cl.unrequested_deletes(lines, "other", {}) == 1
+
+
+# --------------------------------------------------------------------------- Kubeflow Trainer v2, Kubeflow v1 tuned
+
+UPSTREAM_TORCH_RUNTIME = {  # manifests/base/runtimes/torch_distributed.yaml (trainer v2.3.0), abridged
+    "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+    "metadata": {"name": "torch-distributed", "labels": {"trainer.kubeflow.org/framework": "torch"}},
+    "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {"replicatedJobs": [
+        {"name": "node", "template": {
+            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "node", "image": "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"}]}}}}}]}}}}
+
+
+def test_trainjob_manifests_ask_for_the_same_pods_as_the_others():
+    rec = cl.Scenario("rec", 1, 16, 8, fail_one=True)
+    tj = cl.job_manifest(cl.TRAINER_V2, rec, "ns", 0)
+    assert (tj["apiVersion"], tj["kind"], tj["metadata"]) == (
+        "trainer.kubeflow.org/v1alpha1", "TrainJob", {"name": "gang", "namespace": "ns"})
+    assert tj["spec"]["trainer"] == {"numNodes": 16, "resourcesPerNode": {"limits": {"nvidia.com/gpu": "8"}}}
+    assert tj["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
+                                        "name": cl.TORCH_RESTART_RUNTIME}  # recovery: the JobSet failurePolicy
+    plain = cl.job_manifest(cl.TRAINER_V2, cl.Scenario("many", 3, 2, 0), "ns", 2)
+    assert plain["metadata"]["name"] == "job-0002"
+    assert plain["spec"]["runtimeRef"]["name"] == cl.TORCH_RUNTIME == UPSTREAM_TORCH_RUNTIME["metadata"]["name"]
+    assert plain["spec"]["trainer"] == {"numNodes": 2}  # no GPU: no resources
+    tuned = cl.job_manifest(cl.KUBEFLOW_TUNED, rec, "ns", 0)
+    assert tuned == cl.job_manifest(cl.KUBEFLOW, rec, "ns", 0)  # the same PyTorchJob, only the flags differ
+    assert set(cl.JOB_RESOURCES) == set(cl.OPERATORS) - {cl.CREATOR}
+    assert cl.JOB_RESOURCES[cl.TRAINER_V2] == ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+
+
+def test_training_runtimes_swap_the_image_and_add_a_restarting_copy():
+    upstream = json.loads(json.dumps(UPSTREAM_TORCH_RUNTIME))
+    plain, restart = cl.training_runtimes(upstream)
+    assert upstream == UPSTREAM_TORCH_RUNTIME  # not modified in place
+
+    def container(rt):
+        return rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+            "containers"][0]
+
+    assert container(plain) == {"name": "node", "image": cl.TRAINER_IMAGE}
+    assert plain["metadata"] == UPSTREAM_TORCH_RUNTIME["metadata"]
+    assert plain["spec"]["mlPolicy"] == {"numNodes": 1, "torch": {}}
+    assert "failurePolicy" not in plain["spec"]["template"]["spec"]
+    assert restart["metadata"]["name"] == cl.TORCH_RESTART_RUNTIME
+    assert restart["spec"]["template"]["spec"]["failurePolicy"] == {"maxRestarts": cl.JOBSET_MAX_RESTARTS}
+    assert restart["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"] == 0
+    assert container(restart) == container(plain)
+
+
+def test_find_victim_matches_the_same_worker_index_under_every_operator():
+    sc = cl.Scenario("rec", 1, 128, 8, fail_one=True)
+    assert cl.victim_index(sc) == 5 and cl.victim_index(cl.Scenario("small", 1, 4, 8, fail_one=True)) == 2
+    names = {"gang-node-0-50-abcde", "gang-node-0-5-x7k2p", "gang-node-0-4-qqqqq", "gang-worker-5"}
+    assert cl.find_victim(cl.TRAINER_V2, sc, names) == "gang-node-0-5-x7k2p"
+    assert cl.find_victim(cl.TRAINER_V2, sc, {"gang-node-0-50-abcde"}) is None
+    assert cl.find_victim(cl.KUBETRAIN, sc, names) == "gang-worker-5"
+    assert cl.find_victim(cl.KUBEFLOW_TUNED, sc, {"gang-master-0"}) is None
+    assert sorted(cl.GANG_RESTART) == [cl.KUBETRAIN, cl.TRAINER_V2]
+
+
+def test_kustomize_sets_namespace_and_name_prefix_like_jobset_config_default():
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "controller-manager", "namespace": "system"}}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "leader"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "leader-election-role"},
+               "subjects": [{"kind": "ServiceAccount", "name": "controller-manager", "namespace": "system"},
+                            {"kind": "Group", "name": "system:authenticated"}]}
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "manager-role"}}
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": "jobsets.jobset.x-k8s.io"}}
+    assert cl.kustomize(sa, "jobset-system", "jobset-")["metadata"] == {
+        "name": "jobset-controller-manager", "namespace": "jobset-system"}
+    b = cl.kustomize(binding, "jobset-system", "jobset-")
+    assert b["metadata"] == {"name": "jobset-leader", "namespace": "jobset-system"}
+    assert b["roleRef"]["name"] == "jobset-leader-election-role"
+    assert b["subjects"] == [{"kind": "ServiceAccount", "name": "jobset-controller-manager", "namespace": "jobset-system"},
+                             {"kind": "Group", "name": "system:authenticated"}]
+    assert cl.kustomize(role, "jobset-system", "jobset-")["metadata"] == {"name": "jobset-manager-role"}
+    assert cl.kustomize(crd, "jobset-system", "jobset-")["metadata"] == crd["metadata"]
+    # Trainer's base/rbac: a namespace, no prefix; a subject without a namespace gets it
+    trainer = cl.kustomize({**binding, "subjects": [{"kind": "ServiceAccount", "name": "kubeflow-trainer"}]}, "kf")
+    assert trainer["subjects"] == [{"kind": "ServiceAccount", "name": "kubeflow-trainer", "namespace": "kf"}]
+    assert trainer["roleRef"]["name"] == "leader-election-role"
+    assert binding["metadata"] == {"name": "leader"}  # inputs untouched
+
+
+def test_json_patch_applies_the_upstream_webhook_patches():
+    hook = {"name": "a", "clientConfig": {"service": {"name": "webhook-service", "path": "/validate"}}}
+    doc = {"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "validating-webhook-configuration"},
+           "webhooks": [hook, {**hook, "name": "b"}]}
+    out = cl.json_patch(doc, [
+        {"op": "replace", "path": "/webhooks/0/clientConfig/service/name", "value": "svc"},
+        {"op": "replace", "path": "/metadata/name", "value": "validator.trainer.kubeflow.org"},
+        {"op": "add", "path": "/webhooks/1/objectSelector", "value": {"matchLabels": {"x": "y"}}},
+        {"op": "replace", "path": "/webhooks/1", "value": {"name": "c"}},
+        {"op": "add", "path": "/webhooks/-", "value": {"name": "d"}},
+        {"op": "add", "path": "/metadata/annotations", "value": {"a~b/c": "1"}},
+        {"op": "add", "path": "/metadata/annotations/a~1b~0", "value": "2"},
+    ])
+    assert out["metadata"] == {"name": "validator.trainer.kubeflow.org", "annotations": {"a~b/c": "1", "a/b~": "2"}}
+    assert [h["name"] for h in out["webhooks"]] == ["a", "c", "d"]
+    assert out["webhooks"][0]["clientConfig"]["service"]["name"] == "svc"
+    assert doc["webhooks"][0]["clientConfig"]["service"]["name"] == "webhook-service"
+    with pytest.raises(ValueError, match="unsupported"):
+        cl.json_patch(doc, [{"op": "remove", "path": "/webhooks/0"}])
+
+
+def test_webhooks_call_the_local_process_with_the_throwaway_ca():
+    doc = {"kind": "MutatingWebhookConfiguration", "metadata": {"name": "jobset-mutating-webhook-configuration"},
+           "webhooks": [{"name": "mpod.kb.io", "failurePolicy": "Fail",
+                         "objectSelector": {"matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name",
+                                                                  "operator": "Exists"}]},
+                         "clientConfig": {"service": {"name": "webhook-service", "namespace": "system",
+                                                      "path": "/mutate--v1-pod"}}}]}
+    out = cl.webhooks_to_url(doc, 4242, b"PEM")
+    hook = out["webhooks"][0]
+    assert hook["clientConfig"] == {"url": "https://127.0.0.1:4242/mutate--v1-pod", "caBundle": "UEVN"}
+    assert hook["objectSelector"] == doc["webhooks"][0]["objectSelector"] and hook["failurePolicy"] == "Fail"
+
+
+def test_controller_configs_keep_upstream_settings_but_listen_on_loopback():
+    trainer = {"apiVersion": "config.trainer.kubeflow.org/v1alpha1", "kind": "Configuration",
+               "health": {"healthProbeBindAddress": ":8081", "readinessEndpointName": "readyz"},
+               "metrics": {"bindAddress": ":8443", "secureServing": True}, "webhook": {"port": 9443, "host": ""},
+               "leaderElection": {"leaderElect": True, "resourceName": "trainer.kubeflow.org", "resourceNamespace": ""},
+               "certManagement": {"enable": True, "webhookSecretName": "s"}, "clientConnection": {"qps": 50, "burst": 100}}
+    out = cl.trainer_config(trainer, health=1, metrics=2, webhook=3, namespace="kubeflow-system")
+    assert out["health"] == {"healthProbeBindAddress": "127.0.0.1:1", "readinessEndpointName": "readyz"}
+    assert out["metrics"] == {"bindAddress": "127.0.0.1:2", "secureServing": True}
+    assert out["webhook"] == {"port": 3, "host": "127.0.0.1"}
+    assert out["certManagement"] == {"enable": False, "webhookSecretName": "s"}
+    assert out["leaderElection"] == {"leaderElect": True, "resourceName": "trainer.kubeflow.org",
+                                     "resourceNamespace": "kubeflow-system"}
+    assert out["clientConnection"] == {"qps": 50, "burst": 100}  # as shipped
+    assert trainer["webhook"] == {"port": 9443, "host": ""}
+    jobset = {"apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
+              "leaderElection": {"leaderElect": True}, "internalCertManagement": {"enable": True}}
+    out = cl.jobset_config(jobset, health=1, metrics=2, webhook=3, namespace="jobset-system", cert_dir="/c")
+    assert out["internalCertManagement"] == {"enable": False}
+    assert out["leaderElection"] == {"leaderElect": True, "resourceNamespace": "jobset-system"}
+    assert out["webhook"] == {"port": 3, "host": "127.0.0.1", "certDir": "/c"}
+    assert out["metrics"] == {"bindAddress": "127.0.0.1:2", "certDir": "/c"}
+    assert out["health"] == {"healthProbeBindAddress": "127.0.0.1:1"}
+
+
+def test_configurations_name_every_column_and_reject_unknown_names():
+    configs = cl.configurations(list(cl.OPERATORS), kubeflow_version="v1.9.2", trainer_version="v2.3.0",
+                                jobset_version="v0.12.0")
+    assert list(configs) == list(cl.OPERATORS)
+    assert [c["title"] for c in configs.values()] == [
+        "kubetrain", "Kubeflow v1.9.2", "Kubeflow v1.9.2 tuned", "Trainer v2.3.0", "minimal creator"]
+    assert configs[cl.KUBEFLOW_TUNED]["args"] == cl.KUBEFLOW_TUNED_ARGS == "--kube-api-qps=500 --kube-api-burst=1000"
+    assert configs[cl.KUBEFLOW]["describe"] == "Kubeflow Training Operator v1.9.2 (defaults)"
+    assert configs[cl.TRAINER_V2]["describe"] == "Kubeflow Trainer v2.3.0 on JobSet v0.12.0 (defaults)"
+    with pytest.raises(ValueError, match="unknown operator 'kubeflow-v2'"):
+        cl.configurations([cl.KUBETRAIN, "kubeflow-v2"])
+
+
+def test_table_has_a_column_per_configuration_and_a_ratio_per_peer():
+    sc = cl.Scenario("gang-8", 1, 8, 1)
+    results = [
+        cl.RunResult(cl.CREATOR, "gang-8", 8, pods_created_s=1.0),
+        cl.RunResult(cl.TRAINER_V2, "gang-8", 8, pods_created_s=6.0, api_requests=30, helper_api_requests=150),
+        cl.RunResult(cl.KUBEFLOW_TUNED, "gang-8", 8, pods_created_s=3.0, api_requests=300),
+        cl.RunResult(cl.KUBEFLOW, "gang-8", 8, pods_created_s=4.0, api_requests=300),
+        cl.RunResult(cl.KUBETRAIN, "gang-8", 8, pods_created_s=2.0, api_requests=100),
+    ]
+    lines = cl.table([sc], results).splitlines()
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    assert header == ["scenario", "metric", "kubetrain", "Kubeflow v1", "Kubeflow v1 / kubetrain",
+                      "Kubeflow v1 tuned", "Kubeflow v1 tuned / kubetrain", "Trainer v2", "Trainer v2 / kubetrain",
+                      "minimal creator"]
+    assert lines[1].count("---:") == 8
+    row = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[3:-1]] for line in lines[2:]}
+    assert row["all pods created (s)"] == ["2.0", "4.0", "2.00x", "3.0", "1.50x", "6.0", "3.00x", "1.0"]
+    assert row["all pods created, × creator's time"] == ["2.00x", "4.00x", "", "3.00x", "", "6.00x", "", "1.00x"]
+    assert row["API requests of the Job controller (kube-controller-manager)"] == [
+        "—", "—", "", "—", "", "150", "", "—"]
+    # without Trainer v2 the Job controller's row is left out; without kubetrain there are no ratios
+    only_peers = cl.table([sc], results[1:4]).splitlines()
+    assert [c.strip() for c in only_peers[0].split("|")[3:-1]] == ["Kubeflow v1", "Kubeflow v1 tuned", "Trainer v2"]
+    assert not any("Job controller" in line for line in cl.table([sc], results[2:]).splitlines())
