@@ -253,6 +253,14 @@ def test_launcher_only_where_a_custom_command_has_several_procs():
     assert env_of(b.worker_pod(job(command=["./train"]), 0, 0, b.Settings()))["RANK"] == "0"
 
 
+def test_worker_pods_ask_for_one_dns_query_at_a_time_and_a_template_may_say_otherwise():
+    pod = b.worker_pod(job(), 0, 0, b.Settings())
+    assert pod["spec"]["dnsConfig"] == {"options": [{"name": "single-request-reopen"}]}
+    mine = {"options": [{"name": "ndots", "value": "2"}]}
+    pod = b.worker_pod(job(podTemplate={"spec": {"dnsConfig": mine}}), 0, 0, b.Settings())
+    assert pod["spec"]["dnsConfig"]["options"] == [{"name": "ndots", "value": "2"}]
+
+
 def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_file():
     j = job(restartPolicy={"maxBackoffSeconds": 40})
     pod = b.worker_pod(j, 1, 3, b.Settings())
