@@ -52,7 +52,7 @@ from support.identities import token_for, token_kubeconfig
 from support.jobs import TrainingJobs
 from support.kubectl import kubectl
 from support.kueue import make_certs
-from support.kwok import fail_pod
+from support.kwok import fail_pod, static_claim
 from support.paths import HACK_DIR as HACK
 from support.paths import REPO_ROOT as REPO
 from support.ports import free_port
@@ -817,6 +817,7 @@ def run_one(admin: client.ApiClient, op: Operator, sc: cl.Scenario, timeout: flo
     log = Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "logs" / f"bench-{ns}.log"
     watch = PodWatch(admin, ns)
     users, helpers = USERS[op.key], HELPERS.get(op.key, ())
+    volume = static_claim(core, ns, cl.CHECKPOINT_CLAIM) if op.key == cl.KUBETRAIN and sc.fail_one else None
     try:
         op.start(log, core, sc, ns)
         watch.start()
@@ -856,6 +857,8 @@ def run_one(admin: client.ApiClient, op: Operator, sc: cl.Scenario, timeout: flo
         + f", CPU {res.cpu_s:.1f}s, peak RSS {res.peak_rss_mb:.0f} MB, {res.api_requests} requests "
         f"({window.summary(4)}), reconcile errors {cl.fmt(res.reconcile_errors, 0)}; log {log}")
     delete_namespace(admin, ns)
+    if volume is not None:
+        core.delete_persistent_volume(volume)
     return res
 
 

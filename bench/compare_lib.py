@@ -97,14 +97,21 @@ def job_name(scenario: Scenario, i: int) -> str:
 # --------------------------------------------------------------------------- manifests
 
 
+CHECKPOINT_CLAIM = "checkpoints"
+"""Recovery scenarios: kubetrain's claim, bound to a static volume (support.kwok.static_claim) so that its
+checkpoints are durable and the gang restarts in place, its default."""
+
+
 def trainingjob(name: str, namespace: str, workers: int, gpus: int, *, fast_restart: bool = False) -> dict[str, Any]:
-    """A kubetrain TrainingJob with ``workers`` pods of ``gpus`` GPUs each."""
-    # kwok pods have no storage: a checkpoint claim would stay Pending and keep them from being scheduled.
+    """A kubetrain TrainingJob with ``workers`` pods of ``gpus`` GPUs each; ``fast_restart``: a recovery
+    scenario's (no backoff, checkpoints on CHECKPOINT_CLAIM)."""
+    # kwok pods have no storage: a claim of a provisioner would stay Pending and keep them from being scheduled.
     spec: dict[str, Any] = {"workers": workers, "image": TRAINER_IMAGE, "checkpoint": {"ephemeral": True}}
     if gpus:
         spec["resources"] = {"gpusPerWorker": gpus}
     if fast_restart:
         spec["restartPolicy"] = {"backoffSeconds": 0}
+        spec["checkpoint"] = {"claimName": CHECKPOINT_CLAIM}
     return {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from support.cluster import kubeconfig_path
 from support.jobs import TrainingJobs
-from support.kwok import fail_pod, kwok_job
+from support.kwok import fail_pod, kwok_job, static_claim
 from support.operator_process import OperatorProcess
 
 from kubetrain.core import contract
@@ -33,19 +33,9 @@ def jobs(admin_api: client.ApiClient, namespace: str, operator: OperatorProcess)
 
 @pytest.fixture
 def claim(jobs: TrainingJobs) -> Iterator[str]:
-    """A claim bound to a static volume: durable checkpoints for pods on kwok nodes (no provisioner there)."""
-    name = f"ckpt-{jobs.ns}"
-    spec = {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-            "hostPath": {"path": "/tmp/kubetrain-kwok-never-mounted"},
-            "claimRef": {"namespace": jobs.ns, "name": "checkpoints"}}
-    jobs.core.create_persistent_volume({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
-                                        "spec": spec})
-    jobs.core.create_namespaced_persistent_volume_claim(jobs.ns, {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "checkpoints"},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": name,
-                 "resources": {"requests": {"storage": "1Gi"}}}})
+    volume = static_claim(jobs.core, jobs.ns)
     yield "checkpoints"
-    jobs.core.delete_persistent_volume(name)
+    jobs.core.delete_persistent_volume(volume)
 
 
 def running(jobs: TrainingJobs, name: str, generation: int, workers: int) -> dict[str, client.V1Pod]:

@@ -113,3 +113,18 @@ def fake_node_manifest(
         },
         "status": {"capacity": resources, "allocatable": resources},
     }
+
+
+def static_claim(core: client.CoreV1Api, namespace: str, name: str = "checkpoints") -> str:
+    """A claim bound to a static volume (its name is returned, to delete): durable checkpoints for pods on
+    kwok nodes, which no provisioner serves. The volume is never mounted (kwok runs no containers)."""
+    volume = f"ckpt-{namespace}-{name}"
+    spec = {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+            "hostPath": {"path": "/tmp/kubetrain-kwok-never-mounted"}, "claimRef": {"namespace": namespace, "name": name}}
+    core.create_persistent_volume({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume},
+                                   "spec": spec})
+    core.create_namespaced_persistent_volume_claim(namespace, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": volume,
+                 "resources": {"requests": {"storage": "1Gi"}}}})
+    return volume

@@ -158,7 +158,8 @@ def test_manifests_describe_the_same_pods():
     tj = cl.job_manifest(cl.KUBETRAIN, sc, "ns", 0)
     job = TrainingJob.model_validate(tj)  # a valid TrainingJob
     assert (job.spec.workers, job.spec.resources.gpus_per_worker) == (16, 8)
-    assert job.spec.checkpoint.ephemeral  # kwok pods have no storage for a claim
+    # recovery: checkpoints on a claim bound to a static volume, so the gang restarts in place (its default)
+    assert job.spec.checkpoint.claim_name == cl.CHECKPOINT_CLAIM and job.spec.restarts_in_place
     assert job.spec.restart_policy.backoff_seconds == 0
     pj = cl.job_manifest(cl.KUBEFLOW, sc, "ns", 0)
     reps = pj["spec"]["pytorchReplicaSpecs"]
@@ -172,6 +173,7 @@ def test_manifests_describe_the_same_pods():
         "job-0000", "job-0001", "job-0002"]
     assert "restartPolicy" not in cl.job_manifest(cl.KUBEFLOW, many, "ns", 0)["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert "resources" not in cl.job_manifest(cl.KUBETRAIN, many, "ns", 0)["spec"]
+    assert cl.job_manifest(cl.KUBETRAIN, many, "ns", 0)["spec"]["checkpoint"] == {"ephemeral": True}  # no storage
     assert cl.victim_pod(sc) == "gang-worker-5"
 
 
