@@ -908,10 +908,10 @@ def recover(core: client.CoreV1Api, watch: PodWatch, op: Operator, sc: cl.Scenar
             res: cl.RunResult, timeout: float) -> None:
     """Fail one worker; time until the set of pods the operator must replace is Running again.
 
-    kubetrain restarts the whole gang (every pod of generation 0 is replaced by generation 1); so does
-    Trainer v2 through JobSet's failurePolicy (the failed pod fails its Job, backoffLimit 0, and JobSet
-    re-creates every Job); Kubeflow v1 deletes and re-creates only the failed pod (restartPolicy
-    ExitCode, exit 137)."""
+    kubetrain restarts the whole gang in place (the failed pod is re-created, the others run generation
+    1 in their pods); Trainer v2 through JobSet's failurePolicy re-creates every pod (the failed pod
+    fails its Job, backoffLimit 0, and JobSet re-creates every Job); Kubeflow v1 deletes and re-creates
+    only the failed pod (restartPolicy ExitCode, exit 137)."""
     with watch.lock:
         victim = cl.find_victim(op.key, sc, watch.uid_of)
         before = set(watch.uid_of.values())

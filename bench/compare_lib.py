@@ -30,9 +30,9 @@ OPERATOR_TITLES = {KUBETRAIN: "kubetrain", KUBEFLOW: "Kubeflow v1", KUBEFLOW_TUN
                    TRAINER_V2: "Trainer v2", CREATOR: "minimal creator"}
 KUBEFLOW_TUNED_ARGS = "--kube-api-qps=500 --kube-api-burst=1000"
 """Its client's defaults are 20 QPS / burst 30 (cmd/training-operator.v1 flags)."""
-GANG_RESTART = frozenset({KUBETRAIN, TRAINER_V2})
-"""Recover by replacing every pod (kubetrain: gang restart; Trainer v2: JobSet failurePolicy, Recreate);
-the others re-create only the failed pod."""
+GANG_RESTART = frozenset({TRAINER_V2})
+"""Recover by replacing every pod (Trainer v2: JobSet failurePolicy, Recreate); the others re-create only
+the failed pod (kubetrain restarts the gang in place: the other pods run the next generation)."""
 UNIQUE_POD_NAMES = frozenset({TRAINER_V2})
 """Operators whose pods never reuse a name (the Job controller adds a random suffix): kwok's duplicate
 deletes by name (unrequested_deletes) can only hit the pod they already deleted, so they are not counted."""

@@ -263,7 +263,7 @@ def test_find_victim_matches_the_same_worker_index_under_every_operator():
     assert cl.find_victim(cl.TRAINER_V2, sc, {"gang-node-0-50-abcde"}) is None
     assert cl.find_victim(cl.KUBETRAIN, sc, names) == "gang-worker-5"
     assert cl.find_victim(cl.KUBEFLOW_TUNED, sc, {"gang-master-0"}) is None
-    assert sorted(cl.GANG_RESTART) == [cl.KUBETRAIN, cl.TRAINER_V2]
+    assert sorted(cl.GANG_RESTART) == [cl.TRAINER_V2]  # kubetrain restarts in place
 
 
 def test_kustomize_sets_namespace_and_name_prefix_like_jobset_config_default():
