@@ -99,7 +99,7 @@ def job_name(scenario: Scenario, i: int) -> str:
 
 CHECKPOINT_CLAIM = "checkpoints"
 """Recovery scenarios: kubetrain's claim, bound to a static volume (support.kwok.static_claim) so that its
-checkpoints are durable and the gang restarts in place, its default."""
+checkpoints are durable and the gang can restart in place (restartPolicy.inPlace)."""
 
 
 def trainingjob(name: str, namespace: str, workers: int, gpus: int, *, fast_restart: bool = False) -> dict[str, Any]:
@@ -110,7 +110,7 @@ def trainingjob(name: str, namespace: str, workers: int, gpus: int, *, fast_rest
     if gpus:
         spec["resources"] = {"gpusPerWorker": gpus}
     if fast_restart:
-        spec["restartPolicy"] = {"backoffSeconds": 0}
+        spec["restartPolicy"] = {"backoffSeconds": 0, "inPlace": True}
         spec["checkpoint"] = {"claimName": CHECKPOINT_CLAIM}
     return {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": namespace}, "spec": spec}

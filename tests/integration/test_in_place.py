@@ -59,7 +59,7 @@ def restart_after_failing(jobs: TrainingJobs, name: str, claim: str, **policy: A
 
 
 def test_only_the_failed_worker_is_recreated_and_the_others_run_the_next_generation(jobs: TrainingJobs, claim: str) -> None:
-    st, before, after = restart_after_failing(jobs, "inplace", claim)
+    st, before, after = restart_after_failing(jobs, "inplace", claim, inPlace=True)
     recreated = sorted(n for n in after if after[n].metadata.uid != before[n].metadata.uid)
     assert recreated == ["inplace-worker-2"], recreated
     assert (st["restartCount"], st["failures"]) == (1, {"ExitCode": 1})

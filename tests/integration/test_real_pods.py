@@ -122,8 +122,10 @@ def _reference_loss(tmp_path: Path, body: dict[str, Any]) -> float:
 def test_killed_worker_resumes_from_the_claim(jobs: RealJobs, real_namespace: str, tmp_path: Path,
                                               how: str) -> None:
     body = quickstart(**RESUMABLE)
-    if how == "exit-137":  # rank 2 (worker 1's only process) exits 137 at step 35, once
+    in_place = how == "exit-137"
+    if in_place:  # rank 2 (worker 1's only process) exits 137 at step 35, once; the gang restarts in place
         body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "1:35"}]
+        body["spec"]["restartPolicy"] = {**RESUMABLE["restartPolicy"], "inPlace": True}
     name = jobs.create(body, name=f"resume-{how}")
     jobs.wait(name, lambda st: st.get("phase") == "Running", 300, "Running")
     uids = {p.metadata.name: p.metadata.uid for p in jobs.pods(name)}
@@ -134,11 +136,11 @@ def test_killed_worker_resumes_from_the_claim(jobs: RealJobs, real_namespace: st
     resumed = st.get("resumedFromStep", 0)
     print(f"{how}: restarts {st['restartCount']}, resumed from step {resumed}, final loss {st.get('loss')}")
     assert st["restartCount"] == 1 and resumed >= 30, jobs.describe(name)
-    # Restarted in place: worker 0's pod ran both generations, only worker 1's was recreated.
     now = {p.metadata.name: p.metadata.uid for p in jobs.pods(name)}
-    assert (now[f"{name}-worker-0"], now[f"{name}-worker-1"] != uids[f"{name}-worker-1"]) == (
-        uids[f"{name}-worker-0"], True), jobs.describe(name)
-    assert "starting generation 1 in place (was 0)" in jobs.log(f"{name}-worker-0")
+    kept = now[f"{name}-worker-0"] == uids[f"{name}-worker-0"]
+    assert (kept, now[f"{name}-worker-1"] != uids[f"{name}-worker-1"]) == (in_place, True), jobs.describe(name)
+    if in_place:  # worker 0's pod ran both generations, only worker 1's was recreated
+        assert "starting generation 1 in place (was 0)" in jobs.log(f"{name}-worker-0")
     reference = _reference_loss(tmp_path, body)
     # status.loss is rounded for display; rank 0's progress record on its pod has the float.
     pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace)

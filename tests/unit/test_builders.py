@@ -262,7 +262,7 @@ def test_worker_pods_ask_for_one_dns_query_at_a_time_and_a_template_may_say_othe
 
 
 def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_file():
-    j = job(restartPolicy={"maxBackoffSeconds": 40})
+    j = job(restartPolicy={"maxBackoffSeconds": 40, "inPlace": True})
     pod = b.worker_pod(j, 1, 3, b.Settings())
     assert pod["metadata"]["annotations"][contract.IN_PLACE_ANNOTATION] == "true"
     assert pod["metadata"]["annotations"][contract.GENERATION_ANNOTATION] == "3"
@@ -277,9 +277,8 @@ def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_fil
 
 
 @pytest.mark.parametrize("spec", [
+    {},  # off unless asked
     {"restartPolicy": {"inPlace": False}},
-    {"command": ["./train"]},  # one process, no launcher: its pod cannot outlive a failure
-    {"checkpoint": {"ephemeral": True}},
 ])
 def test_a_pod_that_cannot_restart_in_place_has_no_generation_file(spec):
     pod = b.worker_pod(job(**spec), 0, 0, b.Settings())

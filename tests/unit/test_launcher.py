@@ -254,6 +254,18 @@ def test_a_new_generation_kills_the_running_processes_and_starts_them_again(conf
     assert (tmp_path / "ran-1-0").exists() and (tmp_path / "ran-1-1").exists()
 
 
+def test_a_worker_whose_ranks_stopped_with_the_gang_waits_for_the_next_generation(configmap_dir, tmp_path):
+    # Another worker's pod was deleted: every rank checkpoints and exits 143, this launcher got no SIGTERM.
+    p, gen = in_place_launcher(configmap_dir, tmp_path, "sys.exit(143)")
+    wait_for_files(tmp_path, "ran-0-0", "ran-0-1")
+    time.sleep(1)
+    assert p.poll() is None
+    gen.write_text("1")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert (tmp_path / "ran-1-0").exists() and (tmp_path / "ran-1-1").exists()
+
+
 def test_a_worker_whose_own_process_fails_still_exits_with_its_code(configmap_dir, tmp_path):
     p, _ = in_place_launcher(configmap_dir, tmp_path, "sys.exit(7 if r == '1' else 3)")
     p.communicate(timeout=60)

@@ -27,8 +27,8 @@ R, F, P = WorkerPhase.RUNNING, WorkerPhase.FAILED, WorkerPhase.PENDING
 
 
 def spec(**kw) -> TrainingJobSpec:
-    base = {"workers": 4, "maxSteps": 100, "restartPolicy": {"backoffSeconds": 4}}
-    return TrainingJobSpec.model_validate({**base, **kw})
+    policy = {"backoffSeconds": 4, "inPlace": True, **kw.pop("restartPolicy", {})}
+    return TrainingJobSpec.model_validate({"workers": 4, "maxSteps": 100, "restartPolicy": policy, **kw})
 
 
 def running(**kw) -> TrainingJobStatus:
@@ -77,7 +77,7 @@ def test_kept_workers_told_and_the_new_one_running_is_a_running_gang():
 
 
 def test_a_hang_keeps_every_worker_and_tells_them_all_after_the_backoff():
-    s = spec(restartPolicy={"backoffSeconds": 4, "progressDeadlineSeconds": 60})
+    s = spec(restartPolicy={"progressDeadlineSeconds": 60})
     t = step(s, running(), gang(w(0), w(1), w(2), w(3)), T0 + timedelta(seconds=61))
     assert t.decision is not None and t.decision.failure_kind == FailureKind.NO_PROGRESS
     assert t.decision.keep == (0, 1, 2, 3)
@@ -88,8 +88,6 @@ def test_a_hang_keeps_every_worker_and_tells_them_all_after_the_backoff():
 
 @pytest.mark.parametrize(("why", "the_spec", "workers"), [
     ("inPlace false", spec(restartPolicy={"inPlace": False}), (w(0), w(1, F, exit_code=1), w(2), w(3))),
-    ("ephemeral checkpoints", spec(checkpoint={"ephemeral": True}), (w(0), w(1, F, exit_code=1), w(2), w(3))),
-    ("a gang scheduler", spec(scheduling={"gang": "volcano"}), (w(0), w(1, F, exit_code=1), w(2), w(3))),
     ("a launcher gave up", spec(),
      (w(0), w(1, F, exit_code=contract.IN_PLACE_GAVE_UP_EXIT_CODE), w(2), w(3))),
 ])
@@ -122,16 +120,14 @@ def test_the_gave_up_exit_is_explained():
 
 
 @pytest.mark.parametrize(("fields", "in_place", "launcher"), [
-    ({}, True, True),
+    ({}, False, True),
     ({"command": ["python3", "x.py"]}, False, False),
-    ({"command": ["python3", "x.py"], "procsPerWorker": 2}, True, True),
+    ({"command": ["python3", "x.py"], "procsPerWorker": 2}, False, True),
     ({"command": ["python3", "x.py"], "restartPolicy": {"inPlace": True}}, True, True),
-    ({"checkpoint": {"ephemeral": True}}, False, True),
-    ({"scheduling": {"gang": "coscheduling"}}, False, True),
     ({"scheduling": {"gang": "coscheduling"}, "restartPolicy": {"inPlace": True}}, True, True),
 ])
-def test_in_place_is_on_by_default_where_the_pods_run_the_launcher(fields, in_place, launcher):
-    s = spec(**fields)
+def test_in_place_is_off_unless_asked_and_runs_every_pod_under_the_launcher(fields, in_place, launcher):
+    s = TrainingJobSpec.model_validate({"workers": 2, **fields})
     assert (s.restarts_in_place, s.runs_launcher) == (in_place, launcher)
 
 
@@ -140,5 +136,5 @@ def test_in_place_is_on_by_default_where_the_pods_run_the_launcher(fields, in_pl
     {"scheduling": {"gang": "kubernetes"}},
 ])
 def test_in_place_true_refuses_what_cannot_keep_a_pod(fields):
-    s = spec(restartPolicy={"inPlace": True}, **fields)
+    s = spec(**fields)
     assert [path for path, _ in s.rule_violations()] == ["restartPolicy.inPlace"]

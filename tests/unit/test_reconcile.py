@@ -29,7 +29,8 @@ def body(status=None, **spec):
 
 def pod(i, gen=0, phase="Running", ready=True, exit_code=None, node="n1", deleting=False):
     job = TrainingJob.model_validate({"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
-                                      "metadata": {"name": "j", "namespace": "ns"}, "spec": {"workers": 2}})
+                                      "metadata": {"name": "j", "namespace": "ns"},
+                                      "spec": {"workers": 2, "restartPolicy": {"inPlace": True}}})
     p = b.worker_pod(job, i, gen, S)
     p["spec"]["nodeName"] = node
     st = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
@@ -70,6 +71,7 @@ def test_all_running_sets_running_with_ready_count_and_condition():
 
 
 RECREATE = {"restartPolicy": {"backoffLimit": 1, "backoffSeconds": 0, "inPlace": False}}
+IN_PLACE = {"restartPolicy": {"backoffLimit": 1, "backoffSeconds": 0, "inPlace": True}}
 
 
 def test_retryable_failure_deletes_whole_gang_and_bumps_generation_once():
@@ -314,8 +316,7 @@ def test_gang_restart_names_the_checkpoint_it_restarts_from():
     failed = [pod(0), pod(1, phase="Failed", exit_code=137)]
     spec = {"restartPolicy": {"backoffLimit": 3, "backoffSeconds": 0}}
     p = plan(body(status=st, **spec), failed, {}, T0, S)
-    assert ("restarting the whole gang from the checkpoint at step 40 in place, keeping 1 of 2 workers "
-            "(restart 1 of at most 3") in p.status["message"]
+    assert "restarting the whole gang from the checkpoint at step 40 (restart 1 of at most 3" in p.status["message"]
     assert p.events[0][2] == p.status["message"] and p.status["lastCheckpoint"]["step"] == 40
     assert p.status["resumedFromStep"] == 0  # until the new generation reports what it loaded
     eph = plan(body(status=st, checkpoint={"ephemeral": True}, **spec), failed, {}, T0, S)
@@ -347,7 +348,7 @@ RUNNING = {"phase": "Running", "gangCreated": True, "startTime": "2026-03-01T11:
     ("Wait", RUNNING, {}, [pod(0), pod(1)], {"pods": [], "delete": []}),
     ("RestartGang", RUNNING, RECREATE, [pod(0), pod(1, phase="Failed", exit_code=1)],
      {"pods": [], "delete": ["j-worker-0", "j-worker-1"], "event": "ExitCode"}),
-    ("RestartGang", RUNNING, {}, [pod(0), pod(1, phase="Failed", exit_code=1)],
+    ("RestartGang", RUNNING, IN_PLACE, [pod(0), pod(1, phase="Failed", exit_code=1)],
      {"pods": [], "delete": ["j-worker-1"], "event": "ExitCode"}),
     ("DeleteStale", {**RUNNING, "restartGeneration": 1, "gangCreated": False}, {}, [pod(0), pod(1, gen=1)],
      {"pods": [], "delete": ["j-worker-0"]}),
@@ -449,7 +450,7 @@ def kept(i, gen, told):
 
 
 def test_an_in_place_restart_moves_the_running_pods_and_deletes_only_the_failed_one():
-    p = plan(body(status=RUNNING), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0, S)
+    p = plan(body(status=RUNNING, **IN_PLACE), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0, S)
     assert p.decision is not None and p.decision.keep == (0,)
     assert p.delete_pods == ["j-worker-1"] and not p.create
     assert p.patch_pods == {"j-worker-0": {"labels": {b.LABEL_GENERATION: "1"}}}
@@ -457,19 +458,19 @@ def test_an_in_place_restart_moves_the_running_pods_and_deletes_only_the_failed_
 
 
 def test_kept_pods_are_told_their_generation_when_the_recreated_pod_is_created():
-    st = plan(body(status=RUNNING), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0, S).status
-    stale = plan(body(status=st), [kept(0, 1, 0), pod(1, phase="Failed", exit_code=1, deleting=True)], {}, T0, S)
+    st = plan(body(status=RUNNING, **IN_PLACE), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0, S).status
+    stale = plan(body(status=st, **IN_PLACE), [kept(0, 1, 0), pod(1, phase="Failed", exit_code=1, deleting=True)], {}, T0, S)
     assert stale.decision.action == "DeleteStale" and not stale.patch_pods and not stale.delete_pods
-    go = plan(body(status=st), [kept(0, 1, 0)], {}, T0, S)
+    go = plan(body(status=st, **IN_PLACE), [kept(0, 1, 0)], {}, T0, S)
     assert [o["metadata"]["name"] for o in go.create if o["kind"] == "Pod"] == ["j-worker-1"]
     assert go.patch_pods == {"j-worker-0": {"annotations": {"kubetrain.io/restart-generation": "1"}}}
     assert "creating 1 of 2 worker(s) of generation 1 and restarting 1 in place" in go.status["message"]
-    running = plan(body(status=go.status), [kept(0, 1, 1), pod(1, gen=1)], {}, T0, S)
+    running = plan(body(status=go.status, **IN_PLACE), [kept(0, 1, 1), pod(1, gen=1)], {}, T0, S)
     assert running.status["phase"] == "Running" and not running.patch_pods and not running.create
 
 
 def test_a_pod_built_without_in_place_is_recreated():
     old = pod(0)
     del old["metadata"]["annotations"]["kubetrain.io/in-place"]  # made before in-place restarts existed
-    p = plan(body(status=RUNNING), [old, pod(1, phase="Failed", exit_code=1)], {}, T0, S)
+    p = plan(body(status=RUNNING, **IN_PLACE), [old, pod(1, phase="Failed", exit_code=1)], {}, T0, S)
     assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"] and not p.patch_pods

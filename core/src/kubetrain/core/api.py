@@ -343,8 +343,8 @@ class RestartPolicySpec(_Model):
     """How long a gang may take from its creation until every worker runs (pods unschedulable, refused, pulling images). Past it the gang is released, so its scheduled pods give their GPUs back, and restarted as a counted failure (StartTimeout). Unset: the job waits, saying why in the WorkersBlocked condition."""
     rules: list[FailureRule] | None = Field(None, max_length=32)
     """Failure rules, tried in order before the defaults: permanentExitCodes fail the job; disruptions (Disrupted, Evicted) restart the gang without counting against backoffLimit; every other failure restarts it and counts."""
-    in_place: bool | None = None
-    """Restart the gang in place: the workers still running are kept, their launcher stops their processes and starts the next generation from the latest checkpoint when the operator says so (through the pod's `kubetrain.io/restart-generation` annotation, read from a Downward API volume); only failed, deleted or lost workers' pods are recreated. A kept worker whose launcher gets no new generation within maxBackoffSeconds + 60 s exits 75 and its pod is recreated. Unset: on when the pods run kubetrain's launcher (the built-in trainer, or a command with procsPerWorker > 1), checkpoints are durable and no gang scheduler is set (a gang scheduler admits whole gangs). `true` also runs a one-process command under the launcher (its image needs python3); it needs durable checkpoints and no `gang: kubernetes`. The local backend restarts processes either way."""
+    in_place: bool = False
+    """Restart the gang in place: the workers still running are kept, their launcher stops their processes and starts the next generation from the latest checkpoint when the operator says so (through the pod's `kubetrain.io/restart-generation` annotation, read from a Downward API volume); only failed, deleted or lost workers' pods are recreated. A kept worker whose launcher gets no new generation within maxBackoffSeconds + 60 s exits 75 and its pod is recreated. A one-process command runs under the launcher (its image needs python3). Needs durable checkpoints and no `gang: kubernetes`. The local backend restarts processes either way."""
 
 
 class SchedulingSpec(_Model):
@@ -694,14 +694,12 @@ class TrainingJobSpec(_Model):
     def runs_launcher(self) -> bool:
         """Whether a worker pod runs kubetrain's launcher: the built-in trainer does, a command does with
         procsPerWorker > 1 or restartPolicy.inPlace true."""
-        return not self.command or self.procs > 1 or self.restart_policy.in_place is True
+        return not self.command or self.procs > 1 or self.restart_policy.in_place
 
     @property
     def restarts_in_place(self) -> bool:
-        """restartPolicy.inPlace after its default (see there)."""
-        if self.restart_policy.in_place is not None:
-            return self.restart_policy.in_place
-        return self.runs_launcher and not self.checkpoint.ephemeral and self.scheduling.gang == "none"
+        """restartPolicy.inPlace (see there)."""
+        return self.restart_policy.in_place
 
     def rule_violations(self) -> list[tuple[str, str]]:
         """(spec-relative path, message) for every cross-field rule this spec breaks."""

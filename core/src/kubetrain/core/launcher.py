@@ -226,7 +226,7 @@ def _in_place(command: Sequence[str], envs: list[dict[str, str]], where: InPlace
             return outcome.code
         newer = outcome.newer
         if newer is None:
-            _say(f"generation {where.generation}'s processes lost their peers; waiting up to "
+            _say(f"generation {where.generation} ended elsewhere (a lost peer, or the gang stopping); waiting up to "
                  f"{where.wait_s:g}s for the next generation")
             newer = _wait_for_generation(where, stop)
             if stop:
@@ -290,9 +290,14 @@ def _supervise(children: list[Any], stop: list[int], in_place: InPlace | None = 
         time.sleep(POLL_SECONDS)
 
 
+GANG_ENDED = (contract.PEER_LOST_EXIT_CODE, contract.SIGTERM_EXIT_CODE)
+"""Exits that say the gang ended elsewhere: a lost peer, or the ranks stopping together (after their
+checkpoint) because another worker's pod was told to stop while this launcher was not."""
+
+
 def _ended(code: int, stop: list[int], in_place: InPlace | None) -> Outcome:
-    """A worker that restarts in place outlives a lost peer: the failure is another worker's."""
-    if in_place is not None and not stop and code == contract.PEER_LOST_EXIT_CODE:
+    """A worker that restarts in place outlives a gang that ended elsewhere: the next generation comes."""
+    if in_place is not None and not stop and code in GANG_ENDED:
         return Outcome()
     return Outcome(code)
 
