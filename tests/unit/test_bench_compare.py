@@ -159,7 +159,7 @@ def test_manifests_describe_the_same_pods():
     job = TrainingJob.model_validate(tj)  # a valid TrainingJob
     assert (job.spec.workers, job.spec.resources.gpus_per_worker) == (16, 8)
     # recovery: checkpoints on a claim bound to a static volume, so the gang restarts in place (its default)
-    assert job.spec.checkpoint.claim_name == cl.CHECKPOINT_CLAIM and job.spec.restarts_in_place
+    assert job.spec.checkpoint.claim_name == cl.CHECKPOINT_CLAIM and job.spec.restart_policy.in_place
     assert job.spec.restart_policy.backoff_seconds == 0
     pj = cl.job_manifest(cl.KUBEFLOW, sc, "ns", 0)
     reps = pj["spec"]["pytorchReplicaSpecs"]

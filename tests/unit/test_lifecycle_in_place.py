@@ -128,7 +128,7 @@ def test_the_gave_up_exit_is_explained():
 ])
 def test_in_place_is_off_unless_asked_and_runs_every_pod_under_the_launcher(fields, in_place, launcher):
     s = TrainingJobSpec.model_validate({"workers": 2, **fields})
-    assert (s.restarts_in_place, s.runs_launcher) == (in_place, launcher)
+    assert (s.restart_policy.in_place, s.runs_launcher) == (in_place, launcher)
 
 
 @pytest.mark.parametrize("fields", [

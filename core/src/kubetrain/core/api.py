@@ -696,11 +696,6 @@ class TrainingJobSpec(_Model):
         procsPerWorker > 1 or restartPolicy.inPlace true."""
         return not self.command or self.procs > 1 or self.restart_policy.in_place
 
-    @property
-    def restarts_in_place(self) -> bool:
-        """restartPolicy.inPlace (see there)."""
-        return self.restart_policy.in_place
-
     def rule_violations(self) -> list[tuple[str, str]]:
         """(spec-relative path, message) for every cross-field rule this spec breaks."""
         return [(r.path, r.message) for r in SPEC_RULES if not r.check(self)]
