@@ -6,6 +6,7 @@ control plane by tests/integration/test_progress_reporting.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -252,6 +253,30 @@ def test_trainer_reporter_annotates_when_in_a_pod(
     assert (last.step, last.generation, last.finished, last.last_checkpoint.step) == (3, 1, True, 3)
     assert (last.tokens_per_second, last.step_seconds, last.mfu) == (1.0, 0.5, 0.25)
     assert stub.steps()[0] == 1 and stub.steps() == sorted(stub.steps())
+
+
+@pytest.mark.parametrize("error", [None, RuntimeError("Connection closed by peer")])
+def test_a_training_error_puts_out_the_steps_the_throttle_held(tmp_path: Path, error: Exception | None) -> None:
+    """Steps trained after the last record count as lost when the gang restarts, so an error ending the
+    loop writes the newest step out; a loop left normally writes nothing it was not asked to."""
+    loop = pytest.importorskip("kubetrain.trainer.loop")
+    from kubetrain.core.api import TrainingJobSpec  # noqa: PLC0415
+    from kubetrain.trainer.checkpoint import TrainerState  # noqa: PLC0415
+    from kubetrain.trainer.config import read_env  # noqa: PLC0415
+
+    out = tmp_path / "out"
+    env = read_env({contract.RANK: "0", contract.WORLD_SIZE: "2", contract.CONFIG: "c.json",
+                    contract.OUTPUT_DIR: str(out), contract.JOB: "llm"})
+    state = TrainerState(world_size=2, strategy="ddp")
+    with contextlib.suppress(RuntimeError), loop.Reporter(env, TrainingJobSpec(max_steps=60), tmp_path / "ck") as rep:
+        for step in range(1, 11):  # one forced record, then nine inside the one-second throttle
+            state.step = step
+            rep.step({"step": step, "loss": 1.0, "tokens_per_second": 1.0}, state, loop.Rates(1.0, 0.01, None),
+                     force=step == 1)
+        if error is not None:
+            raise error
+    assert read_progress(out).step == (1 if error is None else 10)
+    assert rep.losses is None  # closed either way
 
 
 def test_a_diverged_loss_survives_the_record_so_readers_see_it(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -220,6 +221,17 @@ class Reporter:
             self.pod.report(self.progress, force)
         self.last_write = now
 
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        """Training ended by an error (a peer went away): the last step out before the process exits, since
+        steps since the last record were trained and the restart trains them again (the goodput's stepsLost)."""
+        if kind is not None:
+            with contextlib.suppress(OSError):  # the training error is the one to report
+                self.write(True)
+        self.close()
+
     def close(self) -> None:
         if self.losses is not None:
             self.losses.close()
@@ -407,39 +419,38 @@ def _train(
     check_vocab(corpus, held, vocab_size(model))
     fpt = flops_per_token(model, spec.model)
     engine = make_engine(spec, model, device, env.world_size)
-    reporter = Reporter(env, spec, ckpt_root)
-    reporter.progress.network_transport = transport
-    _bf16_notice(env, spec, device)
-    checkpoints = CheckpointManager(ckpt_root, spec.checkpoint, engine, metrics, reporter)
-    state = checkpoints.resume(reporter.carried_state())
-    reporter.started(state.step)
-    observer = StepObserver(env, spec, engine, metrics, fpt, peak_flops(device, spec.precision))
-    evaluator = Evaluator(env, spec, engine, held, device, metrics)
-    profiler = StepProfiler(spec, env.rank, ckpt_root, device, reporter.profile_request)
-    mbs, ga, ws = spec.micro_batch_size, spec.gradient_accumulation_steps, env.world_size
-    first = True
-    while state.step < spec.max_steps:
-        t0 = time.perf_counter()
-        profiler.before_step(state.step + 1)
-        local_loss, lr, info = train_step(engine, sampler.micro_batches(state.step, mbs, ga, ws, env.rank))
-        state.step += 1
-        profiler.after_step(state.step)
-        state.samples_seen += global_batch(spec, ws)
-        inject_failure(env, state.step)
-        loss, stopping = mean_loss_and_stop(local_loss, stop.set, device, ws)
-        record = observer.observe(state, loss, lr, info, time.perf_counter() - t0)
-        final = state.step >= spec.max_steps
-        evaluator.after_step(state, record, final)
-        due = checkpoints.due(state.step, final=final, stopping=stopping)
-        reporter.step(record, state, observer.rates(), force=first or final or due)
-        first = False
-        checkpoints.maybe_save(state, final=final, stopping=stopping)
-        if final:
-            break
-        if stopping:
-            if env.rank == 0:
-                log.info("stopping at step %d after a termination signal", state.step)
-            reporter.close()
-            return SIGTERM_EXIT_CODE
-    reporter.finish(state.step)
-    return 0
+    with Reporter(env, spec, ckpt_root) as reporter:
+        reporter.progress.network_transport = transport
+        _bf16_notice(env, spec, device)
+        checkpoints = CheckpointManager(ckpt_root, spec.checkpoint, engine, metrics, reporter)
+        state = checkpoints.resume(reporter.carried_state())
+        reporter.started(state.step)
+        observer = StepObserver(env, spec, engine, metrics, fpt, peak_flops(device, spec.precision))
+        evaluator = Evaluator(env, spec, engine, held, device, metrics)
+        profiler = StepProfiler(spec, env.rank, ckpt_root, device, reporter.profile_request)
+        mbs, ga, ws = spec.micro_batch_size, spec.gradient_accumulation_steps, env.world_size
+        first = True
+        while state.step < spec.max_steps:
+            t0 = time.perf_counter()
+            profiler.before_step(state.step + 1)
+            local_loss, lr, info = train_step(engine, sampler.micro_batches(state.step, mbs, ga, ws, env.rank))
+            state.step += 1
+            profiler.after_step(state.step)
+            state.samples_seen += global_batch(spec, ws)
+            inject_failure(env, state.step)
+            loss, stopping = mean_loss_and_stop(local_loss, stop.set, device, ws)
+            record = observer.observe(state, loss, lr, info, time.perf_counter() - t0)
+            final = state.step >= spec.max_steps
+            evaluator.after_step(state, record, final)
+            due = checkpoints.due(state.step, final=final, stopping=stopping)
+            reporter.step(record, state, observer.rates(), force=first or final or due)
+            first = False
+            checkpoints.maybe_save(state, final=final, stopping=stopping)
+            if final:
+                break
+            if stopping:
+                if env.rank == 0:
+                    log.info("stopping at step %d after a termination signal", state.step)
+                return SIGTERM_EXIT_CODE
+        reporter.finish(state.step)
+        return 0
