@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -175,14 +175,16 @@ def test_any_other_refusal_fails_the_reconcile(fake: SimpleNamespace) -> None:
         run(fake, Plan(create=[child("Service", "a")]))
 
 
-def test_deleting_a_pod_already_gone_is_fine_and_the_cached_one_turns_terminating(fake: SimpleNamespace) -> None:
+def test_a_deleted_pod_turns_terminating_and_one_already_gone_leaves_the_cache(fake: SimpleNamespace) -> None:
     cache = WatchCache()
     cache.job_event("ADDED", job_body())
     cache.pod_event("ADDED", child("Pod", "a-worker-0"))
+    cache.pod_event("ADDED", child("Pod", "a-worker-1"))  # its DELETED event was missed
     fake.core.fail["delete_namespaced_pod"] = lambda name, ns: api_error(404) if name == "a-worker-1" else None
     run(fake, Plan(delete_pods=["a-worker-0", "a-worker-1"]), cache)
     assert sorted(args for m, args in fake.calls) == [("a-worker-0", NS), ("a-worker-1", NS)]
     assert cache.pod(KEY, "a-worker-0")["metadata"]["deletionTimestamp"] == "2026-11-22T12:00:00Z"
+    assert cache.pod(KEY, "a-worker-1") is None
     fake.core.fail["delete_namespaced_pod"] = api_error(500)
     with pytest.raises(ApiException):
         run(fake, Plan(delete_pods=["a-worker-0"]), cache)
@@ -526,3 +528,55 @@ def test_a_gang_is_written_created_only_once_every_create_succeeded(fake: Simple
     run(fake, plan)
     patches = [args[-1]["status"] for m, args in fake.calls if m == "patch_namespaced_custom_object_status"]
     assert patches[-1] == {"phase": "Created", "gangCreated": True}
+
+
+def old_worker(index: int, deleted_seconds_ago: float) -> dict[str, Any]:
+    """A generation-0 worker being deleted since that long, as the cache holds it."""
+    pod = child("Pod", f"a-worker-{index}")
+    pod["metadata"]["labels"].update({contract.LABEL_INDEX: str(index), contract.LABEL_GENERATION: "0"})
+    pod["metadata"].update(resourceVersion="4", deletionTimestamp=contract.format_time(
+        NOW - timedelta(seconds=deleted_seconds_ago)))
+    pod["status"] = {"phase": "Running"}
+    return pod
+
+
+def pod_lists(fake: SimpleNamespace) -> int:
+    return sum(1 for m, _ in fake.calls if m == "list_namespaced_pod")
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_old_workers_past_their_deletion_are_confirmed_live(fake: SimpleNamespace, late: bool) -> None:
+    """A watch that reconnected does not replay the deletions it missed (the fault is made here by
+    never sending the DELETED events): a job must not wait for ever for pods the API no longer has."""
+    ctl = controller(fake)
+    fake.core.reply["list_namespaced_pod"] = lambda *_, **__: SimpleNamespace(items=[])  # the API has none left
+    try:
+        ctl.job_event("ADDED", kwok_spec_job(status={"phase": "Restarting", "restartGeneration": 1}))
+        for i in (0, 1):
+            ctl.pod_event("MODIFIED", old_worker(i, 20.0 if late else 5.0))
+        reconcile(ctl)
+        created = [args[1]["metadata"]["name"] for m, args in fake.calls if m == "create_namespaced_pod"]
+        if not late:  # within the kubelet's time to end them: the cache is believed, no read
+            assert (pod_lists(fake), created) == (0, [])
+            assert ctl.cache.job(KEY)["status"]["reason"] == "DeletingOldGeneration"
+            return
+        assert pod_lists(fake) == 1 and ctl.cache.pods(KEY) != [] and ctl.cache.read_live(KEY) == NOW
+        assert sorted(created) == ["a-worker-0", "a-worker-1"]  # the next generation, at once
+    finally:
+        ctl.applier.close()
+
+
+def test_an_old_worker_really_stuck_is_read_live_at_most_once_per_period(fake: SimpleNamespace) -> None:
+    ctl = controller(fake)  # a live read finds what the cache holds: the pods are still there
+    try:
+        ctl.job_event("ADDED", kwok_spec_job(status={"phase": "Restarting", "restartGeneration": 1}))
+        ctl.pod_event("MODIFIED", old_worker(0, 60.0))
+        reconcile(ctl)
+        reconcile(ctl)
+        assert pod_lists(fake) == 1
+        assert ctl.cache.job(KEY)["status"]["reason"] == "DeletingOldGeneration"
+        ctl.clock = lambda: NOW + timedelta(seconds=10)
+        reconcile(ctl)
+        assert pod_lists(fake) == 2
+    finally:
+        ctl.applier.close()

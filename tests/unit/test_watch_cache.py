@@ -104,10 +104,12 @@ def test_a_live_read_replaces_the_pods_and_says_whether_the_cache_lagged() -> No
     cache = WatchCache()
     cache.job_event("ADDED", job("a"))
     cache.pod_event("ADDED", pod("a", 0, rv=2))
-    assert not cache.replace_pods((NS, "a"), {"a-worker-0": pod("a", 0, rv=2)})
-    assert cache.replace_pods((NS, "a"), {"a-worker-0": pod("a", 0, rv=3), "a-worker-1": pod("a", 1, node="n")})
+    assert cache.read_live((NS, "a")) is None
+    assert not cache.replace_pods((NS, "a"), {"a-worker-0": pod("a", 0, rv=2)}, NOW)
+    assert cache.replace_pods((NS, "a"), {"a-worker-0": pod("a", 0, rv=3), "a-worker-1": pod("a", 1, node="n")}, NOW)
     assert len(cache.pods((NS, "a"))) == 2 and cache.nodes_of((NS, "a")) == {"n"}
-    assert not cache.replace_pods((NS, "gone"), {})
+    assert cache.read_live((NS, "a")) == NOW
+    assert not cache.replace_pods((NS, "gone"), {}, NOW)
 
 
 def test_a_pod_being_deleted_is_kept_as_terminating() -> None:
@@ -174,7 +176,7 @@ def test_only_pods_the_job_owns_by_uid_are_kept_under_it() -> None:
     assert cache.pod_event("ADDED", owned(pod("a", 2), "new")) == (NS, "a")
     assert [p["metadata"]["name"] for p in cache.pods((NS, "a"))] == ["a-worker-2"]
     live = {"a-worker-0": owned(pod("a", 0), "old"), "a-worker-2": owned(pod("a", 2), "new")}
-    assert not cache.replace_pods((NS, "a"), live)  # a live read keeps the same ones
+    assert not cache.replace_pods((NS, "a"), live, NOW)  # a live read keeps the same ones
     assert [p["metadata"]["name"] for p in cache.pods((NS, "a"))] == ["a-worker-2"]
 
 

@@ -35,7 +35,15 @@ from kubetrain.core.api import TrainingJobStatus
 from kubetrain.operator import metrics
 from kubetrain.operator.builders import GANGS
 from kubetrain.operator.conditions import gang_missing, is_gang_missing
-from kubetrain.operator.watch_cache import Key, WatchCache, node_not_ready_since, owned_by, resource_version, uid_of
+from kubetrain.operator.watch_cache import (
+    DELETED,
+    Key,
+    WatchCache,
+    node_not_ready_since,
+    owned_by,
+    resource_version,
+    uid_of,
+)
 
 if TYPE_CHECKING:
     from kubetrain.operator.reconcile import Plan
@@ -257,8 +265,8 @@ class Applier:
         ns, name = key
         pods = await self.io(self.apis.core.list_namespaced_pod, ns, label_selector=f"{contract.LABEL_JOB}={name}")
         live = {p.metadata.name: self.sanitize(p) for p in pods.items}
-        changed = self.cache.replace_pods(key, live)
         now = self.clock()
+        changed = self.cache.replace_pods(key, live, now)
         for node in sorted(self.cache.nodes_of(key)):
             changed |= self.cache.set_node(node, await self.io(self._node_not_ready_since, node, now))
         if changed:
@@ -421,8 +429,11 @@ class Applier:
         try:
             await self.io(self.apis.core.delete_namespaced_pod, pod, key[0], **({"grace_period_seconds": 0} if force else {}))
         except ApiException as exc:
-            if exc.status != 404:  # already gone: what we wanted
+            if exc.status != 404:
                 raise
+            if (cached := self.cache.pod(key, pod)) is not None:  # gone already: its DELETED may never come
+                self.cache.pod_event(DELETED, cached)
+            return
         self.cache.mark_deleting(key, pod, self.clock())
 
     async def write_status(self, key: Key, body: dict[str, Any], status: dict[str, Any]) -> bool:

@@ -25,7 +25,7 @@ from kubetrain.operator import metrics
 from kubetrain.operator.apply import Apis, Applier
 from kubetrain.operator.kueue import QueueView
 from kubetrain.operator.kueue_io import KueueIO
-from kubetrain.operator.reconcile import Plan, claim_to_check, plan
+from kubetrain.operator.reconcile import Plan, claim_to_check, deletion_overdue, plan
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.sweep_controller import SweepController
 from kubetrain.operator.watch_cache import DELETED, Key, WatchCache
@@ -35,7 +35,8 @@ __all__ = ["CONFIRM_LIVE", "Controller"]
 
 # Failures judged from what the caches LACK (a pod, a progress update, a Ready node): confirmed by
 # a live read before a gang is restarted over them. A cache can lag: the watch of an operator that
-# just started, took the Lease over, or reconnected has not replayed everything yet.
+# just started, took the Lease over, or reconnected has not replayed everything yet. Pods the cache
+# still holds well past their deletion are read live too (reconcile.deletion_overdue).
 CONFIRM_LIVE = frozenset({FailureKind.DELETED, FailureKind.NO_PROGRESS, FailureKind.NODE_LOST})
 GANG_GOING = frozenset({Action.RESTART_GANG, Action.SUSPEND, Action.FAIL, Action.SUCCEED})
 """Decisions that take the gang away: what its creates met (a refusal, a foreign object) no longer holds."""
@@ -163,7 +164,8 @@ class Controller:
             claim_phase = await self._claim_phase(key, body)
             queue = await self.kueue.view(key, body)
             p = self._plan(key, body, claim_phase, queue)
-            confirm = p.decision is not None and p.decision.failure_kind in CONFIRM_LIVE
+            confirm = (p.decision is not None and p.decision.failure_kind in CONFIRM_LIVE) or \
+                deletion_overdue(self.cache.pods(key), self.clock(), self.cache.read_live(key))
             if confirm and await self.applier.refresh(key):
                 p = self._plan(key, body, claim_phase, queue)
             carried_out = await self.applier.execute(key, body, p)

@@ -45,7 +45,12 @@ from kubetrain.operator.conditions import (
     workers_blocked,
 )
 
-__all__ = ["Plan", "claim_to_check", "container_exit_code", "plan", "set_condition"]
+__all__ = ["Plan", "claim_to_check", "container_exit_code", "deletion_overdue", "plan", "set_condition"]
+
+OVERDUE_DELETION_SECONDS = 10.0
+"""A pod still cached this long past its deletionTimestamp (when the kubelet must have ended it) is read
+live, at most once per this many seconds per job: a watch that reconnected does not replay the
+deletions it missed, and a job waiting for such a pod to go would wait for ever."""
 
 
 @dataclass
@@ -393,6 +398,16 @@ def _lost(spec: TrainingJobSpec, pods: list[dict[str, Any]], nodes: dict[str, da
         if since is not None and now - since >= grace:
             out.append(p["metadata"]["name"])
     return out
+
+
+def deletion_overdue(pods: list[dict[str, Any]], now: datetime, read_live: datetime | None) -> bool:
+    """Whether a cached pod is OVERDUE_DELETION_SECONDS past its deletionTimestamp and the job's pods
+    were not read live within as long (None: never)."""
+    late = timedelta(seconds=OVERDUE_DELETION_SECONDS)
+    if read_live is not None and now - read_live < late:
+        return False
+    return any(t is not None and now - t >= late
+               for t in (contract.parse_time(p["metadata"].get("deletionTimestamp")) for p in pods))
 
 
 def _alive(pods: list[dict[str, Any]]) -> list[str]:

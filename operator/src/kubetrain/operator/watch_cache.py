@@ -72,6 +72,8 @@ class _Job:
     disrupted: dict[str, dict[str, Any]] = field(default_factory=dict)
     """pod name -> its last copy, for deleted pods that carried DisruptionTarget (preempted, evicted):
     the pod may be gone before the job is reconciled, and a disruption is not counted as a failure."""
+    read_live: datetime | None = None
+    """When the job's pods were last replaced by a live read (Applier.refresh)."""
     progress_refused: bool = False
     """The API refused this job's progress Role or RoleBinding (rank 0 cannot report progress)."""
     create_refused: str | None = None
@@ -269,11 +271,16 @@ class WatchCache:
         """The nodes the job's cached pods run on."""
         return {n for p in self.pods(key) if (n := _node_of(p)) is not None}
 
-    def replace_pods(self, key: Key, live: dict[str, dict[str, Any]]) -> bool:
-        """A job's pods as a live read found them; True when the cache had them otherwise."""
+    def read_live(self, key: Key) -> datetime | None:
+        entry = self._jobs.get(key)
+        return entry.read_live if entry else None
+
+    def replace_pods(self, key: Key, live: dict[str, dict[str, Any]], now: datetime) -> bool:
+        """A job's pods as a live read at `now` found them; True when the cache had them otherwise."""
         entry = self._jobs.get(key)
         if entry is None:
             return False
+        entry.read_live = now
         live = {n: p for n, p in live.items() if owned_by(p, uid_of(entry.body))}
         cached = entry.pods
         changed = set(cached) != set(live) or any(
