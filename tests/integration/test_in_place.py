@@ -1,6 +1,6 @@
 """In-place gang restarts against the real control plane with kwok GPU nodes: the running workers' pods
 stay (moved into the next generation, their launcher told when the recreated ones are created), only the
-failed one is recreated; with restartPolicy.inPlace false every pod is. (Real launchers restarting real
+failed one is recreated (the default with durable checkpoints); with restartPolicy.inPlace false every pod is. (Real launchers restarting real
 processes: test_real_pods.py.)"""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def restart_after_failing(jobs: TrainingJobs, name: str, claim: str, **policy: A
 
 
 def test_only_the_failed_worker_is_recreated_and_the_others_run_the_next_generation(jobs: TrainingJobs, claim: str) -> None:
-    st, before, after = restart_after_failing(jobs, "inplace", claim, inPlace=True)
+    st, before, after = restart_after_failing(jobs, "inplace", claim)  # unset: on, the default where safe
     recreated = sorted(n for n in after if after[n].metadata.uid != before[n].metadata.uid)
     assert recreated == ["inplace-worker-2"], recreated
     assert (st["restartCount"], st["failures"]) == (1, {"ExitCode": 1})

@@ -122,10 +122,10 @@ def _reference_loss(tmp_path: Path, body: dict[str, Any]) -> float:
 def test_killed_worker_resumes_from_the_claim(jobs: RealJobs, real_namespace: str, tmp_path: Path,
                                               how: str) -> None:
     body = quickstart(**RESUMABLE)
-    in_place = how == "exit-137"
-    if in_place:  # rank 2 (worker 1's only process) exits 137 at step 35, once; the gang restarts in place
+    in_place = how == "force-delete"  # the default for the built-in trainer; the other recreates both pods
+    if how == "exit-137":  # rank 2 (worker 1's only process) exits 137 at step 35, once
         body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "1:35"}]
-        body["spec"]["restartPolicy"] = {**RESUMABLE["restartPolicy"], "inPlace": True}
+        body["spec"]["restartPolicy"] = {**RESUMABLE["restartPolicy"], "inPlace": False}
     name = jobs.create(body, name=f"resume-{how}")
     jobs.wait(name, lambda st: st.get("phase") == "Running", 300, "Running")
     uids = {p.metadata.name: p.metadata.uid for p in jobs.pods(name)}

@@ -277,8 +277,9 @@ def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_fil
 
 
 @pytest.mark.parametrize("spec", [
-    {},  # off unless asked
     {"restartPolicy": {"inPlace": False}},
+    {"checkpoint": {"ephemeral": True}},  # unset: off where it is not safe
+    {"command": ["./train"]},  # a one-process command: only when asked
 ])
 def test_a_pod_that_cannot_restart_in_place_has_no_generation_file(spec):
     pod = b.worker_pod(job(**spec), 0, 0, b.Settings())

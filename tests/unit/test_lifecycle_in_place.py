@@ -120,15 +120,20 @@ def test_the_gave_up_exit_is_explained():
 
 
 @pytest.mark.parametrize(("fields", "in_place", "launcher"), [
-    ({}, False, True),
+    ({}, True, True),
+    ({"restartPolicy": {"inPlace": False}}, False, True),
+    ({"checkpoint": {"ephemeral": True}}, False, True),
+    ({"scheduling": {"gang": "kubernetes"}}, False, True),
     ({"command": ["python3", "x.py"]}, False, False),
-    ({"command": ["python3", "x.py"], "procsPerWorker": 2}, False, True),
+    ({"command": ["python3", "x.py"], "procsPerWorker": 2}, True, True),
     ({"command": ["python3", "x.py"], "restartPolicy": {"inPlace": True}}, True, True),
-    ({"scheduling": {"gang": "coscheduling"}, "restartPolicy": {"inPlace": True}}, True, True),
+    ({"scheduling": {"gang": "coscheduling"}}, True, True),
 ])
-def test_in_place_is_off_unless_asked_and_runs_every_pod_under_the_launcher(fields, in_place, launcher):
+def test_in_place_is_on_where_safe_unless_told_and_runs_every_pod_under_the_launcher(fields, in_place, launcher):
+    """Unset, a gang restarts in place with durable checkpoints, no PodGroup per generation, and workers that
+    run the launcher anyway; a one-process command does only when asked (its image then needs python3)."""
     s = TrainingJobSpec.model_validate({"workers": 2, **fields})
-    assert (s.restart_policy.in_place, s.runs_launcher) == (in_place, launcher)
+    assert (s.restarts_in_place, s.runs_launcher) == (in_place, launcher)
 
 
 @pytest.mark.parametrize("fields", [

@@ -316,7 +316,8 @@ def test_gang_restart_names_the_checkpoint_it_restarts_from():
     failed = [pod(0), pod(1, phase="Failed", exit_code=137)]
     spec = {"restartPolicy": {"backoffLimit": 3, "backoffSeconds": 0}}
     p = plan(body(status=st, **spec), failed, {}, T0, S)
-    assert "restarting the whole gang from the checkpoint at step 40 (restart 1 of at most 3" in p.status["message"]
+    assert "restarting the whole gang from the checkpoint at step 40 in place, keeping 1 of 2 workers " \
+        "(restart 1 of at most 3" in p.status["message"]
     assert p.events[0][2] == p.status["message"] and p.status["lastCheckpoint"]["step"] == 40
     assert p.status["resumedFromStep"] == 0  # until the new generation reports what it loaded
     eph = plan(body(status=st, checkpoint={"ephemeral": True}, **spec), failed, {}, T0, S)

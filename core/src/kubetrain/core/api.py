@@ -343,8 +343,8 @@ class RestartPolicySpec(_Model):
     """How long a gang may take from its creation until every worker runs (pods unschedulable, refused, pulling images). Past it the gang is released, so its scheduled pods give their GPUs back, and restarted as a counted failure (StartTimeout). Unset: the job waits, saying why in the WorkersBlocked condition."""
     rules: list[FailureRule] | None = Field(None, max_length=32)
     """Failure rules, tried in order before the defaults: permanentExitCodes fail the job; disruptions (Disrupted, Evicted) restart the gang without counting against backoffLimit; every other failure restarts it and counts."""
-    in_place: bool = False
-    """Restart the gang in place: the workers still running are kept, their launcher stops their processes and starts the next generation from the latest checkpoint when the operator says so (through the pod's `kubetrain.io/restart-generation` annotation, read from a Downward API volume); only failed, deleted or lost workers' pods are recreated. A kept worker whose launcher gets no new generation within maxBackoffSeconds + 60 s exits 75 and its pod is recreated. A one-process command runs under the launcher (its image needs python3). Needs durable checkpoints and no `gang: kubernetes`. The local backend restarts processes either way."""
+    in_place: bool | None = None
+    """Restart the gang in place: the workers still running are kept, their launcher stops their processes and starts the next generation from the latest checkpoint when the operator says so (through the pod's `kubetrain.io/restart-generation` annotation, read from a Downward API volume); only failed, deleted or lost workers' pods are recreated. A kept worker whose launcher gets no new generation within maxBackoffSeconds + 60 s exits 75 and its pod is recreated. A one-process command runs under the launcher (its image needs python3). Needs durable checkpoints and no `gang: kubernetes`. Unset: on where it is safe, that is with durable checkpoints, without `gang: kubernetes`, and for workers that run the launcher anyway (the built-in trainer, or procsPerWorker > 1). The local backend restarts processes either way."""
 
 
 class SchedulingSpec(_Model):
@@ -691,10 +691,21 @@ class TrainingJobSpec(_Model):
         return self.workers * self.procs
 
     @property
+    def restarts_in_place(self) -> bool:
+        """restartPolicy.inPlace, and where it is unset, whether in place is safe: checkpoints a recreated
+        worker finds, no PodGroup per generation, and a launcher the workers run anyway (no new demand
+        on a command's image)."""
+        asked = self.restart_policy.in_place
+        if asked is not None:
+            return asked
+        return not self.checkpoint.ephemeral and self.scheduling.gang != "kubernetes" and \
+            (not self.command or self.procs > 1)
+
+    @property
     def runs_launcher(self) -> bool:
         """Whether a worker pod runs kubetrain's launcher: the built-in trainer does, a command does with
-        procsPerWorker > 1 or restartPolicy.inPlace true."""
-        return not self.command or self.procs > 1 or self.restart_policy.in_place
+        procsPerWorker > 1 or when it restarts in place."""
+        return not self.command or self.procs > 1 or self.restarts_in_place
 
     def rule_violations(self) -> list[tuple[str, str]]:
         """(spec-relative path, message) for every cross-field rule this spec breaks."""

@@ -323,7 +323,7 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
     values.update(contract.thread_env(cores, spec.procs))  # the worker's CPU request, shared by its processes
     values.update(fabrics.profile(spec).env)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
-    if spec.restart_policy.in_place:
+    if spec.restarts_in_place:
         env += [{"name": contract.GENERATION_FILE, "value": f"{GENERATION_MOUNT}/generation"},
                 {"name": contract.IN_PLACE_WAIT, "value": f"{in_place_wait_seconds(spec):g}"}]
     if spec.progress_reporting:  # the pod's own identity, for rank 0's progress annotation (Downward API)
@@ -423,7 +423,7 @@ def _worker_meta(job: TrainingJob, index: int, generation: int, labels: dict[str
         contract.GENERATION_ANNOTATION: str(generation),
         **fabrics.profile(job.spec).annotations,
     }
-    if job.spec.restart_policy.in_place:
+    if job.spec.restarts_in_place:
         meta["annotations"][contract.IN_PLACE_ANNOTATION] = "true"
     if job.spec.scheduling.gang in ("volcano", "coscheduling"):  # either scheduler reads its own marker
         meta["annotations"][contract.GANG_GROUP_ANNOTATION] = name
@@ -438,7 +438,7 @@ def _worker_volumes(job: TrainingJob, claim: str | None) -> list[dict[str, Any]]
         {"name": "checkpoints", **({"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}})},
         {"name": "output", "emptyDir": {}},
     ]
-    if job.spec.restart_policy.in_place:  # the kubelet rewrites the file when the annotation changes
+    if job.spec.restarts_in_place:  # the kubelet rewrites the file when the annotation changes
         field_path = f"metadata.annotations['{contract.GENERATION_ANNOTATION}']"
         volumes.append({"name": "generation", "downwardAPI": {
             "items": [{"path": "generation", "fieldRef": {"fieldPath": field_path}}]}})
@@ -463,7 +463,7 @@ def _worker_container(job: TrainingJob, index: int, generation: int, settings: S
             {"name": "checkpoints", "mountPath": checkpoint_mount(spec)},
             {"name": "output", "mountPath": OUTPUT_MOUNT},
             *([{"name": "generation", "mountPath": GENERATION_MOUNT, "readOnly": True}]
-              if spec.restart_policy.in_place else []),
+              if spec.restarts_in_place else []),
             *(dict(m) for m in fabric.mounts),
         ],
         "resources": _resources(spec, fabric),

@@ -263,7 +263,7 @@ def kept_in_place(spec: TrainingJobSpec, job: JobView, failures: list[Failure]) 
     """The workers an in-place restart keeps: running, on a Ready node, able to restart in place, not failed
     themselves. None when the gang never ran (StartTimeout) or a kept worker's launcher did not answer the
     last in-place restart: then every worker is recreated."""
-    if not spec.restart_policy.in_place:
+    if not spec.restarts_in_place:
         return ()
     if any(f.kind == FailureKind.START_TIMEOUT or f.worker.exit_code == contract.IN_PLACE_GAVE_UP_EXIT_CODE
            for f in failures):
