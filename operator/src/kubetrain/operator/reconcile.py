@@ -391,6 +391,8 @@ def _lost(spec: TrainingJobSpec, pods: list[dict[str, Any]], nodes: dict[str, da
     """Pods of the job that are going away (or must) on a node NotReady past its grace: they would stay
     Terminating forever and hold the next generation back, as the node lifecycle controller's pod GC
     would not remove them before its own, much longer, timeout."""
+    if not nodes:  # only NotReady nodes are kept
+        return []
     grace = timedelta(seconds=spec.restart_policy.node_not_ready_grace_seconds)
     out = []
     for p in pods:
