@@ -970,11 +970,14 @@ def restart_count(admin: client.ApiClient, operator: str, sc: cl.Scenario, ns: s
 
 def note_kwok_deletes(res: cl.RunResult, ns: str) -> None:
     kwok_log = Path(os.environ["KUBETRAIN_CLUSTER_DIR"]) / "logs" / "kwok.log"
-    with open(kwok_log, errors="replace") as f, open(audit_log(), "rb") as a:
-        res.kwok_duplicate_deletes = cl.unrequested_deletes(f, ns, cl.delete_requests(a, ns))
+    with open(audit_log(), "rb") as a:
+        audit = a.readlines()
+    with open(kwok_log, errors="replace") as f:
+        res.kwok_duplicate_deletes = cl.unrequested_deletes(
+            f, ns, cl.pod_requests(audit, ns), cl.pod_requests(audit, ns, verb="create"))
     if res.kwok_duplicate_deletes:
         res.notes.append(f"kwok deleted {res.kwok_duplicate_deletes} pod(s) nobody asked to delete: re-created "
-                         "workers (its pod-delete stage fired twice for the old pod and deletes by name)")
+                         "workers (its pod-delete stage deletes by name, after the old pod was gone)")
 
 
 # --------------------------------------------------------------------------- main

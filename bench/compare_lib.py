@@ -389,25 +389,27 @@ def audit_policy(users: Sequence[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- kwok log
 
 
-def delete_requests(audit_lines: Iterable[str | bytes], namespace: str) -> dict[str, list[float]]:
-    """Pod name -> times of DELETE requests for it in ``namespace`` (any user the audit policy logs)."""
+def pod_requests(audit_lines: Iterable[str | bytes], namespace: str, verb: str = "delete") -> dict[str, list[float]]:
+    """Pod name -> times of DELETE requests (or of another verb's) for it in ``namespace`` (any user the
+    audit policy logs)."""
     out: dict[str, list[float]] = {}
     for raw in audit_lines:
         line = raw.decode() if isinstance(raw, bytes) else raw
-        if '"delete"' not in line or namespace not in line:
+        if f'"{verb}"' not in line or namespace not in line:
             continue
         try:
             ev = json.loads(line)
         except json.JSONDecodeError:
             continue
         ref = ev.get("objectRef") or {}
-        if ev.get("verb") == "delete" and ref.get("resource") == "pods" and ref.get("namespace") == namespace \
-                and not ref.get("subresource"):
-            out.setdefault(ref.get("name", ""), []).append(parse_time(ev["requestReceivedTimestamp"]))
+        if ev.get("verb") == verb and ref.get("resource") == "pods" and ref.get("namespace") == namespace \
+                and not ref.get("subresource") and ref.get("name"):
+            out.setdefault(ref["name"], []).append(parse_time(ev["requestReceivedTimestamp"]))
     return {name: sorted(set(ts)) for name, ts in out.items()}
 
 
-def unrequested_deletes(kwok_lines: Iterable[str], namespace: str, requested: dict[str, list[float]]) -> int:
+def unrequested_deletes(kwok_lines: Iterable[str], namespace: str, requested: dict[str, list[float]],
+                        created: dict[str, list[float]] | None = None) -> int:
     """Pods kwok deleted that nobody asked to delete.
 
     kwok's pod-delete stage deletes by name, with no UID precondition (kwok v0.8.0,
@@ -416,7 +418,9 @@ def unrequested_deletes(kwok_lines: Iterable[str], namespace: str, requested: di
     since, i.e. a worker just re-created under the same name. (A real kubelet deletes with the
     pod's UID as precondition.) Counts successful "Delete pod" lines in kwok's JSON log with no
     DELETE request for that pod (``requested``, from the audit log) since kwok's previous delete
-    of the name. kwok logs a failed delete as an ERROR, not as "Delete pod"."""
+    of the name, nor any create of the name (``created``) after that request: kwok also deletes by
+    name a pod the API server had already removed (a Failed pod goes at once), and then hits its
+    successor. kwok logs a failed delete as an ERROR, not as "Delete pod"."""
     prefix = f"{namespace}/"
     last: dict[str, float] = {}
     count = 0
@@ -432,7 +436,8 @@ def unrequested_deletes(kwok_lines: Iterable[str], namespace: str, requested: di
             continue
         name, t = pod[len(prefix):], parse_time(ev["time"])
         since = last.get(name, float("-inf"))
-        if not any(since < r <= t for r in requested.get(name, [])):
+        made = (created or {}).get(name, [])
+        if not any(since < r <= t and not any(r < c <= t for c in made) for r in requested.get(name, [])):
             count += 1
         last[name] = t
     return count

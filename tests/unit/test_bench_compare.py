@@ -193,7 +193,7 @@ def test_unrequested_deletes_counts_kwok_deletes_nobody_asked_for():
         kwok_line("2026-11-22T15:03:36.900Z", "ns/gang-worker-3", "Patch pod"),
         "not json",
     ]
-    requested = cl.delete_requests([
+    requested = cl.pod_requests([
         audit(KT, "1", "delete", t="2026-11-22T15:03:36.749Z", name="gang-worker-2"),
         audit(KT, "2", "delete", t="2026-11-22T15:03:37.679Z", name="gang-worker-2"),
         audit(KF, "3", "delete", t="2026-11-22T15:03:36.700Z", name="gang-worker-3").encode(),
@@ -204,6 +204,19 @@ def test_unrequested_deletes_counts_kwok_deletes_nobody_asked_for():
                          "gang-worker-3": [t("2026-11-22T15:03:36.700Z")]}
     assert cl.unrequested_deletes(lines, "ns", requested) == 1
     assert cl.unrequested_deletes(lines, "other", {}) == 1
+
+
+def test_a_kwok_delete_after_the_successor_was_created_is_unrequested():
+    """A Failed pod is removed at once by the API server; kwok's one delete by name, after the operator
+    re-created the worker, removes the successor."""
+    t = cl.parse_time
+    lines = [kwok_line("2026-11-26T20:08:35.807Z", "ns/gang-worker-5")]
+    entries = [audit(KT, "1", "delete", t="2026-11-26T20:08:35.694Z", name="gang-worker-5"),
+               audit(KT, "2", "create", t="2026-11-26T20:08:35.782Z", name="gang-worker-5")]
+    created = cl.pod_requests(entries, "ns", verb="create")
+    assert created == {"gang-worker-5": [t("2026-11-26T20:08:35.782Z")]}
+    assert cl.unrequested_deletes(lines, "ns", cl.pod_requests(entries, "ns"), created) == 1
+    assert cl.unrequested_deletes(lines, "ns", cl.pod_requests(entries, "ns")) == 0  # without the creates
 
 
 # --------------------------------------------------------------------------- Kubeflow Trainer v2, Kubeflow v1 tuned
