@@ -244,3 +244,17 @@ def test_a_jobs_workload_is_kept_newest_first_and_only_when_the_job_owns_it() ->
     assert cache.workload((NS, "a")) is not None
     cache.workload_event("DELETED", workload("a", 4, owner_uid="u1"))
     assert cache.workload((NS, "a")) is None
+
+
+def test_the_cache_keeps_no_managed_fields() -> None:
+    """The field managers' bookkeeping is never read; with thousands of pods it was memory for nothing."""
+    fields = [{"manager": "kubelet", "operation": "Update", "fieldsV1": {"f:status": {}}}]
+    cache = WatchCache()
+    cache.job_event("ADDED", {**job("a"), "metadata": {**job("a")["metadata"], "managedFields": fields}})
+    watched, live = pod("a", 0, rv=2), pod("a", 1, rv=2)
+    watched["metadata"]["managedFields"] = live["metadata"]["managedFields"] = fields
+    cache.pod_event("ADDED", watched)
+    cache.replace_pods((NS, "a"), {"a-worker-0": watched, "a-worker-1": live}, NOW)
+    kept = [cache.job((NS, "a")), *cache.pods((NS, "a"))]
+    assert len(kept) == 3 and all("managedFields" not in o["metadata"] for o in kept)
+    assert cache.pod((NS, "a"), "a-worker-1")["metadata"]["labels"][contract.LABEL_JOB] == "a"  # the rest stays

@@ -50,6 +50,14 @@ def _node_of(pod: dict[str, Any]) -> str | None:
     return (pod.get("spec") or {}).get("nodeName")
 
 
+def slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without metadata.managedFields, which the operator never reads: with a thousand jobs'
+    pods, the field managers' bookkeeping was a good part of the operator's memory. In place: the
+    cache owns what it is given."""
+    (obj.get("metadata") or {}).pop("managedFields", None)
+    return obj
+
+
 def uid_of(obj: dict[str, Any]) -> str | None:
     return (obj.get("metadata") or {}).get("uid")
 
@@ -210,6 +218,7 @@ class WatchCache:
             self.forget(key)
             return key
         entry = self._jobs.get(key)
+        body = slim(body)
         if entry is None:
             self._jobs[key] = _Job(body)
         elif resource_version(body) >= resource_version(entry.body):
@@ -241,9 +250,9 @@ class WatchCache:
             entry.pods.pop(name, None)
             entry.tombstones[name] = max(rv, entry.tombstones.get(name, 0))
             if disrupted(body):
-                entry.disrupted[name] = body
+                entry.disrupted[name] = slim(body)
         elif rv > entry.tombstones.get(name, -1) and rv >= resource_version(entry.pods.get(name, {})):
-            entry.pods[name] = body
+            entry.pods[name] = slim(body)
             entry.tombstones.pop(name, None)
         return key
 
@@ -285,7 +294,7 @@ class WatchCache:
         cached = entry.pods
         changed = set(cached) != set(live) or any(
             resource_version(live[n]) != resource_version(cached[n]) for n in live)
-        entry.pods = dict(live)
+        entry.pods = {n: slim(p) for n, p in live.items()}
         for name in live:
             entry.tombstones.pop(name, None)
         return changed
