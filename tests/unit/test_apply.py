@@ -58,7 +58,8 @@ class FakeApi:
             exc = failure(*args) if callable(failure) else failure
             if exc is not None:
                 raise exc
-            return self.reply.get(method, lambda *_: None)(*args)
+            unparsed = kwargs.get("_preload_content") is False  # the caller reads .data, or nothing
+            return self.reply.get(method, lambda *_: SimpleNamespace(data=b"{}") if unparsed else None)(*args)
         return call
 
 

@@ -253,12 +253,12 @@ class FakeApi:
         self.calls, self.fail = calls, {}
 
     def __getattr__(self, method: str) -> Any:
-        def call(*args: Any, **_: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             obj = next((a for a in args if isinstance(a, dict)), None)
             self.calls.append((method, obj["metadata"]["name"] if obj and "metadata" in obj else ""))
             if method in self.fail:
                 raise self.fail[method]
-            if method == "create_namespaced_pod":
+            if kwargs.get("_preload_content") is False:  # the caller reads the raw body
                 return SimpleNamespace(data=json.dumps(obj))
             return None
         return call
@@ -303,7 +303,10 @@ def test_the_event_of_a_missing_crd_has_its_own_reason() -> None:
     core, custom, rbac = FakeApi(calls), FakeApi(calls), FakeApi(calls)
     custom.fail["create_namespaced_custom_object"] = not_served()
     recorded: list[str] = []
-    core.create_namespaced_event = lambda ns, event: recorded.append(event.reason)  # type: ignore[method-assign]
+    def record(ns: str, event: Any, **_: Any) -> SimpleNamespace:
+        recorded.append(event.reason)
+        return SimpleNamespace(data=b"{}")
+    core.create_namespaced_event = record  # type: ignore[method-assign]
     cache = WatchCache()
     job_body = body(scheduling={"gang": "volcano"})
     cache.job_event("ADDED", job_body)

@@ -81,6 +81,12 @@ def _create_pod(apis: Apis, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
     return json.loads(apis.core.create_namespaced_pod(ns, obj, _preload_content=False).data)
 
 
+def _unparsed(call: Callable[..., Any], *args: Any) -> None:
+    """A call whose answer is not needed: its body read (so its connection goes back to the pool) but
+    not turned into the client's models (a Service, a ConfigMap, an Event per job add up)."""
+    _ = call(*args, _preload_content=False).data
+
+
 def _create_pod_group(apis: Apis, ns: str, obj: dict[str, Any]) -> Any:
     group, version = obj["apiVersion"].split("/")
     return apis.custom.create_namespaced_custom_object(group, version, ns, "podgroups", obj)
@@ -88,12 +94,13 @@ def _create_pod_group(apis: Apis, ns: str, obj: dict[str, Any]) -> Any:
 
 CREATE: dict[str, Callable[[Apis, str, dict[str, Any]], Any]] = {
     "Pod": _create_pod,
-    "Service": lambda apis, ns, obj: apis.core.create_namespaced_service(ns, obj),
-    "ConfigMap": lambda apis, ns, obj: apis.core.create_namespaced_config_map(ns, obj),
-    "PersistentVolumeClaim": lambda apis, ns, obj: apis.core.create_namespaced_persistent_volume_claim(ns, obj),
+    "Service": lambda apis, ns, obj: _unparsed(apis.core.create_namespaced_service, ns, obj),
+    "ConfigMap": lambda apis, ns, obj: _unparsed(apis.core.create_namespaced_config_map, ns, obj),
+    "PersistentVolumeClaim": lambda apis, ns, obj: _unparsed(apis.core.create_namespaced_persistent_volume_claim,
+                                                             ns, obj),
     "PodGroup": _create_pod_group,
-    "Role": lambda apis, ns, obj: apis.rbac.create_namespaced_role(ns, obj),
-    "RoleBinding": lambda apis, ns, obj: apis.rbac.create_namespaced_role_binding(ns, obj),
+    "Role": lambda apis, ns, obj: _unparsed(apis.rbac.create_namespaced_role, ns, obj),
+    "RoleBinding": lambda apis, ns, obj: _unparsed(apis.rbac.create_namespaced_role_binding, ns, obj),
 }
 """The API call that creates each kind of child a plan may hold."""
 
@@ -482,8 +489,8 @@ class Applier:
         log.log(logging.WARNING if type_ == "Warning" else logging.INFO,
                 "%s/%s: %s: %s", meta["namespace"], meta["name"], reason, message)
         try:
-            self.apis.core.create_namespaced_event(meta["namespace"], event_body(job, type_, reason, message,
-                                                                                 self.clock()))
+            _unparsed(self.apis.core.create_namespaced_event, meta["namespace"],
+                      event_body(job, type_, reason, message, self.clock()))
         except ApiException as exc:
             log.warning("could not record event %s on %s: %s", reason, meta["name"], exc.reason)
 
