@@ -10,7 +10,8 @@ from kubetrain.core.api import TrainingJob
 from kubetrain.core.progress import CheckpointRecord, Progress
 from kubetrain.operator import builders as b
 from kubetrain.operator.apply import namespace_terminating
-from kubetrain.operator.reconcile import claim_to_check, container_exit_code, plan, set_condition
+from kubetrain.operator.pod_facts import container_exit_code
+from kubetrain.operator.reconcile import claim_to_check, plan, set_condition
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = b.Settings(trainer_image="trainer:test")

@@ -11,12 +11,12 @@ have (`Want`); `announce` tells whether that is news worth one Warning Event.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from kubetrain.core.api import CHECKPOINTS_DURABLE, WORKERS_BLOCKED, ConditionReason, TrainingJob
-from kubetrain.core.contract import parse_time
 from kubetrain.operator import builders as b
+from kubetrain.operator.pod_facts import facts
 
 R = ConditionReason
 
@@ -87,16 +87,12 @@ def checkpoints_durable(job: TrainingJob) -> Want:
 
 def unschedulable_since(pod: dict[str, Any]) -> datetime | None:
     """When the scheduler last said it found no node for the pod (None: it did not)."""
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
-            return parse_time(c.get("lastTransitionTime")) or datetime.min.replace(tzinfo=UTC)
-    return None
+    return facts(pod).unschedulable_since
 
 
 def _pending(pod: dict[str, Any]) -> bool:
     """Pending and not being deleted: a pod that may be blocked."""
-    return (pod.get("status") or {}).get("phase", "Pending") == "Pending" and \
-        not pod["metadata"].get("deletionTimestamp")
+    return facts(pod).pending
 
 
 def blocked_pod(pod: dict[str, Any], now: datetime) -> BlockedPod | None:
@@ -119,7 +115,7 @@ def blocked_pod(pod: dict[str, Any], now: datetime) -> BlockedPod | None:
 
 
 def _index(pod: dict[str, Any]) -> int:
-    return int((pod["metadata"].get("labels") or {}).get(b.LABEL_INDEX, "-1"))
+    return facts(pod).index
 
 
 def blocked_pods(pods: list[dict[str, Any]], now: datetime) -> list[BlockedPod]:

@@ -44,6 +44,7 @@ from kubetrain.operator.conditions import (
     waits_for_volume,
     workers_blocked,
 )
+from kubetrain.operator.pod_facts import container_exit_code, disrupted, facts
 
 __all__ = ["Plan", "claim_to_check", "container_exit_code", "deletion_overdue", "plan", "set_condition"]
 
@@ -81,67 +82,20 @@ def _pod_labels(pod: dict[str, Any]) -> dict[str, str]:
 
 
 def pod_generation(pod: dict[str, Any]) -> int:
-    return int(_pod_labels(pod).get(b.LABEL_GENERATION, "-1"))
-
-
-def disrupted(pod: dict[str, Any]) -> bool:
-    """The pod carries DisruptionTarget=True: preempted, evicted through the API, drained, or taint-evicted."""
-    conds = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in conds)
-
-
-def _trainer_terminated(status: dict[str, Any]) -> dict[str, Any] | None:
-    """The trainer container's terminated state, if it ended (sidecars may keep the pod Running)."""
-    for cs in status.get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated")
-        if cs.get("name") == b.CONTAINER and term:
-            return dict(term)
-    return None
+    return facts(pod).generation
 
 
 def worker_state(index: int, pod: dict[str, Any], nodes: dict[str, datetime | None]) -> WorkerState:
-    """A Pod as the lifecycle sees it, judged by the trainer container, not the pod phase: a sidecar
-    (native or not) keeps a pod Running after the trainer has exited."""
-    status = pod.get("status") or {}
-    phase = status.get("phase", "Pending")
-    term = _trainer_terminated(status)
-    ended = term is not None or phase in ("Succeeded", "Failed")
-    if pod["metadata"].get("deletionTimestamp") and not ended:
-        return WorkerState(index, WorkerPhase.MISSING, reason="Disrupted" if disrupted(pod) else "Deleted")
-    if phase == "Succeeded" or (term is not None and term.get("exitCode") == 0 and term.get("reason") != "StartError"):
-        return WorkerState(index, WorkerPhase.SUCCEEDED, exit_code=0)
-    if ended:
-        reason = "Disrupted" if disrupted(pod) else status.get("reason")
-        if term is not None and term.get("reason") == "OOMKilled":
-            reason = "OOMKilled"
-        return WorkerState(index, WorkerPhase.FAILED, exit_code=container_exit_code(term or {}), reason=reason)
-    wp = WorkerPhase.RUNNING if phase == "Running" else WorkerPhase.PENDING
-    notes = pod["metadata"].get("annotations") or {}
-    told = notes.get(contract.GENERATION_ANNOTATION)  # lags the label while a kept pod waits for its backoff
-    return WorkerState(index, wp, node_not_ready_since=nodes.get(pod.get("spec", {}).get("nodeName") or ""),
-                       in_place=notes.get(contract.IN_PLACE_ANNOTATION) == "true",
-                       held=told is not None and told != str(pod_generation(pod)))
-
-
-def container_exit_code(terminated: dict[str, Any]) -> int | None:
-    """The container's exit code, as a shell would give it for a command the runtime could not start:
-    runc reports such a container as StartError with 128, and 128 alone would count as retryable."""
-    if terminated.get("reason") == "StartError":
-        message = terminated.get("message") or ""
-        exec_failed = 'exec: "' in message  # runc could not exec the command (not a mount or workingDir)
-        if exec_failed and ("executable file not found" in message or "no such file or directory" in message):
-            return contract.COMMAND_NOT_FOUND_EXIT_CODE
-        if exec_failed and "permission denied" in message:
-            return contract.COMMAND_NOT_EXECUTABLE_EXIT_CODE
-    code = terminated.get("exitCode")
-    return int(code) if code is not None else None
+    """A Pod as the lifecycle sees it (pod_facts)."""
+    f = facts(pod)
+    if f.phase not in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
+        return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason)
+    return WorkerState(index, f.phase, node_not_ready_since=nodes.get(f.node or "") if nodes else None,
+                       in_place=f.in_place, held=f.held)
 
 
 def is_ready(pod: dict[str, Any]) -> bool:
-    conds = (pod.get("status") or {}).get("conditions") or []
-    return (pod.get("status") or {}).get("phase") == "Running" and any(
-        c.get("type") == "Ready" and c.get("status") == "True" for c in conds
-    )
+    return facts(pod).ready
 
 
 def observe(
@@ -169,7 +123,7 @@ def observe(
 
 
 def _index(pod: dict[str, Any]) -> int:
-    return int(_pod_labels(pod).get(b.LABEL_INDEX, "-1"))
+    return facts(pod).index
 
 
 # --------------------------------------------------------------------------- plan
@@ -309,15 +263,8 @@ def _in_scope(scope: lc.Scope, pods: list[dict[str, Any]], generation: int) -> l
 
 
 def still_running(pod: dict[str, Any]) -> bool:
-    """Pending, or a container (a sidecar, native or not) still runs. A pod whose containers all ended
-    is finished even while its phase still says Running: the kubelet updates the phase a moment later,
-    and deleting that pod would lose rank 0's log."""
-    status = pod.get("status") or {}
-    if status.get("phase") not in ("Pending", "Running", None):
-        return False
-    statuses = [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]
-    return status.get("phase") != "Running" or not statuses or \
-        any(not (cs.get("state") or {}).get("terminated") for cs in statuses)
+    """Pending, or a container (a sidecar, native or not) still runs."""
+    return facts(pod).running
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 from kubetrain.core import contract
 from kubetrain.core.progress import Progress
 from kubetrain.operator import builders as b
-from kubetrain.operator.reconcile import disrupted
+from kubetrain.operator.pod_facts import disrupted
 
 Key = tuple[str, str]
 """(namespace, name) of a TrainingJob."""

@@ -1,0 +1,149 @@
+"""What the operator reads from a worker pod, worked out once per version of the pod.
+
+A reconcile looks at every pod of its job, and a gang being created is reconciled after nearly every
+pod event: with 1024 workers, reading the same unchanged pods again and again was a third of the
+operator's CPU. A pod's facts depend on the pod alone, so they are kept per (namespace, name,
+resourceVersion, being deleted): the operator marks a pod it deleted as terminating before the watch
+says so, under the same resourceVersion. A pod without a resourceVersion (built, not read from the API
+server) is read afresh each time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubetrain.core import contract
+from kubetrain.core.contract import parse_time
+from kubetrain.core.lifecycle import WorkerPhase
+from kubetrain.operator import builders as b
+
+MEMO_LIMIT = 16384
+"""Pod versions remembered; all are forgotten at once when full (older versions are never asked again)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    index: int
+    """The worker index label (-1 without one)."""
+    generation: int
+    """The restart generation label (-1 without one)."""
+    phase: WorkerPhase
+    """The worker as the lifecycle sees it: judged by the trainer container, not the pod phase."""
+    exit_code: int | None
+    reason: str | None
+    node: str | None
+    in_place: bool
+    """The pod's launcher runs whatever generation the operator tells it (kubetrain.io/in-place)."""
+    held: bool
+    """Told a generation other than its label's: a kept pod waiting for its restart's backoff."""
+    running: bool
+    """Pending, or a container still runs (see still_running)."""
+    ready: bool
+    pending: bool
+    """Pending and not being deleted: a pod that may be blocked."""
+    unschedulable_since: datetime | None
+    """When the scheduler last said it found no node for the pod (None: it did not)."""
+
+
+_memo: dict[tuple[str, str, str, bool], PodFacts] = {}
+
+
+def facts(pod: dict[str, Any]) -> PodFacts:
+    meta = pod["metadata"]
+    rv = meta.get("resourceVersion")
+    if not rv:
+        return _read(pod)
+    key = (meta.get("namespace") or "", meta["name"], rv, "deletionTimestamp" in meta)
+    found = _memo.get(key)
+    if found is None:
+        if len(_memo) >= MEMO_LIMIT:
+            _memo.clear()
+        found = _memo[key] = _read(pod)
+    return found
+
+
+def _read(pod: dict[str, Any]) -> PodFacts:
+    meta, status = pod["metadata"], pod.get("status") or {}
+    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    generation = int(labels.get(b.LABEL_GENERATION, "-1"))
+    phase, exit_code, reason = _worker(pod)
+    told = notes.get(contract.GENERATION_ANNOTATION)  # lags the label while a kept pod waits for its backoff
+    pending = status.get("phase", "Pending") == "Pending" and not meta.get("deletionTimestamp")
+    return PodFacts(
+        index=int(labels.get(b.LABEL_INDEX, "-1")), generation=generation, phase=phase, exit_code=exit_code,
+        reason=reason, node=(pod.get("spec") or {}).get("nodeName") or None,
+        in_place=notes.get(contract.IN_PLACE_ANNOTATION) == "true", held=told is not None and told != str(generation),
+        running=_still_running(status), ready=_ready(status), pending=pending,
+        unschedulable_since=_unschedulable_since(status),
+    )
+
+
+def _worker(pod: dict[str, Any]) -> tuple[WorkerPhase, int | None, str | None]:
+    """A sidecar (native or not) keeps a pod Running after the trainer has exited."""
+    status = pod.get("status") or {}
+    phase = status.get("phase", "Pending")
+    term = _trainer_terminated(status)
+    ended = term is not None or phase in ("Succeeded", "Failed")
+    if pod["metadata"].get("deletionTimestamp") and not ended:
+        return WorkerPhase.MISSING, None, "Disrupted" if disrupted(pod) else "Deleted"
+    if phase == "Succeeded" or (term is not None and term.get("exitCode") == 0 and term.get("reason") != "StartError"):
+        return WorkerPhase.SUCCEEDED, 0, None
+    if ended:
+        reason = "Disrupted" if disrupted(pod) else status.get("reason")
+        if term is not None and term.get("reason") == "OOMKilled":
+            reason = "OOMKilled"
+        return WorkerPhase.FAILED, container_exit_code(term or {}), reason
+    return (WorkerPhase.RUNNING if phase == "Running" else WorkerPhase.PENDING), None, None
+
+
+def disrupted(pod: dict[str, Any]) -> bool:
+    """The pod carries DisruptionTarget=True: preempted, evicted through the API, drained, or taint-evicted."""
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "DisruptionTarget" and c.get("status") == "True" for c in conds)
+
+
+def _trainer_terminated(status: dict[str, Any]) -> dict[str, Any] | None:
+    """The trainer container's terminated state, if it ended (sidecars may keep the pod Running)."""
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if cs.get("name") == b.CONTAINER and term:
+            return dict(term)
+    return None
+
+
+def container_exit_code(terminated: dict[str, Any]) -> int | None:
+    """The container's exit code, as a shell would give it for a command the runtime could not start:
+    runc reports such a container as StartError with 128, and 128 alone would count as retryable."""
+    if terminated.get("reason") == "StartError":
+        message = terminated.get("message") or ""
+        exec_failed = 'exec: "' in message  # runc could not exec the command (not a mount or workingDir)
+        if exec_failed and ("executable file not found" in message or "no such file or directory" in message):
+            return contract.COMMAND_NOT_FOUND_EXIT_CODE
+        if exec_failed and "permission denied" in message:
+            return contract.COMMAND_NOT_EXECUTABLE_EXIT_CODE
+    code = terminated.get("exitCode")
+    return int(code) if code is not None else None
+
+
+def _still_running(status: dict[str, Any]) -> bool:
+    """A pod whose containers all ended is finished even while its phase still says Running: the kubelet
+    updates the phase a moment later, and deleting that pod would lose rank 0's log."""
+    if status.get("phase") not in ("Pending", "Running", None):
+        return False
+    statuses = [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]
+    return status.get("phase") != "Running" or not statuses or \
+        any(not (cs.get("state") or {}).get("terminated") for cs in statuses)
+
+
+def _ready(status: dict[str, Any]) -> bool:
+    return status.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _unschedulable_since(status: dict[str, Any]) -> datetime | None:
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return parse_time(c.get("lastTransitionTime")) or datetime.min.replace(tzinfo=UTC)
+    return None
