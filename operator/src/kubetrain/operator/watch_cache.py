@@ -58,6 +58,14 @@ def slim(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """A pod as the operator reads it: metadata, status and its node. The containers, volumes and
+    scheduling of the spec the operator wrote itself were most of each cached pod's memory. In place."""
+    spec = pod.get("spec") or {}
+    pod["spec"] = {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {}
+    return slim(pod)
+
+
 def uid_of(obj: dict[str, Any]) -> str | None:
     return (obj.get("metadata") or {}).get("uid")
 
@@ -250,9 +258,9 @@ class WatchCache:
             entry.pods.pop(name, None)
             entry.tombstones[name] = max(rv, entry.tombstones.get(name, 0))
             if disrupted(body):
-                entry.disrupted[name] = slim(body)
+                entry.disrupted[name] = slim_pod(body)
         elif rv > entry.tombstones.get(name, -1) and rv >= resource_version(entry.pods.get(name, {})):
-            entry.pods[name] = slim(body)
+            entry.pods[name] = slim_pod(body)
             entry.tombstones.pop(name, None)
         return key
 
@@ -294,7 +302,7 @@ class WatchCache:
         cached = entry.pods
         changed = set(cached) != set(live) or any(
             resource_version(live[n]) != resource_version(cached[n]) for n in live)
-        entry.pods = {n: slim(p) for n, p in live.items()}
+        entry.pods = {n: slim_pod(p) for n, p in live.items()}
         for name in live:
             entry.tombstones.pop(name, None)
         return changed
