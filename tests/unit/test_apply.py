@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client import rest
 from kubernetes.client.rest import ApiException
 from prometheus_client import REGISTRY
+from pydantic import ValidationError
 
 from kubetrain.core import api, contract
 from kubetrain.operator.apply import CLAIM_MISSING, CREATE, READ, Apis, Applier, namespace_terminating
@@ -157,7 +159,7 @@ def test_forbidden_progress_rbac_is_an_event_and_the_binding_is_not_tried(fake: 
     assert "create_namespaced_role_binding" not in methods(fake)
     assert "create_namespaced_service" in methods(fake)
     event = next(args[1] for m, args in fake.calls if m == "create_namespaced_event")
-    assert event.reason == "ProgressReportingForbidden" and "roles is forbidden" in event.message
+    assert event["reason"] == "ProgressReportingForbidden" and "roles is forbidden" in event["message"]
 
 
 def test_a_terminating_namespace_is_neither_retried_nor_reported(fake: SimpleNamespace) -> None:
@@ -189,6 +191,26 @@ def test_a_deleted_pod_turns_terminating_and_one_already_gone_leaves_the_cache(f
     fake.core.fail["delete_namespaced_pod"] = api_error(500)
     with pytest.raises(ApiException):
         run(fake, Plan(delete_pods=["a-worker-0"]), cache)
+
+
+def test_a_failed_worker_is_deleted_before_the_kept_workers_are_patched(fake: SimpleNamespace) -> None:
+    """Its successor waits for the name; a large gang's patches would hold the restart back."""
+    cache = WatchCache()
+    cache.job_event("ADDED", job_body())
+    for i in range(3):
+        cache.pod_event("ADDED", child("Pod", f"a-worker-{i}"))
+
+    def patched(name: str, ns: str, patch: dict[str, Any]) -> SimpleNamespace:
+        pod = child("Pod", name)
+        pod["metadata"]["labels"].update(patch["metadata"]["labels"])
+        return SimpleNamespace(data=json.dumps(pod).encode())
+
+    fake.core.reply["patch_namespaced_pod"] = patched
+    kept = {"labels": {"kubetrain.io/generation": "1"}}
+    run(fake, Plan(delete_pods=["a-worker-2"], patch_pods={"a-worker-0": kept, "a-worker-1": kept}), cache)
+    assert [(m, args[0]) for m, args in fake.calls][:1] == [("delete_namespaced_pod", "a-worker-2")]
+    assert sorted(args[0] for m, args in fake.calls if m == "patch_namespaced_pod") == ["a-worker-0", "a-worker-1"]
+    assert cache.pod(KEY, "a-worker-1")["metadata"]["labels"]["kubetrain.io/generation"] == "1"
 
 
 def test_a_pod_on_a_lost_node_is_deleted_with_grace_0(fake: SimpleNamespace) -> None:
@@ -233,9 +255,9 @@ def test_a_status_write_to_a_deleted_job_forgets_it_and_does_not_bring_it_back(f
 def test_events_are_recorded_on_the_job_and_a_failed_one_is_only_logged(fake: SimpleNamespace) -> None:
     run(fake, Plan(events=[("Warning", "WorkerFailed", "x" * 2000), ("Normal", "Created", "ok")]))
     events = [args[1] for m, args in fake.calls if m == "create_namespaced_event"]
-    assert [(e.type, e.reason) for e in events] == [("Warning", "WorkerFailed"), ("Normal", "Created")]
-    assert len(events[0].message) == 1024
-    assert events[0].involved_object.kind == api.KIND and events[0].involved_object.uid == "u-1"
+    assert [(e["type"], e["reason"]) for e in events] == [("Warning", "WorkerFailed"), ("Normal", "Created")]
+    assert len(events[0]["message"]) == 1024
+    assert events[0]["involvedObject"]["kind"] == api.KIND and events[0]["involvedObject"]["uid"] == "u-1"
     fake.core.fail["create_namespaced_event"] = api_error(403)
     run(fake, Plan(events=[("Normal", "Created", "ok")]))
 
@@ -293,7 +315,7 @@ QUOTA = api_error(403, {"message": 'pods "a-worker-1" is forbidden: exceeded quo
 
 def events(fake: SimpleNamespace) -> list[tuple[str, str, str]]:
     recorded = [args[1] for m, args in fake.calls if m == "create_namespaced_event"]
-    return [(e.type, e.reason, e.message) for e in recorded]
+    return [(e["type"], e["reason"], e["message"]) for e in recorded]
 
 
 def test_a_refused_pod_create_is_kept_for_the_status_with_one_event_until_it_changes(fake: SimpleNamespace) -> None:
@@ -581,3 +603,27 @@ def test_an_old_worker_really_stuck_is_read_live_at_most_once_per_period(fake: S
         assert pod_lists(fake) == 2
     finally:
         ctl.applier.close()
+
+
+def test_the_operators_calls_skip_the_clients_argument_checks_and_send_the_same_request() -> None:
+    cfg = client.Configuration(host="https://127.0.0.1:1", api_key={"authorization": "Bearer t"})
+    api_client = client.ApiClient(cfg)
+    sent: list[tuple[str, str, Any]] = []
+
+    def request(method: str, url: str, body: Any = None, **_: Any) -> Any:
+        sent.append((method, url, body))
+        status = 409 if body["metadata"]["name"] == "taken" else 201
+        return rest.RESTResponse(SimpleNamespace(status=status, reason="", data=b'{"kind": "Pod"}', headers={}))
+
+    api_client.rest_client.request = request
+    apis = Apis.of(api_client)
+    pod = child("Pod", "a-worker-0")
+    assert apis.core.create_namespaced_pod(NS, pod, _preload_content=False).data == b'{"kind": "Pod"}'
+    assert sent == [("POST", "https://127.0.0.1:1/api/v1/namespaces/team/pods", pod)]
+    with pytest.raises(ApiException) as refused:
+        apis.core.create_namespaced_pod(NS, child("Pod", "taken"), _preload_content=False)
+    assert refused.value.status == 409
+    with pytest.raises(ValidationError):  # what the client checks per call, and the operator's calls do not
+        client.CoreV1Api(api_client).create_namespaced_pod(NS.encode(), pod, _preload_content=False)
+    apis.core.create_namespaced_pod(NS.encode(), pod, _preload_content=False)
+

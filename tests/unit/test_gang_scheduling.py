@@ -255,7 +255,8 @@ class FakeApi:
     def __getattr__(self, method: str) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
             obj = next((a for a in args if isinstance(a, dict)), None)
-            self.calls.append((method, obj["metadata"]["name"] if obj and "metadata" in obj else ""))
+            meta = (obj or {}).get("metadata") or {}
+            self.calls.append((method, meta.get("name") or meta.get("generateName") or ""))
             if method in self.fail:
                 raise self.fail[method]
             if kwargs.get("_preload_content") is False:  # the caller reads the raw body
@@ -304,7 +305,7 @@ def test_the_event_of_a_missing_crd_has_its_own_reason() -> None:
     custom.fail["create_namespaced_custom_object"] = not_served()
     recorded: list[str] = []
     def record(ns: str, event: Any, **_: Any) -> SimpleNamespace:
-        recorded.append(event.reason)
+        recorded.append(event["reason"])
         return SimpleNamespace(data=b"{}")
     core.create_namespaced_event = record  # type: ignore[method-assign]
     cache = WatchCache()
