@@ -627,3 +627,35 @@ def test_the_operators_calls_skip_the_clients_argument_checks_and_send_the_same_
         client.CoreV1Api(api_client).create_namespaced_pod(NS.encode(), pod, _preload_content=False)
     apis.core.create_namespaced_pod(NS.encode(), pod, _preload_content=False)
 
+
+def test_a_resize_that_met_the_first_status_write_restarts_the_gang_at_its_new_size(
+        fake: SimpleNamespace) -> None:
+    """The spec changed between the gang's creation and its status write (409): the status of the gang
+    created at the old size is written all the same, so the next plan restarts it instead of topping it
+    up with a worker planned for another world size."""
+    ctl = controller(fake)
+    resized = kwok_spec_job(9)
+    resized["spec"]["workers"] = 3
+    writes: list[dict[str, Any]] = []
+
+    def patched(*args: Any) -> dict[str, Any]:
+        writes.append(args[-1])
+        if len(writes) == 1:
+            raise api_error(409)
+        return {**resized, "metadata": {**resized["metadata"], "resourceVersion": str(9 + len(writes))},
+                "status": args[-1]["status"]}
+
+    fake.custom.reply["patch_namespaced_custom_object_status"] = patched
+    fake.custom.reply["get_namespaced_custom_object"] = lambda *_: resized
+    try:
+        ctl.job_event("ADDED", kwok_spec_job(3))
+        assert reconcile(ctl) == 0.0
+        assert writes[1]["metadata"] == {"resourceVersion": "9"}
+        assert (writes[1]["status"]["gangCreated"], writes[1]["status"]["workersTotal"]) == (True, 2)
+        reconcile(ctl)
+        created = [args[1]["metadata"] for m, args in fake.calls if m == "create_namespaced_pod"]
+        assert [(c["name"], c["labels"][contract.LABEL_GENERATION]) for c in created] == [
+            ("a-worker-0", "0"), ("a-worker-1", "0")]
+        assert ctl.cache.job(KEY)["status"]["restartGeneration"] == 1
+    finally:
+        ctl.applier.close()

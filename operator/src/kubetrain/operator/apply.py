@@ -19,6 +19,7 @@ wait for the watch to report it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -472,27 +473,36 @@ class Applier:
         """Replace the status in one merge patch (fields no longer there set to null), on the condition
         that the job is still the `body` the status was planned from: its resourceVersion in the patch
         makes the API server answer 409 if anyone wrote the job since. False then: the fresh job is
-        cached for the next plan, and nothing is written over what the other writer wrote."""
-        old = body.get("status") or {}
-        patch: dict[str, Any] = {"status": {**{k: None for k in old if k not in status}, **status}}
-        if rv := (body.get("metadata") or {}).get("resourceVersion"):
-            patch["metadata"] = {"resourceVersion": rv}
+        cached for the next plan, and nothing is written over what another writer wrote. When only the
+        spec or metadata changed (the status is still `body`'s), the status is written onto the fresh
+        job all the same: it records what this plan has already done (a gang created at the old size,
+        which a resize must then restart, not top up)."""
         try:
-            new = await self.io(self.apis.custom.patch_namespaced_custom_object_status,
-                                api.GROUP, api.VERSION, key[0], api.PLURAL, key[1], patch)
+            await self._patch_status(key, body, status)
+            return True
         except ApiException as exc:
             if exc.status == 404:  # the job is gone; its DELETED event follows
                 self.cache.forget(key)
                 return True
             if exc.status != 409:
                 raise
-            metrics.STATUS_CONFLICTS.inc()
-            await self._reread_job(key)
-            return False
-        self.cache_job(key, new)
-        return True
+        metrics.STATUS_CONFLICTS.inc()
+        fresh = await self._reread_job(key)
+        if fresh is not None and uid_of(fresh) == uid_of(body) and fresh.get("status") == body.get("status"):
+            with contextlib.suppress(ApiException):  # a second conflict: the next plan starts from it
+                await self._patch_status(key, fresh, status)
+        return False
 
-    async def _reread_job(self, key: Key) -> None:
+    async def _patch_status(self, key: Key, body: dict[str, Any], status: dict[str, Any]) -> None:
+        old = body.get("status") or {}
+        patch: dict[str, Any] = {"status": {**{k: None for k in old if k not in status}, **status}}
+        if rv := (body.get("metadata") or {}).get("resourceVersion"):
+            patch["metadata"] = {"resourceVersion": rv}
+        new = await self.io(self.apis.custom.patch_namespaced_custom_object_status,
+                            api.GROUP, api.VERSION, key[0], api.PLURAL, key[1], patch)
+        self.cache_job(key, new)
+
+    async def _reread_job(self, key: Key) -> dict[str, Any] | None:
         try:
             fresh = await self.io(self.apis.custom.get_namespaced_custom_object,
                                   api.GROUP, api.VERSION, key[0], api.PLURAL, key[1])
@@ -500,8 +510,9 @@ class Applier:
             if exc.status != 404:
                 raise
             self.cache.forget(key)
-            return
+            return None
         self.cache_job(key, fresh)
+        return cast(dict[str, Any], fresh)
 
     def cache_job(self, key: Key, job: dict[str, Any]) -> None:
         cached = self.cache.job(key)  # None: deleted meanwhile, and not to be brought back
