@@ -156,6 +156,23 @@ def test_the_controller_forgets_a_deleted_job_everywhere() -> None:
         ctl.applier.close()
 
 
+def test_the_watchs_echo_of_the_operators_own_status_write_plans_nothing_again() -> None:
+    ctl = Controller(client.ApiClient(), OperatorSettings(), clock=lambda: NOW)
+    try:
+        key = (NS, "a")
+        ctl.job_event(None, job("a", rv=4))  # the first listing
+        ctl.queue.set_leading(True)
+        assert ctl.queue.take() == key
+        ctl.applier.cache_job(key, job("a", rv=5, generation=1))  # the status write's response
+        ctl.queue.done(key, requeue_after=None)
+        ctl.job_event("MODIFIED", job("a", rv=5, generation=1))  # its echo
+        assert key not in ctl.queue
+        ctl.job_event("MODIFIED", job("a", rv=6, generation=1))  # someone else's change
+        assert key in ctl.queue
+    finally:
+        ctl.applier.close()
+
+
 def owned(p: dict[str, Any], uid: str) -> dict[str, Any]:
     p["metadata"]["ownerReferences"] = [{"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
                                          "name": p["metadata"]["labels"][contract.LABEL_JOB], "uid": uid}]

@@ -28,7 +28,7 @@ from kubetrain.operator.kueue_io import KueueIO
 from kubetrain.operator.reconcile import Plan, claim_to_check, deletion_overdue, plan
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.sweep_controller import SweepController
-from kubetrain.operator.watch_cache import DELETED, Key, WatchCache
+from kubetrain.operator.watch_cache import DELETED, Key, WatchCache, resource_version, uid_of
 from kubetrain.operator.workqueue import WorkQueue
 
 __all__ = ["CONFIRM_LIVE", "Controller"]
@@ -42,6 +42,13 @@ GANG_GOING = frozenset({Action.RESTART_GANG, Action.SUSPEND, Action.FAIL, Action
 """Decisions that take the gang away: what its creates met (a refusal, a foreign object) no longer holds."""
 GAUGE_PERIOD = 5.0
 """Seconds between two refreshes of the jobs-by-phase gauge."""
+
+
+def _known_version(cached: dict[str, Any] | None, body: dict[str, Any]) -> bool:
+    """The cache holds this version of the job, or a newer one: the watch's echo of the operator's own
+    status write (whose response the applier cached), which would only plan the same again."""
+    return cached is not None and uid_of(cached) == uid_of(body) and \
+        resource_version(cached) >= resource_version(body) > 0
 
 
 class Controller:
@@ -66,10 +73,11 @@ class Controller:
 
     def job_event(self, kind: str | None, body: dict[str, Any]) -> None:
         self.sweeps.job_event(kind, body)  # a sweep's trial queues its sweep
+        known = self.cache.job((body["metadata"]["namespace"], body["metadata"]["name"]))
         key = self.cache.job_event(kind, body)
         if kind == DELETED:
             self.forget(key)
-        else:
+        elif not _known_version(known, body):
             self.queue.add(key)
 
     def pod_event(self, kind: str | None, body: dict[str, Any]) -> None:
