@@ -221,7 +221,7 @@ def in_place_launcher(configmap_dir: Path, tmp_path: Path, first: str, wait: str
     gen = tmp_path / "generation"
     gen.write_text("0")
     env = {"PET_NPROC_PER_NODE": "2", contract.RESTART_GENERATION: "0", contract.GENERATION_FILE: str(gen),
-           contract.IN_PLACE_WAIT: wait}
+           contract.IN_PLACE_WAIT: wait, contract.RAN_FILE: str(tmp_path / "ran-generation")}
     code = IN_PLACE_RANK.replace("FIRST", first)
     return pod_launcher(configmap_dir, sys.executable, "-S", "-c", code, str(tmp_path), env=env), gen
 
@@ -270,6 +270,25 @@ def test_a_worker_whose_own_process_fails_still_exits_with_its_code(configmap_di
     p, _ = in_place_launcher(configmap_dir, tmp_path, "sys.exit(7 if r == '1' else 3)")
     p.communicate(timeout=60)
     assert p.returncode == 7
+
+
+def test_a_restarted_container_waits_for_the_next_generation_instead_of_rerunning_the_failed_one(
+        configmap_dir, tmp_path):
+    p, gen = in_place_launcher(configmap_dir, tmp_path, "sys.exit(7 if r == '1' else 3)")
+    p.communicate(timeout=60)
+    assert p.returncode == 7 and (tmp_path / "ran-generation").read_text().strip() == "0"
+    for ran in tmp_path.glob("ran-0-*"):
+        ran.unlink()
+    # The kubelet starts the container again in the same pod: same env, same files.
+    again, _ = in_place_launcher(configmap_dir, tmp_path, "sys.exit(7 if r == '1' else 3)")
+    time.sleep(1)
+    assert again.poll() is None and not list(tmp_path.glob("ran-0-*"))
+    gen.write_text("1")
+    out, err = again.communicate(timeout=60)
+    assert again.returncode == 0, err
+    assert (tmp_path / "ran-1-0").exists() and (tmp_path / "ran-1-1").exists()
+    assert "generation 0 failed in this pod before this container restarted" in err
+    assert (tmp_path / "ran-generation").read_text().strip() == "1"
 
 
 def test_a_worker_told_no_new_generation_in_time_exits_75(configmap_dir, tmp_path):

@@ -60,6 +60,11 @@ IN_PLACE_WAIT = "KUBETRAIN_IN_PLACE_WAIT_SECONDS"
 """How long a launcher whose processes lost their peers waits for a new generation before it exits
 IN_PLACE_GAVE_UP_EXIT_CODE (restartPolicy.maxBackoffSeconds + IN_PLACE_WAIT_MARGIN_SECONDS)."""
 IN_PLACE_WAIT_MARGIN_SECONDS = 60
+RAN_FILE = "KUBETRAIN_RAN_GENERATION_FILE"
+"""In a pod that restarts in place: a file on a volume that outlives the container (the pod's /dev/shm)
+where the launcher notes each generation it starts. The kubelet restarts a failed worker's container in
+its pod (restartPolicy OnFailure); the new launcher finds its generation there and waits for the next
+one instead of running the failed one again."""
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -99,6 +104,10 @@ GENERATION_ANNOTATION = "kubetrain.io/restart-generation"
 belongs to; the two differ while a kept pod waits for its restart's backoff)."""
 IN_PLACE_ANNOTATION = "kubetrain.io/in-place"
 """On worker pods that can restart in place ("true"): their launcher reads GENERATION_FILE."""
+FAILURES_HANDLED_ANNOTATION = "kubetrain.io/failures-handled"
+"""On a worker pod that restarts in place: how many of its trainer container's failures the operator has
+already acted on (absent: none). A failure the kubelet restarted in the pod counts once, not again on
+every status the pod reports after it."""
 LABEL_SWEEP = "kubetrain.io/sweep-name"
 """On a sweep's trial TrainingJobs: the TrainingSweep that created them."""
 LABEL_TRIAL = "kubetrain.io/trial-index"

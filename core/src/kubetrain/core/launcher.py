@@ -23,7 +23,11 @@ a Downward API file holding the pod's kubetrain.io/restart-generation annotation
 its processes' lost peers: it waits for a higher number in that file (at most
 KUBETRAIN_IN_PLACE_WAIT_SECONDS, then it exits 75), SIGKILLs whatever still runs of the old generation
 (its state is in the latest complete checkpoint) and starts the processes again with that
-KUBETRAIN_RESTART_GENERATION. Its own processes' failure still ends the worker, so the operator sees it.
+KUBETRAIN_RESTART_GENERATION. Its own processes' failure still ends the worker (the container exits), so
+the operator sees it; such a pod has restartPolicy OnFailure, and the kubelet starts the container again
+in the same pod. The new launcher finds in KUBETRAIN_RAN_GENERATION_FILE (on the pod's /dev/shm, which
+outlives the container) that its generation already ran here, and waits for the next one as a kept
+worker does, instead of running the failed generation again.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ TERMINATE_GRACE_SECONDS = 30.0
 PEER_LOST_GRACE_SECONDS = 5.0
 POLL_SECONDS = 0.1
 KILL_WAIT_SECONDS = 30.0
-IN_PLACE_ONLY = (contract.GENERATION_FILE, contract.IN_PLACE_WAIT)
+IN_PLACE_ONLY = (contract.GENERATION_FILE, contract.IN_PLACE_WAIT, contract.RAN_FILE)
 """The launcher's own variables, not passed on to the ranks."""
 DEFAULT_IN_PLACE_WAIT_SECONDS = 360.0
 """Without IN_PLACE_WAIT: restartPolicy's default maxBackoffSeconds + IN_PLACE_WAIT_MARGIN_SECONDS."""
@@ -174,7 +178,8 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         return _start(command, envs, children, stop) or _supervise(children, stop).code or 0
     first = max(_int(env, contract.RESTART_GENERATION, default=0), read_generation(path) or 0)
     wait_s = float(env.get(contract.IN_PLACE_WAIT) or 0) or DEFAULT_IN_PLACE_WAIT_SECONDS
-    return _in_place(command, envs, InPlace(path, first, wait_s), children, stop)
+    where = InPlace(path, first, wait_s, env.get(contract.RAN_FILE) or None)
+    return _in_place(command, envs, where, children, stop)
 
 
 def _start(command: Sequence[str], envs: list[dict[str, str]], children: list[Any], stop: list[int]) -> int | None:
@@ -197,10 +202,31 @@ class InPlace:
     path: str
     generation: int
     wait_s: float
+    ran_file: str | None = None
+    """Where the generations started in this pod are noted (None: nowhere, every start is a first)."""
 
     def newer(self) -> int | None:
         g = read_generation(self.path)
         return g if g is not None and g > self.generation else None
+
+    def ran_before(self) -> bool:
+        """Whether this generation (or a later one) already started in this pod: this container is the
+        kubelet's restart of one whose processes failed, and `generation` becomes the one that ran."""
+        ran = read_generation(self.ran_file) if self.ran_file else None
+        if ran is None or ran < self.generation:
+            return False
+        self.generation = ran
+        return True
+
+    def note_started(self) -> None:
+        if not self.ran_file:
+            return
+        try:  # whole or not at all: a restarted launcher must never read half a number
+            with open(self.ran_file + ".tmp", "w") as f:
+                f.write(f"{self.generation}\n")
+            os.replace(self.ran_file + ".tmp", self.ran_file)
+        except OSError as exc:  # the worker still runs; only a restart of this container would re-run it
+            _say(f"cannot note generation {self.generation} in {self.ran_file}: {exc}")
 
 
 def read_generation(path: str) -> int | None:
@@ -214,9 +240,15 @@ def read_generation(path: str) -> int | None:
 
 def _in_place(command: Sequence[str], envs: list[dict[str, str]], where: InPlace, children: list[Any],
               stop: list[int]) -> int:
-    """Run generation after generation in this pod; a worker fails (its pod is recreated) only on its own
+    """Run generation after generation in this pod; a worker fails (its container exits) only on its own
     failure, a stop signal, or when no new generation comes within where.wait_s of losing its peers."""
+    if where.ran_before():
+        code = _await_next(where, stop, f"generation {where.generation} failed in this pod before this "
+                                        "container restarted")
+        if code is not None:
+            return code
     while True:
+        where.note_started()
         # Without the file the children (a trainer with one process) do not take themselves for the launcher.
         gen_envs = [{**{k: v for k, v in e.items() if k not in IN_PLACE_ONLY},
                      contract.RESTART_GENERATION: str(where.generation)} for e in envs]
@@ -224,18 +256,29 @@ def _in_place(command: Sequence[str], envs: list[dict[str, str]], where: InPlace
         outcome = _supervise(children, stop, where) if code is None else Outcome(code)
         if outcome.code is not None:
             return outcome.code
-        newer = outcome.newer
-        if newer is None:
-            _say(f"generation {where.generation} ended elsewhere (a lost peer, or the gang stopping); waiting up to "
-                 f"{where.wait_s:g}s for the next generation")
-            newer = _wait_for_generation(where, stop)
-            if stop:
-                return 128 + stop[0]
-            if newer is None:
-                _say(f"no new generation within {where.wait_s:g}s; exiting {contract.IN_PLACE_GAVE_UP_EXIT_CODE}")
-                return contract.IN_PLACE_GAVE_UP_EXIT_CODE
-        _say(f"starting generation {newer} in place (was {where.generation})")
-        where.generation = newer
+        if outcome.newer is None:
+            code = _await_next(where, stop, f"generation {where.generation} ended elsewhere (a lost peer, or "
+                                            "the gang stopping)")
+            if code is not None:
+                return code
+        else:
+            _say(f"starting generation {outcome.newer} in place (was {where.generation})")
+            where.generation = outcome.newer
+
+
+def _await_next(where: InPlace, stop: list[int], why: str) -> int | None:
+    """Wait for the next generation and make it where.generation; the exit code when none comes (or a
+    stop signal does) instead."""
+    _say(f"{why}; waiting up to {where.wait_s:g}s for the next generation")
+    newer = _wait_for_generation(where, stop)
+    if stop:
+        return 128 + stop[0]
+    if newer is None:
+        _say(f"no new generation within {where.wait_s:g}s; exiting {contract.IN_PLACE_GAVE_UP_EXIT_CODE}")
+        return contract.IN_PLACE_GAVE_UP_EXIT_CODE
+    _say(f"starting generation {newer} in place (was {where.generation})")
+    where.generation = newer
+    return None
 
 
 def _wait_for_generation(where: InPlace, stop: list[int]) -> int | None:
