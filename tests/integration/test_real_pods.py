@@ -118,13 +118,14 @@ def _reference_loss(tmp_path: Path, body: dict[str, Any]) -> float:
     return float(result["final_loss"])
 
 
-@pytest.mark.parametrize("how", ["force-delete", "exit-137"])
+@pytest.mark.parametrize("how", ["force-delete", "exit-137", "exit-137-in-place"])
 def test_killed_worker_resumes_from_the_claim(jobs: RealJobs, real_namespace: str, tmp_path: Path,
                                               how: str) -> None:
     body = quickstart(**RESUMABLE)
-    in_place = how == "force-delete"  # the default for the built-in trainer; the other recreates both pods
-    if how == "exit-137":  # rank 2 (worker 1's only process) exits 137 at step 35, once
+    in_place = how != "exit-137"  # the default for the built-in trainer; exit-137 recreates both pods
+    if how.startswith("exit-137"):  # rank 2 (worker 1's only process) exits 137 at step 35, once
         body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "1:35"}]
+    if how == "exit-137":
         body["spec"]["restartPolicy"] = {**RESUMABLE["restartPolicy"], "inPlace": False}
     name = jobs.create(body, name=f"resume-{how}")
     jobs.wait(name, lambda st: st.get("phase") == "Running", 300, "Running")
@@ -136,11 +137,15 @@ def test_killed_worker_resumes_from_the_claim(jobs: RealJobs, real_namespace: st
     resumed = st.get("resumedFromStep", 0)
     print(f"{how}: restarts {st['restartCount']}, resumed from step {resumed}, final loss {st.get('loss')}")
     assert st["restartCount"] == 1 and resumed >= 30, jobs.describe(name)
-    now = {p.metadata.name: p.metadata.uid for p in jobs.pods(name)}
-    kept = now[f"{name}-worker-0"] == uids[f"{name}-worker-0"]
-    assert (kept, now[f"{name}-worker-1"] != uids[f"{name}-worker-1"]) == (in_place, True), jobs.describe(name)
-    if in_place:  # worker 0's pod ran both generations, only worker 1's was recreated
+    now = {p.metadata.name: p for p in jobs.pods(name)}
+    kept = now[f"{name}-worker-0"].metadata.uid == uids[f"{name}-worker-0"]
+    recreated = now[f"{name}-worker-1"].metadata.uid != uids[f"{name}-worker-1"]
+    assert (kept, recreated) == (in_place, how != "exit-137-in-place"), jobs.describe(name)
+    if in_place:  # worker 0's pod ran both generations
         assert "starting generation 1 in place (was 0)" in jobs.log(f"{name}-worker-0")
+    if how == "exit-137-in-place":  # and so did worker 1's: the kubelet restarted its container there
+        assert now[f"{name}-worker-1"].status.container_statuses[0].restart_count == 1, jobs.describe(name)
+        assert "generation 0 failed in this pod before this container restarted" in jobs.log(f"{name}-worker-1")
     reference = _reference_loss(tmp_path, body)
     # status.loss is rounded for display; rank 0's progress record on its pod has the float.
     pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace)

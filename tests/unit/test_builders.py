@@ -42,7 +42,7 @@ def test_worker_pod_names_labels_contract_env():
     assert pod["metadata"]["labels"][b.LABEL_INDEX] == "2"
     assert pod["metadata"]["ownerReferences"] == [OWNER]
     assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("llm-worker-2", "llm")
-    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["restartPolicy"] == "OnFailure"  # in place by default: the kubelet restarts a failed worker
     env = env_of(pod)
     assert env["MASTER_ADDR"] == "llm-worker-0.llm.team-a.svc" == env["PET_MASTER_ADDR"]
     assert (env["WORLD_SIZE"], env["NODE_RANK"], env["PET_NPROC_PER_NODE"], env["PET_NNODES"]) == ("32", "2", "8", "4")
@@ -274,6 +274,10 @@ def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_fil
     env = env_of(pod)
     assert env[contract.GENERATION_FILE] == f"{b.GENERATION_MOUNT}/generation"
     assert env[contract.IN_PLACE_WAIT] == "100"  # maxBackoffSeconds + the margin
+    # A failed worker's container restarts in its pod, and its launcher finds there what already ran.
+    assert pod["spec"]["restartPolicy"] == "OnFailure"
+    assert env[contract.RAN_FILE] == b.RAN_FILE and b.RAN_FILE.startswith("/dev/shm/")
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
 
 
 @pytest.mark.parametrize("spec", [
@@ -286,6 +290,7 @@ def test_a_pod_that_cannot_restart_in_place_has_no_generation_file(spec):
     assert contract.IN_PLACE_ANNOTATION not in pod["metadata"]["annotations"]
     assert "generation" not in [v["name"] for v in pod["spec"]["volumes"]]
     assert contract.GENERATION_FILE not in env_of(pod)
+    assert pod["spec"]["restartPolicy"] == "Never"  # a failed worker's pod ends and is recreated
 
 
 def test_in_place_true_runs_a_one_process_command_under_the_launcher():

@@ -198,7 +198,8 @@ def test_success_of_worker_0_finishes_the_job():
 
 
 @pytest.mark.parametrize(("policy", "effects"), [("All", [DeleteWorkers(Scope.ALL)]),
-                                                  ("Running", [DeleteWorkers(Scope.UNFINISHED)]), ("None", [])])
+                                                  ("Running", [DeleteWorkers(Scope.UNFINISHED)]),
+                                                  ("None", [DeleteWorkers(Scope.RESTARTING)])])
 def test_clean_pod_policy_decides_what_a_finished_job_deletes(policy, effects):
     t = step(spec(cleanPodPolicy=policy), running(), workers(S, R), T0)
     assert list(t.effects[:-1]) == effects

@@ -55,3 +55,74 @@ def test_the_memo_forgets_everything_when_full(monkeypatch: pytest.MonkeyPatch) 
     facts(pod("32"))
     facts(pod("33"))
     assert len(pod_facts._memo) == 1 and facts(pod("31")) is not kept and facts(pod("31")) == kept
+
+
+# ------------------------------------------------------------------ a worker the kubelet restarts in its pod
+
+TERM_137 = {"exitCode": 137, "reason": "Error"}
+
+
+def in_pod(rv: str, restarts: int, state: dict[str, Any], last: dict[str, Any] | None = None,
+           handled: int | None = None) -> dict[str, Any]:
+    """A pod with restartPolicy OnFailure whose trainer container restarted `restarts` times."""
+    p = pod(rv)
+    p["spec"]["restartPolicy"] = "OnFailure"
+    cs: dict[str, Any] = {"name": b.CONTAINER, "restartCount": restarts, "state": state}
+    if last is not None:
+        cs["lastState"] = {"terminated": last}
+    p["status"]["containerStatuses"] = [cs]
+    if handled is not None:
+        p["metadata"]["annotations"] = {contract.FAILURES_HANDLED_ANNOTATION: str(handled)}
+    return p
+
+
+def test_a_first_failure_in_a_pod_that_restarts_it_is_the_same_before_and_after_the_restart() -> None:
+    """The kubelet reports the exit, then the restarted container: one failure, and the pod stays."""
+    for p in (in_pod("41", 0, {"terminated": TERM_137}), in_pod("42", 1, {"running": {}}, TERM_137)):
+        f = facts(p)
+        assert (f.phase, f.exit_code, f.failures, f.restartable, f.running) == (
+            WorkerPhase.FAILED, 137, 1, True, True)
+
+
+def test_a_failure_the_operator_acted_on_leaves_the_worker_running() -> None:
+    for p in (in_pod("43", 0, {"terminated": TERM_137}, handled=1),
+              in_pod("44", 1, {"running": {}}, TERM_137, handled=1)):
+        f = facts(p)
+        assert (f.phase, f.failures, f.restartable, f.running) == (WorkerPhase.RUNNING, 1, False, True)
+
+
+@pytest.mark.parametrize("p", [
+    in_pod("45", 1, {"terminated": {"exitCode": 1, "reason": "Error"}}, TERM_137, handled=1),  # its second
+    in_pod("46", 2, {"waiting": {"reason": "CrashLoopBackOff"}}, {"exitCode": 1}, handled=1),  # backing off
+])
+def test_a_later_failure_in_the_same_pod_is_not_restarted_there(p: dict[str, Any]) -> None:
+    """The kubelet backs off a second restart (10 s, then doubling): the pod is recreated instead."""
+    f = facts(p)
+    assert (f.phase, f.exit_code, f.failures, f.restartable) == (WorkerPhase.FAILED, 1, 2, False)
+
+
+def test_success_after_a_restart_in_the_pod_is_success_and_an_oom_kill_says_so() -> None:
+    done = facts(in_pod("47", 1, {"terminated": {"exitCode": 0, "reason": "Completed"}}, TERM_137, handled=1))
+    assert (done.phase, done.failures, done.running) == (WorkerPhase.SUCCEEDED, 0, False)
+    oom = facts(in_pod("48", 0, {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}))
+    assert (oom.phase, oom.reason, oom.restartable) == (WorkerPhase.FAILED, "OOMKilled", True)
+
+
+def test_without_restart_policy_on_failure_a_terminated_trainer_is_a_failure_of_its_pod() -> None:
+    p = in_pod("49", 0, {"terminated": TERM_137})
+    p["spec"]["restartPolicy"] = "Never"
+    f = facts(p)
+    assert (f.phase, f.exit_code, f.failures, f.restartable, f.running) == (WorkerPhase.FAILED, 137, 0, False, False)
+
+
+def test_an_init_container_that_keeps_failing_fails_the_worker() -> None:
+    """With restartPolicy Never the pod would fail; OnFailure retries it for ever, so the operator says so."""
+    p = pod("50", "Pending")
+    p["spec"]["restartPolicy"] = "OnFailure"
+    p["status"]["initContainerStatuses"] = [{"name": "fetch", "restartCount": 2, "state": {
+        "waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"exitCode": 4}}}]
+    f = facts(p)
+    assert (f.phase, f.exit_code, f.reason, f.restartable) == (WorkerPhase.FAILED, 4, "InitContainerFailed", False)
+    p["status"]["initContainerStatuses"][0]["state"] = {"running": {}}  # a native sidecar that came back
+    p["metadata"]["resourceVersion"] = "51"
+    assert facts(p).phase == WorkerPhase.PENDING

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from kubetrain.core import contract
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.progress import CheckpointRecord, Progress
 from kubetrain.operator import builders as b
@@ -476,3 +477,54 @@ def test_a_pod_built_without_in_place_is_recreated():
     del old["metadata"]["annotations"]["kubetrain.io/in-place"]  # made before in-place restarts existed
     p = plan(body(status=RUNNING, **IN_PLACE), [old, pod(1, phase="Failed", exit_code=1)], {}, T0, S)
     assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"] and not p.patch_pods
+
+
+def restarted(i, exit_code, restarts=0, running=False, handled=None):
+    """Worker i's trainer container failed in its pod (restartPolicy OnFailure) after `restarts` restarts
+    there: as the kubelet reports it before it starts the container again, or after (`running`)."""
+    p = pod(i)
+    term = {"exitCode": exit_code, "reason": "Error"}
+    cs = {"name": "trainer", "restartCount": restarts, "state": {"terminated": term}}
+    if running:
+        cs = {"name": "trainer", "restartCount": restarts + 1, "state": {"running": {}}, "lastState": {"terminated": term}}
+    p["status"]["containerStatuses"] = [cs]
+    if handled is not None:
+        p["metadata"]["annotations"][contract.FAILURES_HANDLED_ANNOTATION] = str(handled)
+    return p
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_a_worker_restarted_in_its_pod_is_kept_and_its_failure_counted_once(running):
+    p = plan(body(status=RUNNING, **IN_PLACE), [pod(0), restarted(1, 137, running=running)], {}, T0, S)
+    assert p.decision is not None and p.decision.keep == (0, 1)
+    assert not p.delete_pods and not p.create  # no pod recreated: the kubelet restarted worker 1 in its pod
+    moved = {"labels": {b.LABEL_GENERATION: "1"}}
+    assert p.patch_pods == {"j-worker-0": moved,
+                            "j-worker-1": {**moved, "annotations": {contract.FAILURES_HANDLED_ANNOTATION: "1"}}}
+    assert (p.status["restartGeneration"], p.status["restartCount"], p.status["failures"]) == (1, 1, {"ExitCode": 1})
+    assert "worker 1 exited with code 137" in p.status["message"] and "keeping 2 of 2" in p.status["message"]
+    # After the patch, worker 1's failure is this restart's: both are told generation 1, nothing restarts again.
+    again = restarted(1, 137, running=running, handled=1)
+    again["metadata"]["labels"][b.LABEL_GENERATION] = "1"
+    go = plan(body(status=p.status, **IN_PLACE), [kept(0, 1, 0), again], {}, T0, S)
+    told = {"annotations": {contract.GENERATION_ANNOTATION: "1"}}
+    assert not [o for o in go.create if o["kind"] == "Pod"] and not go.delete_pods
+    assert go.patch_pods == {"j-worker-0": told, "j-worker-1": told}
+    assert go.status["restartCount"] == 1 and "restarting 2 in place" in go.status["message"]
+
+
+def test_a_second_failure_in_the_same_pod_recreates_that_pod():
+    """The kubelet would back its restart off (10 s, doubling): a new pod starts sooner."""
+    p = plan(body(status=RUNNING, **IN_PLACE), [pod(0), restarted(1, 1, restarts=1, handled=1)], {}, T0, S)
+    assert p.decision is not None and p.decision.keep == (0,)
+    assert p.delete_pods == ["j-worker-1"]
+
+
+def test_a_failed_job_deletes_a_worker_its_kubelet_would_restart_whatever_the_clean_pod_policy():
+    plain = pod(0)
+    plain["spec"]["restartPolicy"] = "Never"  # still running, but nothing restarts it
+    for policy, deleted in (("Running", ["j-worker-0", "j-worker-1"]), ("None", ["j-worker-1"])):
+        p = plan(body(status=RUNNING, cleanPodPolicy=policy, **IN_PLACE),
+                 [plain, restarted(1, 127, running=True)], {}, T0, S)
+        assert (p.status["phase"], p.status["reason"]) == ("Failed", "PermanentError")
+        assert sorted(p.delete_pods) == deleted, policy

@@ -277,14 +277,16 @@ def test_the_cache_keeps_no_managed_fields() -> None:
     assert cache.pod((NS, "a"), "a-worker-1")["metadata"]["labels"][contract.LABEL_JOB] == "a"  # the rest stays
 
 
-def test_the_cache_keeps_of_a_pods_spec_only_its_node() -> None:
-    """The operator wrote the containers and volumes itself and reads only where the pod runs."""
+def test_the_cache_keeps_of_a_pods_spec_only_its_node_and_restart_policy() -> None:
+    """The operator wrote the containers and volumes itself and reads only where the pod runs and whether
+    the kubelet restarts its failed container."""
     cache = WatchCache()
     cache.job_event("ADDED", job("a"))
     containers = [{"name": "trainer", "image": "t", "env": [{"name": "RANK", "value": "0"}]}]
     placed, pending = pod("a", 0, node="n1"), pod("a", 1)
     placed["spec"]["containers"] = pending["spec"]["containers"] = containers
+    placed["spec"]["restartPolicy"] = "OnFailure"
     cache.pod_event("ADDED", placed)
     cache.pod_event("ADDED", pending)
-    assert [p["spec"] for p in cache.pods((NS, "a"))] == [{"nodeName": "n1"}, {}]
+    assert [p["spec"] for p in cache.pods((NS, "a"))] == [{"nodeName": "n1", "restartPolicy": "OnFailure"}, {}]
     assert cache.nodes_of((NS, "a")) == {"n1"}

@@ -677,7 +677,7 @@ class TrainingJobSpec(_Model):
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=MAX_DEADLINE_SECONDS)
     """Delete the job this long after it finished. Unset keeps it. At most 31536000 (one year)."""
     clean_pod_policy: Literal["None", "Running", "All"] = "Running"
-    """Which pods to delete when the job finishes: `None`, `Running` (still running ones) or `All`."""
+    """Which pods to delete when the job finishes: `None`, `Running` (still running ones) or `All`. With in-place restarts, `None` still deletes the pods still running: their kubelet would restart a failed worker in them for ever."""
 
     @property
     def procs(self) -> int:

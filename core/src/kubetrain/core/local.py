@@ -371,8 +371,9 @@ class LocalRun:
 
     def _delete(self, scope: lc.Scope, d: lc.Decision | None) -> None:
         """Stop the workers in scope. Processes that exited stay exited, so every scope stops what still runs;
-        Stale only when this generation is an older one."""
-        if self.gen is None or (scope == lc.Scope.STALE and self.gen.number == self.job_status.restart_generation):
+        Stale only when this generation is an older one; Restarting never (no local process restarts itself)."""
+        if self.gen is None or scope == lc.Scope.RESTARTING or \
+                (scope == lc.Scope.STALE and self.gen.number == self.job_status.restart_generation):
             return
         if d is not None:
             self._tail_failed_logs(d.failed_workers)

@@ -48,6 +48,8 @@ CONFIG_MOUNT = "/etc/kubetrain"
 OUTPUT_MOUNT = "/var/run/kubetrain"
 GENERATION_MOUNT = "/etc/kubetrain-generation"
 """A pod that restarts in place: the Downward API volume with its generation annotation, file `generation`."""
+RAN_FILE = "/dev/shm/kubetrain-ran-generation"
+"""contract.RAN_FILE in a pod: its /dev/shm is an emptyDir, which outlives a restarted container."""
 SIGTERM_CHECKPOINT_GRACE = 300
 TRAINER_GID = 1000
 """The trainer image's group (trainer-image/Dockerfile: USER 1000:1000): fsGroup of the checkpoint claim."""
@@ -325,7 +327,8 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
     if spec.restarts_in_place:
         env += [{"name": contract.GENERATION_FILE, "value": f"{GENERATION_MOUNT}/generation"},
-                {"name": contract.IN_PLACE_WAIT, "value": f"{in_place_wait_seconds(spec):g}"}]
+                {"name": contract.IN_PLACE_WAIT, "value": f"{in_place_wait_seconds(spec):g}"},
+                {"name": contract.RAN_FILE, "value": RAN_FILE}]
     if spec.progress_reporting:  # the pod's own identity, for rank 0's progress annotation (Downward API)
         env += [
             {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -341,6 +344,13 @@ def in_place_wait_seconds(spec: TrainingJobSpec) -> float:
     return spec.restart_policy.max_backoff_seconds + contract.IN_PLACE_WAIT_MARGIN_SECONDS
 
 
+def restart_policy(spec: TrainingJobSpec) -> str:
+    """kubetrain restarts the whole gang. In place, the kubelet starts a failed worker's container again in
+    its pod, where the launcher waits for the gang's next generation (the operator sees the failure in
+    the container's status); otherwise a failed worker's pod ends and is recreated."""
+    return "OnFailure" if spec.restarts_in_place else "Never"
+
+
 def worker_pod(
     job: TrainingJob, index: int, generation: int, settings: Settings, owner: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -349,7 +359,7 @@ def worker_pod(
     claim = claim_name(job)
     fabric = fabrics.profile(spec)
     pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",  # kubetrain restarts the whole gang, never one container
+        "restartPolicy": restart_policy(spec),
         "hostname": worker_name(name, index),
         "subdomain": service_name(name),
         "terminationGracePeriodSeconds": settings.termination_grace_seconds,

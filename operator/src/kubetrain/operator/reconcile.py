@@ -88,6 +88,9 @@ def pod_generation(pod: dict[str, Any]) -> int:
 def worker_state(index: int, pod: dict[str, Any], nodes: dict[str, datetime | None]) -> WorkerState:
     """A Pod as the lifecycle sees it (pod_facts)."""
     f = facts(pod)
+    if f.restartable:
+        return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, in_place=f.in_place,
+                           restartable=True, node_not_ready_since=nodes.get(f.node or "") if nodes else None)
     if f.phase not in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason)
     return WorkerState(index, f.phase, node_not_ready_since=nodes.get(f.node or "") if nodes else None,
@@ -230,8 +233,10 @@ def _translate(
         for name in _named(ours, effect.generation, effect.resume):  # their launchers start it now
             _patch(out, name, "annotations", {contract.GENERATION_ANNOTATION: str(effect.generation)})
     elif isinstance(effect, lc.KeepWorkers):
-        for name in _named(ours, effect.generation - 1, effect.indices):
-            _patch(out, name, "labels", {b.LABEL_GENERATION: str(effect.generation)})
+        for p in _of(ours, effect.generation - 1, effect.indices):
+            _patch(out, p["metadata"]["name"], "labels", {b.LABEL_GENERATION: str(effect.generation)})
+            if failures := facts(p).failures:  # its failure, restarted in the pod, is this restart's
+                _patch(out, p["metadata"]["name"], "annotations", {contract.FAILURES_HANDLED_ANNOTATION: str(failures)})
     elif isinstance(effect, lc.DeleteWorkers):
         kept = set(_named(ours, t.status.restart_generation - 1, effect.keep))
         scoped = [p for p in _in_scope(effect.scope, ours, t.status.restart_generation)
@@ -246,8 +251,12 @@ def _translate(
 
 def _named(pods: list[dict[str, Any]], generation: int, indices: Sequence[int]) -> list[str]:
     """The names of the pods of `generation` with these worker indices."""
+    return [p["metadata"]["name"] for p in _of(pods, generation, indices)]
+
+
+def _of(pods: list[dict[str, Any]], generation: int, indices: Sequence[int]) -> list[dict[str, Any]]:
     want = set(indices)
-    return [p["metadata"]["name"] for p in pods if pod_generation(p) == generation and _index(p) in want]
+    return [p for p in pods if pod_generation(p) == generation and _index(p) in want]
 
 
 def _patch(out: Plan, pod: str, part: str, values: dict[str, str]) -> None:
@@ -259,6 +268,8 @@ def _in_scope(scope: lc.Scope, pods: list[dict[str, Any]], generation: int) -> l
         return [p for p in pods if pod_generation(p) != generation]
     if scope == lc.Scope.UNFINISHED:
         return [p for p in pods if still_running(p)]
+    if scope == lc.Scope.RESTARTING:
+        return [p for p in pods if (p.get("spec") or {}).get("restartPolicy") == "OnFailure" and still_running(p)]
     return pods
 
 

@@ -59,10 +59,11 @@ def slim(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """A pod as the operator reads it: metadata, status and its node. The containers, volumes and
-    scheduling of the spec the operator wrote itself were most of each cached pod's memory. In place."""
+    """A pod as the operator reads it: metadata, status, its node and restart policy. The containers,
+    volumes and scheduling of the spec the operator wrote itself were most of each cached pod's memory.
+    In place."""
     spec = pod.get("spec") or {}
-    pod["spec"] = {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {}
+    pod["spec"] = {k: spec[k] for k in ("nodeName", "restartPolicy") if spec.get(k)}
     return slim(pod)
 
 

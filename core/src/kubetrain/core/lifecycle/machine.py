@@ -141,8 +141,8 @@ def _carry_out(spec: TrainingJobSpec, st: TrainingJobStatus, job: JobView, d: De
 
 def _clean_up(spec: TrainingJobSpec) -> list[Effect]:
     """What cleanPodPolicy deletes once the job finished."""
-    scope = {"All": Scope.ALL, "Running": Scope.UNFINISHED}.get(spec.clean_pod_policy)
-    return [DeleteWorkers(scope)] if scope is not None else []
+    scope = {"All": Scope.ALL, "Running": Scope.UNFINISHED}.get(spec.clean_pod_policy, Scope.RESTARTING)
+    return [DeleteWorkers(scope)]
 
 
 def finished(spec: TrainingJobSpec, status: TrainingJobStatus, now: datetime) -> Transition:

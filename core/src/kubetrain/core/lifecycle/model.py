@@ -81,6 +81,9 @@ class WorkerState:
     """The worker can restart in place: its launcher runs whatever generation the backend tells it."""
     held: bool = False
     """Kept by an in-place restart and not yet told to run this generation (its restart's backoff)."""
+    restartable: bool = False
+    """Failed, but the backend starts it again where it ran (the kubelet, in its pod) and it waits for
+    the next generation there: an in-place restart keeps it like a running worker."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,9 @@ class Scope(enum.StrEnum):
     """Those of older generations."""
     UNFINISHED = "Unfinished"
     """Those still pending or running (cleanPodPolicy Running)."""
+    RESTARTING = "Restarting"
+    """Those still running that their backend would start again for ever once the job is over: pods whose
+    kubelet restarts a failed worker in place (cleanPodPolicy None). A local run has none."""
 
 
 @dataclass(frozen=True)

@@ -260,17 +260,18 @@ def failure(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | No
 
 
 def kept_in_place(spec: TrainingJobSpec, job: JobView, failures: list[Failure]) -> tuple[int, ...]:
-    """The workers an in-place restart keeps: running, on a Ready node, able to restart in place, not failed
-    themselves. None when the gang never ran (StartTimeout) or a kept worker's launcher did not answer the
-    last in-place restart: then every worker is recreated."""
+    """The workers an in-place restart keeps: on a Ready node, able to restart in place, and running and not
+    failed themselves, or failed where they are started again at once (restartable). None when the gang
+    never ran (StartTimeout) or a kept worker's launcher did not answer the last in-place restart: then
+    every worker is recreated."""
     if not spec.restarts_in_place:
         return ()
     if any(f.kind == FailureKind.START_TIMEOUT or f.worker.exit_code == contract.IN_PLACE_GAVE_UP_EXIT_CODE
            for f in failures):
         return ()
     failed = {f.worker.index for f in failures if f.kind != FailureKind.NO_PROGRESS}  # a hang is the gang's
-    return tuple(w.index for w in job.workers if w.in_place and w.phase == WorkerPhase.RUNNING
-                 and w.node_not_ready_since is None and w.index not in failed)
+    return tuple(w.index for w in job.workers if w.in_place and w.node_not_ready_since is None
+                 and (w.restartable or (w.phase == WorkerPhase.RUNNING and w.index not in failed)))
 
 
 def start(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None:
