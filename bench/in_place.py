@@ -193,7 +193,9 @@ def real_restart(core: client.CoreV1Api, admin: client.ApiClient, in_place: bool
         rank0 = core.read_namespaced_pod_log(f"{name}-worker-0", ns, timestamps=True).splitlines()
         first = first_step_after_resume(rank0, failed_at)
         recreated = sum(p.metadata.uid != before.get(p.metadata.name) for p in jobs.pods(name))
+        told = next((t for t, text in map(stamped, rank0) if t >= failed_at and "starting generation" in text), None)
         return {"failure_to_first_step_s": round(first - failed_at, 3), "pods_recreated": recreated,
+                "failure_to_kept_launcher_told_s": None if told is None else round(told - failed_at, 3),
                 "restarts": st.get("restartCount"), "resumed_from_step": st.get("resumedFromStep")}
 
 

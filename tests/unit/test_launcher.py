@@ -227,8 +227,9 @@ def in_place_launcher(configmap_dir: Path, tmp_path: Path, first: str, wait: str
 
 
 def wait_for_files(d: Path, *names: str) -> None:
+    """Until a file matches each name (a glob pattern)."""
     deadline = time.monotonic() + 60
-    while not all((d / n).exists() for n in names):
+    while not all(list(d.glob(n)) for n in names):
         assert time.monotonic() < deadline, sorted(p.name for p in d.iterdir())
         time.sleep(0.05)
 
@@ -289,6 +290,38 @@ def test_a_restarted_container_waits_for_the_next_generation_instead_of_rerunnin
     assert (tmp_path / "ran-1-0").exists() and (tmp_path / "ran-1-1").exists()
     assert "generation 0 failed in this pod before this container restarted" in err
     assert (tmp_path / "ran-generation").read_text().strip() == "1"
+
+
+# A rank that can stand by: started with KUBETRAIN_STANDBY it notes its pid, then reads its generation.
+STANDBY_RANK = """import os, sys
+d, r = sys.argv[1], os.environ['LOCAL_RANK']
+if os.environ.get('KUBETRAIN_STANDBY'):
+    open(os.path.join(d, 'standby-%s-%d' % (r, os.getpid())), 'w').close()
+    line = sys.stdin.readline().strip()
+    if not line:
+        sys.exit(0)
+    os.environ['KUBETRAIN_RESTART_GENERATION'] = line
+g = os.environ['KUBETRAIN_RESTART_GENERATION']
+open(os.path.join(d, 'ran-%s-%s-%d' % (g, r, os.getpid())), 'w').close()
+sys.exit(3 if g == '0' else 0)
+"""
+
+
+def test_a_waiting_worker_starts_its_ranks_on_standby_and_hands_them_the_next_generation(tmp_path):
+    gen = tmp_path / "generation"
+    gen.write_text("0")
+    env = {**os.environ, "PET_NPROC_PER_NODE": "2", contract.RESTART_GENERATION: "0",
+           contract.GENERATION_FILE: str(gen), contract.IN_PLACE_WAIT: "60"}
+    run = "import sys; from kubetrain.core.launcher import launch; sys.exit(launch(sys.argv[1:], standby=True))"
+    p = subprocess.Popen([sys.executable, "-c", run, sys.executable, "-c", STANDBY_RANK, str(tmp_path)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_files(tmp_path, "ran-0-0-*", "ran-0-1-*", "standby-0-*", "standby-1-*")
+    standby = sorted(f.name.rsplit("-", 1)[1] for f in tmp_path.glob("standby-*"))
+    assert not list(tmp_path.glob("ran-1-*"))  # on standby: started, not running a generation
+    gen.write_text("1")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert sorted(f.name.rsplit("-", 1)[1] for f in tmp_path.glob("ran-1-*")) == standby  # the same processes
 
 
 def test_a_worker_told_no_new_generation_in_time_exits_75(configmap_dir, tmp_path):

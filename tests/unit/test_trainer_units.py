@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
+from kubetrain.core import contract
 from kubetrain.core.api import DataSpec, ModelSpec, OptimizerSpec, TrainingJobSpec
 from kubetrain.core.progress import COMMIT_MARKER, complete_checkpoints
 from kubetrain.trainer.checkpoint import TrainerState, missing_parts, prune, require_every_part
 from kubetrain.trainer.config import ConfigError, load_spec, parse_fail_at, read_env
 from kubetrain.trainer.data import Sampler, eval_batches, load_corpus, split_eval
 from kubetrain.trainer.engines import deepspeed_config
+from kubetrain.trainer.main import await_generation
 from kubetrain.trainer.metrics import PEAK_FLOPS_ENV, peak_flops
 from kubetrain.trainer.model import Transformer, flops_per_token
 from kubetrain.trainer.schedule import lr_factor
@@ -231,3 +235,14 @@ def test_device_memory_is_exported_per_kind() -> None:
     for kind, value in (("allocated", 10), ("reserved", 30), ("peak", 20)):
         assert registry.get_sample_value("kubetrain_trainer_device_memory_bytes",
                                          {"job": "llm", "rank": "3", "kind": kind}) == value
+
+
+def test_a_standby_rank_runs_the_generation_its_launcher_hands_it_or_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(contract.STANDBY, "1")
+    monkeypatch.setenv(contract.RESTART_GENERATION, "0")
+    monkeypatch.setattr("sys.stdin", io.StringIO("4\n"))
+    assert await_generation()
+    assert os.environ[contract.RESTART_GENERATION] == "4" and contract.STANDBY not in os.environ
+    monkeypatch.setenv(contract.STANDBY, "1")
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # the launcher went another way
+    assert not await_generation()

@@ -60,6 +60,10 @@ IN_PLACE_WAIT = "KUBETRAIN_IN_PLACE_WAIT_SECONDS"
 """How long a launcher whose processes lost their peers waits for a new generation before it exits
 IN_PLACE_GAVE_UP_EXIT_CODE (restartPolicy.maxBackoffSeconds + IN_PLACE_WAIT_MARGIN_SECONDS)."""
 IN_PLACE_WAIT_MARGIN_SECONDS = 60
+STANDBY = "KUBETRAIN_STANDBY"
+"""Set on a rank of kubetrain's trainer that its launcher starts while it waits for the next generation:
+the rank imports what training needs, then reads the generation to run from one line on its stdin (end
+of file: it exits 0 without training). The imports are then off a restart's critical path."""
 RAN_FILE = "KUBETRAIN_RAN_GENERATION_FILE"
 """In a pod that restarts in place: a file on a volume that outlives the container (the pod's /dev/shm)
 where the launcher notes each generation it starts. The kubelet restarts a failed worker's container in

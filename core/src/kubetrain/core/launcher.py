@@ -27,7 +27,10 @@ KUBETRAIN_RESTART_GENERATION. Its own processes' failure still ends the worker (
 the operator sees it; such a pod has restartPolicy OnFailure, and the kubelet starts the container again
 in the same pod. The new launcher finds in KUBETRAIN_RAN_GENERATION_FILE (on the pod's /dev/shm, which
 outlives the container) that its generation already ran here, and waits for the next one as a kept
-worker does, instead of running the failed generation again.
+worker does, instead of running the failed generation again. For kubetrain's own trainer (`standby`), a
+launcher that waits starts its ranks at once as standbys (contract.STANDBY): they import torch and the
+trainer while the operator and the kubelet pass the new generation on, and start training the moment
+it arrives.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 if __package__:
@@ -157,9 +160,10 @@ def start(
         return NotStarted(code)
 
 
-def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+def launch(command: Sequence[str], env: Mapping[str, str] | None = None, standby: bool = False) -> int:
     """Run one child per local rank until all succeed, one fails, or a stop signal has been served; in a
-    pod that restarts in place (GENERATION_FILE set), run them again for every newer generation."""
+    pod that restarts in place (GENERATION_FILE set), run them again for every newer generation.
+    `standby`: the command understands contract.STANDBY (kubetrain's trainer)."""
     env = os.environ if env is None else env
     envs = child_envs(env)
     children: list[Any] = []  # the current generation's, replaced in place so that `forward` sees them
@@ -178,7 +182,7 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         return _start(command, envs, children, stop) or _supervise(children, stop).code or 0
     first = max(_int(env, contract.RESTART_GENERATION, default=0), read_generation(path) or 0)
     wait_s = float(env.get(contract.IN_PLACE_WAIT) or 0) or DEFAULT_IN_PLACE_WAIT_SECONDS
-    where = InPlace(path, first, wait_s, env.get(contract.RAN_FILE) or None)
+    where = InPlace(path, first, wait_s, env.get(contract.RAN_FILE) or None, standby)
     return _in_place(command, envs, where, children, stop)
 
 
@@ -204,6 +208,10 @@ class InPlace:
     wait_s: float
     ran_file: str | None = None
     """Where the generations started in this pod are noted (None: nowhere, every start is a first)."""
+    standby: bool = False
+    """The command can be started ahead of its generation (contract.STANDBY)."""
+    ready: list[Any] = field(default_factory=list)
+    """Standby ranks started for the next generation, one per local rank (empty: none)."""
 
     def newer(self) -> int | None:
         g = read_generation(self.path)
@@ -243,22 +251,20 @@ def _in_place(command: Sequence[str], envs: list[dict[str, str]], where: InPlace
     """Run generation after generation in this pod; a worker fails (its container exits) only on its own
     failure, a stop signal, or when no new generation comes within where.wait_s of losing its peers."""
     if where.ran_before():
-        code = _await_next(where, stop, f"generation {where.generation} failed in this pod before this "
-                                        "container restarted")
+        code = _await_next(command, envs, where, stop, f"generation {where.generation} failed in this pod "
+                                                       "before this container restarted")
         if code is not None:
             return code
     while True:
         where.note_started()
-        # Without the file the children (a trainer with one process) do not take themselves for the launcher.
-        gen_envs = [{**{k: v for k, v in e.items() if k not in IN_PLACE_ONLY},
-                     contract.RESTART_GENERATION: str(where.generation)} for e in envs]
-        code = _start(command, gen_envs, children, stop)
+        gen_envs = [_rank_env(e, {contract.RESTART_GENERATION: str(where.generation)}) for e in envs]
+        code = None if _go(where, children) else _start(command, gen_envs, children, stop)
         outcome = _supervise(children, stop, where) if code is None else Outcome(code)
         if outcome.code is not None:
             return outcome.code
         if outcome.newer is None:
-            code = _await_next(where, stop, f"generation {where.generation} ended elsewhere (a lost peer, or "
-                                            "the gang stopping)")
+            code = _await_next(command, envs, where, stop, f"generation {where.generation} ended elsewhere (a "
+                                                           "lost peer, or the gang stopping)")
             if code is not None:
                 return code
         else:
@@ -266,11 +272,22 @@ def _in_place(command: Sequence[str], envs: list[dict[str, str]], where: InPlace
             where.generation = outcome.newer
 
 
-def _await_next(where: InPlace, stop: list[int], why: str) -> int | None:
-    """Wait for the next generation and make it where.generation; the exit code when none comes (or a
-    stop signal does) instead."""
+def _rank_env(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    """A rank's environment in a pod that restarts in place: without the launcher's own variables (a
+    trainer with one process would take itself for the launcher), with `extra`."""
+    return {**{k: v for k, v in env.items() if k not in IN_PLACE_ONLY}, **extra}
+
+
+def _await_next(command: Sequence[str], envs: list[dict[str, str]], where: InPlace, stop: list[int],
+                why: str) -> int | None:
+    """Wait for the next generation and make it where.generation (with its ranks on standby where the
+    command allows); the exit code when none comes (or a stop signal does) instead."""
     _say(f"{why}; waiting up to {where.wait_s:g}s for the next generation")
+    if where.standby:
+        where.ready = [start(command, _rank_env(e, {contract.STANDBY: "1"}), stdin=subprocess.PIPE) for e in envs]
     newer = _wait_for_generation(where, stop)
+    if stop or newer is None:
+        _drop(where)
     if stop:
         return 128 + stop[0]
     if newer is None:
@@ -279,6 +296,34 @@ def _await_next(where: InPlace, stop: list[int], why: str) -> int | None:
     _say(f"starting generation {newer} in place (was {where.generation})")
     where.generation = newer
     return None
+
+
+def _go(where: InPlace, children: list[Any]) -> bool:
+    """Hand the standby ranks their generation: they become `children`. False when there are none, or one
+    of them is gone (then the others are dropped and the ranks start afresh)."""
+    ready, where.ready = where.ready, []
+    if not ready:
+        return False
+    try:
+        if any(c.poll() is not None for c in ready):
+            raise OSError("a standby rank exited")
+        for c in ready:
+            c.stdin.write(f"{where.generation}\n".encode())
+            c.stdin.close()
+    except OSError as exc:
+        _say(f"starting generation {where.generation} afresh: {exc}")
+        where.ready = ready
+        _drop(where)
+        return False
+    children[:] = ready
+    return True
+
+
+def _drop(where: InPlace) -> None:
+    """Kill the standby ranks: they hold nothing yet."""
+    for c in _signal_and_reap(where.ready, signal.SIGKILL, KILL_WAIT_SECONDS):
+        _say(f"standby process {c.pid} did not exit within {KILL_WAIT_SECONDS:g}s of SIGKILL")
+    where.ready = []
 
 
 def _wait_for_generation(where: InPlace, stop: list[int]) -> int | None:

@@ -15,7 +15,6 @@ import traceback
 
 from kubetrain.core import contract
 from kubetrain.core.contract import CONFIG_ERROR_EXIT_CODE
-from kubetrain.trainer.config import ConfigError, load_spec, read_env
 
 
 def main() -> int:
@@ -26,7 +25,12 @@ def main() -> int:
             os.environ.get(contract.GENERATION_FILE):
         from kubetrain.core.launcher import launch  # noqa: PLC0415
 
-        return launch([sys.executable, "-m", "kubetrain.trainer"])
+        return launch([sys.executable, "-m", "kubetrain.trainer"], standby=True)
+    if os.environ.get(contract.STANDBY) and not await_generation():
+        return 0
+    # Not before: a launcher (a restarted container's, say) starts its ranks without the API models.
+    from kubetrain.trainer.config import ConfigError, load_spec, read_env  # noqa: PLC0415
+
     try:
         env = read_env()
         spec = load_spec(env.config_path)
@@ -54,6 +58,19 @@ def main() -> int:
             os._exit(contract.PEER_LOST_EXIT_CODE)
         sys.stderr.flush()
         return 1
+
+
+def await_generation() -> bool:
+    """A standby rank (contract.STANDBY): import what training needs now, then wait for the launcher to
+    say which generation to run. False when it says none (its stdin ends): it went another way."""
+    import kubetrain.trainer.loop  # noqa: F401, PLC0415 - importing early is what a standby is for
+
+    line = sys.stdin.readline().strip()
+    if not line.isdigit():
+        return False
+    os.environ[contract.RESTART_GENERATION] = line
+    del os.environ[contract.STANDBY]
+    return True
 
 
 _PEER_LOST_MARKERS = (
