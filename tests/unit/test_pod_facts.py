@@ -123,6 +123,9 @@ def test_an_init_container_that_keeps_failing_fails_the_worker() -> None:
         "waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"exitCode": 4}}}]
     f = facts(p)
     assert (f.phase, f.exit_code, f.reason, f.restartable) == (WorkerPhase.FAILED, 4, "InitContainerFailed", False)
+    p["metadata"]["deletionTimestamp"] = "2026-11-27T03:00:00Z"
+    assert (facts(p).phase, facts(p).reason) == (WorkerPhase.MISSING, "Deleted")  # going, whatever it was doing
+    del p["metadata"]["deletionTimestamp"]
     p["status"]["initContainerStatuses"][0]["state"] = {"running": {}}  # a native sidecar that came back
     p["metadata"]["resourceVersion"] = "51"
     assert facts(p).phase == WorkerPhase.PENDING

@@ -140,7 +140,8 @@ def _init_failed(pod: dict[str, Any]) -> dict[str, Any] | None:
     """An init container that failed in a pending pod the kubelet would retry for ever (restartPolicy
     OnFailure): the worker failed, as it does with restartPolicy Never."""
     status = pod.get("status") or {}
-    if (pod.get("spec") or {}).get("restartPolicy") != "OnFailure" or status.get("phase") != "Pending":
+    if (pod.get("spec") or {}).get("restartPolicy") != "OnFailure" or status.get("phase") != "Pending" or \
+            pod["metadata"].get("deletionTimestamp"):
         return None
     for cs in status.get("initContainerStatuses") or []:
         state = cs.get("state") or {}
