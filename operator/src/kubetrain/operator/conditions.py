@@ -85,19 +85,9 @@ def checkpoints_durable(job: TrainingJob) -> Want:
     )
 
 
-def unschedulable_since(pod: dict[str, Any]) -> datetime | None:
-    """When the scheduler last said it found no node for the pod (None: it did not)."""
-    return facts(pod).unschedulable_since
-
-
-def _pending(pod: dict[str, Any]) -> bool:
-    """Pending and not being deleted: a pod that may be blocked."""
-    return facts(pod).pending
-
-
 def blocked_pod(pod: dict[str, Any], now: datetime) -> BlockedPod | None:
     """Why a Pending pod cannot start, or None (running, finished, deleting, or just slow)."""
-    if not _pending(pod):
+    if not facts(pod).pending:
         return None
     status = pod.get("status") or {}
     name = pod["metadata"]["name"]
@@ -107,27 +97,24 @@ def blocked_pod(pod: dict[str, Any], now: datetime) -> BlockedPod | None:
         if reason is not None:
             detail = f"container {cs.get('name')}: {waiting.get('message') or waiting['reason']}"
             return BlockedPod(name, reason, waiting["reason"], detail)
-    since = unschedulable_since(pod)
+    since = facts(pod).unschedulable_since
     if since is not None and now - since >= UNSCHEDULABLE_GRACE:
         cond = next(c for c in status["conditions"] if c.get("type") == "PodScheduled")
         return BlockedPod(name, R.UNSCHEDULABLE, "Unschedulable", cond.get("message") or "no node fits")
     return None
 
 
-def _index(pod: dict[str, Any]) -> int:
-    return facts(pod).index
-
-
 def blocked_pods(pods: list[dict[str, Any]], now: datetime) -> list[BlockedPod]:
     """Every blocked pod, in worker order (so the condition's reason does not flap between reconciles)."""
-    pending = [p for p in pods if _pending(p)]  # most pods of a big gang run: no sort, no look
-    found = (blocked_pod(p, now) for p in sorted(pending, key=_index))
+    pending = [p for p in pods if facts(p).pending]  # most pods of a big gang run: no sort, no look
+    found = (blocked_pod(p, now) for p in sorted(pending, key=lambda p: facts(p).index))
     return [x for x in found if x is not None]
 
 
 def recheck_after(pods: list[dict[str, Any]], now: datetime) -> float | None:
     """Seconds until the first unschedulable pod's grace ends (nothing else wakes the operator then)."""
-    ends = [since + UNSCHEDULABLE_GRACE for p in pods if _pending(p) and (since := unschedulable_since(p)) is not None]
+    ends = [since + UNSCHEDULABLE_GRACE for p in pods
+            if (f := facts(p)).pending and (since := f.unschedulable_since) is not None]
     later = [(e - now).total_seconds() for e in ends if e > now]
     return min(later) + 0.5 if later else None
 

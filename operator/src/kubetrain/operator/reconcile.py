@@ -81,10 +81,6 @@ def _pod_labels(pod: dict[str, Any]) -> dict[str, str]:
     return pod.get("metadata", {}).get("labels") or {}
 
 
-def pod_generation(pod: dict[str, Any]) -> int:
-    return facts(pod).generation
-
-
 def worker_state(index: int, pod: dict[str, Any], nodes: dict[str, datetime | None]) -> WorkerState:
     """A Pod as the lifecycle sees it (pod_facts)."""
     f = facts(pod)
@@ -97,10 +93,6 @@ def worker_state(index: int, pod: dict[str, Any], nodes: dict[str, datetime | No
                        in_place=f.in_place, held=f.held)
 
 
-def is_ready(pod: dict[str, Any]) -> bool:
-    return facts(pod).ready
-
-
 def observe(
     spec: TrainingJobSpec, status: TrainingJobStatus, pods: list[dict[str, Any]],
     nodes: dict[str, datetime | None], progress: Progress | None, gone: Sequence[dict[str, Any]] = (),
@@ -109,24 +101,20 @@ def observe(
     """`gone`: the last copies of this job's deleted pods that were disrupted (the cache keeps them), so a
     preempted worker whose pod vanished before this reconcile still counts as disrupted, not deleted."""
     gen = status.restart_generation
-    current = {_index(p): p for p in pods if pod_generation(p) == gen}
+    current = {facts(p).index: p for p in pods if facts(p).generation == gen}
     workers = [worker_state(i, pod, nodes) for i, pod in sorted(current.items()) if 0 <= i < spec.workers]
-    gone_now = {_index(p) for p in gone if pod_generation(p) == gen and disrupted(p)}
+    gone_now = {facts(p).index for p in gone if facts(p).generation == gen and disrupted(p)}
     workers += [WorkerState(i, WorkerPhase.MISSING, reason="Disrupted") for i in sorted(gone_now - current.keys())
                 if 0 <= i < spec.workers]
     unknown = (Reason.PROGRESS_REPORTING_OFF if not spec.progress_reporting
                else Reason.PROGRESS_REPORTING_FORBIDDEN if progress_refused else None)
     return Observed(
         workers=tuple(workers),
-        stale_workers=sum(1 for p in pods if pod_generation(p) != gen),
+        stale_workers=sum(1 for p in pods if facts(p).generation != gen),
         progress=progress,
         checkpoints_durable=not spec.checkpoint.ephemeral,
         progress_unknown=unknown,
     )
-
-
-def _index(pod: dict[str, Any]) -> int:
-    return facts(pod).index
 
 
 # --------------------------------------------------------------------------- plan
@@ -170,7 +158,7 @@ def plan(
     if job is None:
         return _invalid(old, problems, now, kueue.plan_invalid(queue or kueue.QueueView(), now))
     ours = [p for p in pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
-    gang_gone = not any(still_running(p) for p in ours)
+    gang_gone = not any(facts(p).running for p in ours)
     q = kueue.plan_queue(job, body, queue or kueue.QueueView(), gang_gone, old.phase, settings, now)
     if job.spec.managed_by not in (None, contract.MANAGED_BY_OPERATOR):
         return Plan(queue=q)  # another controller (MultiKueue) runs it: only its Workload is ours
@@ -199,7 +187,7 @@ def profile_request(body: dict[str, Any], pods: list[dict[str, Any]], generation
     asked = ((body.get("metadata") or {}).get("annotations") or {}).get(contract.PROFILE_ANNOTATION)
     name = b.worker_name(body["metadata"]["name"], 0)
     for p in pods:
-        if p["metadata"]["name"] == name and pod_generation(p) == generation and still_running(p):
+        if p["metadata"]["name"] == name and facts(p).generation == generation and facts(p).running:
             have = (p["metadata"].get("annotations") or {}).get(contract.PROFILE_ANNOTATION)
             return {name: {contract.PROFILE_ANNOTATION: asked}} if asked and asked != have else {}
     return {}
@@ -256,7 +244,7 @@ def _named(pods: list[dict[str, Any]], generation: int, indices: Sequence[int]) 
 
 def _of(pods: list[dict[str, Any]], generation: int, indices: Sequence[int]) -> list[dict[str, Any]]:
     want = set(indices)
-    return [p for p in pods if pod_generation(p) == generation and _index(p) in want]
+    return [p for p in pods if facts(p).generation == generation and facts(p).index in want]
 
 
 def _patch(out: Plan, pod: str, part: str, values: dict[str, str]) -> None:
@@ -265,17 +253,12 @@ def _patch(out: Plan, pod: str, part: str, values: dict[str, str]) -> None:
 
 def _in_scope(scope: lc.Scope, pods: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
     if scope == lc.Scope.STALE:
-        return [p for p in pods if pod_generation(p) != generation]
+        return [p for p in pods if facts(p).generation != generation]
     if scope == lc.Scope.UNFINISHED:
-        return [p for p in pods if still_running(p)]
+        return [p for p in pods if facts(p).running]
     if scope == lc.Scope.RESTARTING:
-        return [p for p in pods if (p.get("spec") or {}).get("restartPolicy") == "OnFailure" and still_running(p)]
+        return [p for p in pods if (p.get("spec") or {}).get("restartPolicy") == "OnFailure" and facts(p).running]
     return pods
-
-
-def still_running(pod: dict[str, Any]) -> bool:
-    """Pending, or a container (a sidecar, native or not) still runs."""
-    return facts(pod).running
 
 
 @dataclass(frozen=True)
@@ -295,9 +278,9 @@ def _presented(
     d, status = t.decision, t.status.model_copy(deep=True)
     assert d is not None
     status.observed_generation = int(body.get("metadata", {}).get("generation") or 0)
-    current = [p for p in ours if pod_generation(p) == d.generation]
+    current = [p for p in ours if facts(p).generation == d.generation]
     gone = d.action in (Action.RESTART_GANG, Action.SUSPEND)
-    status.workers_ready = 0 if gone else sum(1 for p in current if is_ready(p))
+    status.workers_ready = 0 if gone else sum(1 for p in current if facts(p).ready)
     status.workers_summary = f"{status.workers_ready}/{job.spec.workers}"
     status.conditions = _side_conditions(job, d, current, blocked, status.conditions, now, out)
     return status.dump()
