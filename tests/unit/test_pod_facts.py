@@ -129,3 +129,13 @@ def test_an_init_container_that_keeps_failing_fails_the_worker() -> None:
     p["status"]["initContainerStatuses"][0]["state"] = {"running": {}}  # a native sidecar that came back
     p["metadata"]["resourceVersion"] = "51"
     assert facts(p).phase == WorkerPhase.PENDING
+
+
+def test_a_pod_of_the_same_name_and_version_but_another_uid_is_read_afresh() -> None:
+    """Versions are per object: a pod recreated under the same name (or built by a test) is another."""
+    first = pod("61")
+    first["metadata"]["uid"] = "u-1"
+    assert facts(first).phase == WorkerPhase.RUNNING
+    second = pod("61", "Failed")
+    second["metadata"]["uid"] = "u-2"
+    assert facts(second).phase == WorkerPhase.FAILED

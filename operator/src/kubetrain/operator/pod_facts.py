@@ -3,8 +3,8 @@
 A reconcile looks at every pod of its job, and a gang being created is reconciled after nearly every
 pod event: with 1024 workers, reading the same unchanged pods again and again was a third of the
 operator's CPU. A pod's facts depend on the pod alone, so they are kept per (namespace, name,
-resourceVersion, being deleted): the operator marks a pod it deleted as terminating before the watch
-says so, under the same resourceVersion. A pod without a resourceVersion (built, not read from the API
+uid, resourceVersion, being deleted): the operator marks a pod it deleted as terminating before the
+watch says so, under the same resourceVersion. A pod without a resourceVersion (built, not read from the API
 server) is read afresh each time.
 """
 
@@ -53,7 +53,7 @@ class PodFacts:
     """When the scheduler last said it found no node for the pod (None: it did not)."""
 
 
-_memo: dict[tuple[str, str, str, bool], PodFacts] = {}
+_memo: dict[tuple[str, str, str, str, bool], PodFacts] = {}
 
 
 def facts(pod: dict[str, Any]) -> PodFacts:
@@ -61,7 +61,7 @@ def facts(pod: dict[str, Any]) -> PodFacts:
     rv = meta.get("resourceVersion")
     if not rv:
         return _read(pod)
-    key = (meta.get("namespace") or "", meta["name"], rv, "deletionTimestamp" in meta)
+    key = (meta.get("namespace") or "", meta["name"], meta.get("uid") or "", rv, "deletionTimestamp" in meta)
     found = _memo.get(key)
     if found is None:
         if len(_memo) >= MEMO_LIMIT:
