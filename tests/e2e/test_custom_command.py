@@ -123,6 +123,7 @@ def test_the_pod_launcher_trains_the_script_as_a_pod_runs_it(tmp_path):
             contract.MASTER_PORT: port, contract.PET_MASTER_PORT: port,
             contract.CHECKPOINT_DIR: str(ckpt), contract.CONFIG: str(etc / "config.json"),
             contract.OUTPUT_DIR: str(tmp_path / f"out-{index}"), contract.METRICS_PORT: "0",
+            contract.RAN_FILE: str(tmp_path / f"shm-{index}-ran-generation"),  # each pod has its own /dev/shm
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # the image's `python`
             "OMP_NUM_THREADS": "1",
         })
