@@ -38,6 +38,8 @@ class PodFacts:
     """The pod's launcher runs whatever generation the operator tells it (kubetrain.io/in-place)."""
     held: bool
     """Told a generation other than its label's: a kept pod waiting for its restart's backoff."""
+    restarts_here: bool
+    """The kubelet starts a failed trainer container again in this pod (restartPolicy OnFailure)."""
     failures: int
     """How many times the kubelet saw the trainer container fail in this pod (restartPolicy OnFailure)."""
     restartable: bool
@@ -74,16 +76,17 @@ def _read(pod: dict[str, Any]) -> PodFacts:
     meta, status = pod["metadata"], pod.get("status") or {}
     labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
     generation = int(labels.get(b.LABEL_GENERATION, "-1"))
-    failures, last = _failures(pod)
+    restarts_here = (pod.get("spec") or {}).get("restartPolicy") == "OnFailure"
+    failures, last = _failures(pod) if restarts_here else (0, None)
     handled = int(notes.get(contract.FAILURES_HANDLED_ANNOTATION) or 0)
-    phase, exit_code, reason = _restarted(pod, failures, handled, last) or _worker(pod)
+    phase, exit_code, reason = (restarts_here and _restarted(pod, failures, handled, last)) or _worker(pod)
     told = notes.get(contract.GENERATION_ANNOTATION)  # lags the label while a kept pod waits for its backoff
     pending = status.get("phase", "Pending") == "Pending" and not meta.get("deletionTimestamp")
     return PodFacts(
         index=int(labels.get(b.LABEL_INDEX, "-1")), generation=generation, phase=phase, exit_code=exit_code,
         reason=reason, node=(pod.get("spec") or {}).get("nodeName") or None,
         in_place=notes.get(contract.IN_PLACE_ANNOTATION) == "true", held=told is not None and told != str(generation),
-        failures=failures, restartable=phase == WorkerPhase.FAILED and failures == 1 and last is not None,
+        restarts_here=restarts_here, failures=failures, restartable=phase == WorkerPhase.FAILED and failures == 1 and last is not None,
         running=failures > 0 or _still_running(status), ready=_ready(status), pending=pending,
         unschedulable_since=_unschedulable_since(status),
     )
@@ -108,11 +111,10 @@ def _worker(pod: dict[str, Any]) -> tuple[WorkerPhase, int | None, str | None]:
 
 
 def _failures(pod: dict[str, Any]) -> tuple[int, dict[str, Any] | None]:
-    """In a pod whose kubelet restarts a failed trainer container (restartPolicy OnFailure) and which is
-    not ending: how many times that container failed, and the newest failure's terminated state."""
-    meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
-    if spec.get("restartPolicy") != "OnFailure" or meta.get("deletionTimestamp") or \
-            status.get("phase") not in ("Pending", "Running"):
+    """In a pod whose kubelet restarts a failed trainer container (restarts_here) and which is not ending:
+    how many times that container failed, and the newest failure's terminated state."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    if meta.get("deletionTimestamp") or status.get("phase") not in ("Pending", "Running"):
         return 0, None
     cs: dict[str, Any] = next((c for c in status.get("containerStatuses") or [] if c.get("name") == b.CONTAINER), {})
     count = int(cs.get("restartCount") or 0)
@@ -125,7 +127,7 @@ def _failures(pod: dict[str, Any]) -> tuple[int, dict[str, Any] | None]:
 
 def _restarted(pod: dict[str, Any], failures: int, handled: int,
                last: dict[str, Any] | None) -> tuple[WorkerPhase, int | None, str | None] | None:
-    """A worker restarted in its pod, as the lifecycle sees it: a failure the operator has not acted on
+    """A worker in a pod that restarts it (restarts_here), as the lifecycle sees it: a failure the operator has not acted on
     yet, or running again (a failure it has); None where the pod tells it alone (_worker)."""
     if failures > handled and last is not None:
         return WorkerPhase.FAILED, container_exit_code(last), "OOMKilled" if last.get("reason") == "OOMKilled" else None
@@ -137,11 +139,10 @@ def _restarted(pod: dict[str, Any], failures: int, handled: int,
 
 
 def _init_failed(pod: dict[str, Any]) -> dict[str, Any] | None:
-    """An init container that failed in a pending pod the kubelet would retry for ever (restartPolicy
-    OnFailure): the worker failed, as it does with restartPolicy Never."""
+    """An init container that failed in a pending pod the kubelet would retry for ever (restarts_here): the
+    worker failed, as it does with restartPolicy Never."""
     status = pod.get("status") or {}
-    if (pod.get("spec") or {}).get("restartPolicy") != "OnFailure" or status.get("phase") != "Pending" or \
-            pod["metadata"].get("deletionTimestamp"):
+    if status.get("phase") != "Pending" or pod["metadata"].get("deletionTimestamp"):
         return None
     for cs in status.get("initContainerStatuses") or []:
         state = cs.get("state") or {}

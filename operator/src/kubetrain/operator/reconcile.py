@@ -84,13 +84,13 @@ def _pod_labels(pod: dict[str, Any]) -> dict[str, str]:
 def worker_state(index: int, pod: dict[str, Any], nodes: dict[str, datetime | None]) -> WorkerState:
     """A Pod as the lifecycle sees it (pod_facts)."""
     f = facts(pod)
+    node_not_ready_since = nodes.get(f.node or "") if nodes else None
     if f.restartable:
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, in_place=f.in_place,
-                           restartable=True, node_not_ready_since=nodes.get(f.node or "") if nodes else None)
+                           restartable=True, node_not_ready_since=node_not_ready_since)
     if f.phase not in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason)
-    return WorkerState(index, f.phase, node_not_ready_since=nodes.get(f.node or "") if nodes else None,
-                       in_place=f.in_place, held=f.held)
+    return WorkerState(index, f.phase, node_not_ready_since=node_not_ready_since, in_place=f.in_place, held=f.held)
 
 
 def observe(
@@ -257,7 +257,7 @@ def _in_scope(scope: lc.Scope, pods: list[dict[str, Any]], generation: int) -> l
     if scope == lc.Scope.UNFINISHED:
         return [p for p in pods if facts(p).running]
     if scope == lc.Scope.RESTARTING:
-        return [p for p in pods if (p.get("spec") or {}).get("restartPolicy") == "OnFailure" and facts(p).running]
+        return [p for p in pods if (f := facts(p)).restarts_here and f.running]
     return pods
 
 
