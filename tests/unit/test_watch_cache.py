@@ -1,15 +1,16 @@
-"""The operator's watch cache (kubetrain.operator.watch_cache), and the controller forgetting deleted jobs."""
+"""The operator's watch cache (kubetrain.operator.watch_cache), and how the controller queues its events."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from kubetrain.core import contract
 from kubetrain.core.progress import Progress
-from kubetrain.operator.controller import Controller
+from kubetrain.operator.controller import PACE_MAX, Controller, pace
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.watch_cache import WatchCache, node_not_ready_since
 
@@ -171,6 +172,35 @@ def test_the_watchs_echo_of_the_operators_own_status_write_plans_nothing_again()
         assert key in ctl.queue
     finally:
         ctl.applier.close()
+
+
+def test_a_pod_event_that_only_moves_a_worker_on_towards_running_waits_in_proportion_to_planning() -> None:
+    ctl = Controller(client.ApiClient(), OperatorSettings(), clock=lambda: NOW)
+    try:
+        key = (NS, "a")
+        ctl.job_event(None, job("a"))
+        ctl.queue.set_leading(True)
+        assert ctl.queue.take() == key
+        ctl.queue.done(key, requeue_after=None)
+        ctl.paces[key] = pace(0.01)  # what planning a 1024-worker gang costs
+        started = pod("a", 0, rv=2, node="n1") | {"status": {"phase": "Running"}}
+        ctl.pod_event("MODIFIED", started)
+        assert len(ctl.queue) == 0
+        assert ctl.queue.due_in(key) == pytest.approx(0.2, abs=0.05)
+        ctl.pod_event("MODIFIED", pod("a", 1, rv=3, node="n1") | {"status": {"phase": "Failed"}})
+        assert len(ctl.queue) == 1 and ctl.queue.due_in(key) is None  # a failure is planned at once
+        assert ctl.queue.take() == key
+        ctl.queue.done(key, requeue_after=None)
+        ctl.pod_event("DELETED", started | {"metadata": {**started["metadata"], "resourceVersion": "4"}})
+        assert len(ctl.queue) == 1  # so is a pod gone
+    finally:
+        ctl.applier.close()
+
+
+def test_the_pause_grows_with_planning_up_to_its_cap_and_a_small_job_barely_waits() -> None:
+    assert pace(0.0002) == pytest.approx(0.004)  # a 2-worker job's plan
+    assert pace(0.02) == pytest.approx(0.4)
+    assert pace(10.0) == PACE_MAX
 
 
 def owned(p: dict[str, Any], uid: str) -> dict[str, Any]:

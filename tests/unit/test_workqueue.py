@@ -78,6 +78,22 @@ def test_an_immediate_add_supersedes_a_pending_delay_and_a_queued_key_takes_no_d
     assert [q.take(), q.take()] == ["a", None]
 
 
+def test_a_key_added_again_while_a_worker_has_it_takes_no_delay() -> None:
+    clock = Clock()
+    q = leading_queue(clock)
+    q.add("a")
+    assert q.take() == "a"
+    q.add("a")  # runs again once the worker is done
+    q.add_after("a", 0.5)
+    assert q.due_in("a") is None
+    q.done("a", requeue_after=None)
+    assert q.take() == "a"
+    q.done("a", requeue_after=None)
+    clock.t += 60.0
+    q.promote_due()
+    assert q.take() is None  # not once more for the delay
+
+
 def test_a_zero_delay_is_an_add() -> None:
     q = leading_queue()
     q.add_after("a", 0.0)

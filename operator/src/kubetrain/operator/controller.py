@@ -5,6 +5,12 @@ The WorkQueue hands keys to a few workers (never the same key to two at once); a
 from the cache (pure) and the Applier carries the plan out. Deleting a job forgets it everywhere.
 TrainingSweeps are reconciled beside the jobs by a SweepController (sweep_controller.py), under
 the same leadership, on the same API call pool.
+
+A plan reads every pod of its job, and a starting gang's pods send an event each as they are
+scheduled, start and turn ready: a 1024-worker gang was planned after nearly every one of them.
+An event that only moves a worker on towards running is paced (`pace`): its job is looked at again
+after a pause in proportion to what planning that job last cost. Any other event (a worker that
+failed, finished or went missing, a pod deleted) is looked at at once.
 """
 
 from __future__ import annotations
@@ -20,11 +26,12 @@ from typing import Any
 from kubernetes import client
 
 from kubetrain.core import api, contract
-from kubetrain.core.lifecycle import Action, FailureKind
+from kubetrain.core.lifecycle import Action, FailureKind, WorkerPhase
 from kubetrain.operator import metrics
 from kubetrain.operator.apply import Apis, Applier
 from kubetrain.operator.kueue import QueueView
 from kubetrain.operator.kueue_io import KueueIO
+from kubetrain.operator.pod_facts import facts
 from kubetrain.operator.reconcile import Plan, claim_to_check, deletion_overdue, plan
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.sweep_controller import SweepController
@@ -42,6 +49,23 @@ GANG_GOING = frozenset({Action.RESTART_GANG, Action.SUSPEND, Action.FAIL, Action
 """Decisions that take the gang away: what its creates met (a refusal, a foreign object) no longer holds."""
 GAUGE_PERIOD = 5.0
 """Seconds between two refreshes of the jobs-by-phase gauge."""
+PACE_FACTOR = 20.0
+"""A paced pod event waits this many times the last plan of its job: planning takes at most about
+1/20 of the operator's time while a gang starts (a 2-worker job's pause is a few milliseconds)."""
+PACE_MAX = 1.0
+"""Seconds: the longest pause of a paced pod event, however large the job."""
+STARTING = frozenset({WorkerPhase.PENDING, WorkerPhase.RUNNING})
+
+
+def pace(plan_seconds: float) -> float:
+    """How long a pod event that only moves a worker on towards running waits, given what the last
+    plan of its job cost."""
+    return min(PACE_MAX, PACE_FACTOR * plan_seconds)
+
+
+def paced(kind: str | None, pod: dict[str, Any]) -> bool:
+    """The event only moves a worker on towards running (created, scheduled, started, ready)."""
+    return kind != DELETED and facts(pod).phase in STARTING
 
 
 def _known_version(cached: dict[str, Any] | None, body: dict[str, Any]) -> bool:
@@ -67,6 +91,8 @@ class Controller:
         """Jobs whose first time Running was observed (kubetrain_operator_time_to_running_seconds)."""
         self.first_step: set[Key] = set()
         """Jobs whose first step was observed (kubetrain_operator_time_to_first_step_seconds)."""
+        self.paces: dict[Key, float] = {}
+        """Per job, the pause of its paced pod events (`pace` of its last plan)."""
         self.tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ watch events (kopf handlers)
@@ -82,7 +108,11 @@ class Controller:
 
     def pod_event(self, kind: str | None, body: dict[str, Any]) -> None:
         key = self.cache.pod_event(kind, body)
-        if key is not None:
+        if key is None:
+            return
+        if paced(kind, body):
+            self.queue.add_after(key, self.paces.get(key, 0.0))
+        else:
             self.queue.add(key)
 
     def workload_event(self, kind: str | None, body: dict[str, Any]) -> None:
@@ -101,6 +131,7 @@ class Controller:
         self.queue.forget(key)
         self.first_running.discard(key)
         self.first_step.discard(key)
+        self.paces.pop(key, None)
         for kind in ("productive", "lost"):
             with contextlib.suppress(KeyError):
                 metrics.JOB_GOODPUT_SECONDS.remove(*key, kind)
@@ -190,9 +221,12 @@ class Controller:
 
     def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None, queue: QueueView) -> Plan:
         cache = self.cache
-        return plan(body, cache.pods(key), cache.nodes, self.clock(), self.settings.builders,
-                    cache.progress(key), claim_phase, cache.disrupted(key), cache.progress_refused(key),
-                    create_refused=cache.create_refused(key), foreign=cache.foreign(key), queue=queue)
+        t0 = time.perf_counter()
+        p = plan(body, cache.pods(key), cache.nodes, self.clock(), self.settings.builders,
+                 cache.progress(key), claim_phase, cache.disrupted(key), cache.progress_refused(key),
+                 create_refused=cache.create_refused(key), foreign=cache.foreign(key), queue=queue)
+        self.paces[key] = pace(time.perf_counter() - t0)
+        return p
 
     def _requeue_after(self, key: Key, p: Plan) -> float | None:
         """The plan's time to look again; with a pod create refused or a child's name taken, the backoff's

@@ -3,7 +3,8 @@
 - A key is queued at most once and handed to one worker at a time. A key added while a worker
   has it is handed out again once that worker is done: the newest state gets looked at.
 - `add_after(key, delay)`: the key comes due later. Of several delays the earliest wins; an
-  immediate `add` supersedes a pending delay (the work it triggers decides the next one).
+  immediate `add` supersedes a pending delay (the work it triggers decides the next one), and a
+  key already queued, or added again while a worker has it, ignores the delay.
 - `forget(key)`: whatever is queued or due for a key that went away is dropped, and a worker
   busy with it does not requeue it.
 - Keys are handed out only while leading (leader election); meanwhile they wait, deduplicated.
@@ -97,7 +98,7 @@ class WorkQueue(Generic[K]):
         if delay <= 0:
             self.add(key)
             return
-        if key in self._queued:  # it runs sooner anyway
+        if key in self._queued or key in self._dirty:  # it runs sooner anyway
             return
         at = self._clock() + delay
         if self._due.get(key, at + 1) <= at:  # an earlier one is pending: it wins
