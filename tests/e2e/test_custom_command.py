@@ -118,12 +118,13 @@ def test_the_pod_launcher_trains_the_script_as_a_pod_runs_it(tmp_path):
         # the image's python3 (here without site-packages: no kubetrain) runs the ConfigMap's file
         command[:2] = [sys.executable, "-S", "-E", str(etc / launcher.SCRIPT)]
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        (tmp_path / f"out-{index}").mkdir()  # the pod's emptyDir
         env.update({  # what differs from a pod: one host, no cluster DNS, local paths for the mounts
             contract.MASTER_ADDR: "127.0.0.1", contract.PET_MASTER_ADDR: "127.0.0.1",
             contract.MASTER_PORT: port, contract.PET_MASTER_PORT: port,
             contract.CHECKPOINT_DIR: str(ckpt), contract.CONFIG: str(etc / "config.json"),
             contract.OUTPUT_DIR: str(tmp_path / f"out-{index}"), contract.METRICS_PORT: "0",
-            contract.RAN_FILE: str(tmp_path / f"shm-{index}-ran-generation"),  # each pod has its own /dev/shm
+            contract.RAN_FILE: str(tmp_path / f"out-{index}" / "ran-generation"),  # each pod has its own
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # the image's `python`
             "OMP_NUM_THREADS": "1",
         })

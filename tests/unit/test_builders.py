@@ -276,8 +276,9 @@ def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_fil
     assert env[contract.IN_PLACE_WAIT] == "100"  # maxBackoffSeconds + the margin
     # A failed worker's container restarts in its pod, and its launcher finds there what already ran.
     assert pod["spec"]["restartPolicy"] == "OnFailure"
-    assert env[contract.RAN_FILE] == b.RAN_FILE and b.RAN_FILE.startswith("/dev/shm/")
-    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert env[contract.RAN_FILE] == b.RAN_FILE and b.RAN_FILE.startswith(f"{b.OUTPUT_MOUNT}/")
+    assert {"name": "output", "mountPath": b.OUTPUT_MOUNT} in c["volumeMounts"]
+    assert {"name": "output", "emptyDir": {}} in pod["spec"]["volumes"]  # the pod's own, whatever the node has
 
 
 @pytest.mark.parametrize("spec", [

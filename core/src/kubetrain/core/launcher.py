@@ -25,8 +25,8 @@ KUBETRAIN_IN_PLACE_WAIT_SECONDS, then it exits 75), SIGKILLs whatever still runs
 (its state is in the latest complete checkpoint) and starts the processes again with that
 KUBETRAIN_RESTART_GENERATION. Its own processes' failure still ends the worker (the container exits), so
 the operator sees it; such a pod has restartPolicy OnFailure, and the kubelet starts the container again
-in the same pod. The new launcher finds in KUBETRAIN_RAN_GENERATION_FILE (on the pod's /dev/shm, which
-outlives the container) that its generation already ran here, and waits for the next one as a kept
+in the same pod. The new launcher finds in KUBETRAIN_RAN_GENERATION_FILE (in the pod's own emptyDir,
+which outlives the container) that its generation already ran here, and waits for the next one as a kept
 worker does, instead of running the failed generation again. For kubetrain's own trainer (`standby`), a
 launcher that waits starts its ranks at once as standbys (contract.STANDBY): they import torch and the
 trainer while the operator and the kubelet pass the new generation on, and start training the moment

@@ -48,8 +48,9 @@ CONFIG_MOUNT = "/etc/kubetrain"
 OUTPUT_MOUNT = "/var/run/kubetrain"
 GENERATION_MOUNT = "/etc/kubetrain-generation"
 """A pod that restarts in place: the Downward API volume with its generation annotation, file `generation`."""
-RAN_FILE = "/dev/shm/kubetrain-ran-generation"
-"""contract.RAN_FILE in a pod: its /dev/shm is an emptyDir, which outlives a restarted container."""
+RAN_FILE = f"{OUTPUT_MOUNT}/ran-generation"
+"""contract.RAN_FILE in a pod: in kubetrain's own emptyDir, which outlives a restarted container and which,
+unlike /dev/shm, no podTemplate replaces with a host directory that other pods on the node share."""
 SIGTERM_CHECKPOINT_GRACE = 300
 TRAINER_GID = 1000
 """The trainer image's group (trainer-image/Dockerfile: USER 1000:1000): fsGroup of the checkpoint claim."""
