@@ -173,9 +173,11 @@ check_port_free "$APISERVER_PORT"
 audit_args=()
 if [[ -n "${KUBETRAIN_AUDIT_POLICY:-}" ]]; then
   [[ -f "${KUBETRAIN_AUDIT_POLICY}" ]] || die "KUBETRAIN_AUDIT_POLICY=${KUBETRAIN_AUDIT_POLICY}: no such file"
+  # One file for the whole run: the harness reads it from an offset, and a rotation (100 MB by
+  # default; a full bench/compare.py run writes ~250 MB) would lose the run it fell in.
   audit_args=(--audit-policy-file="${KUBETRAIN_AUDIT_POLICY}" --audit-log-path="${D}/logs/audit.log"
-              --audit-log-format=json --audit-log-mode=blocking)
-  rm -f "${D}/logs/audit.log"
+              --audit-log-format=json --audit-log-mode=blocking --audit-log-maxsize=100000)
+  rm -f "${D}"/logs/audit.log "${D}"/logs/audit-*.log
 fi
 check_port_free "$ETCD_PORT"
 advertise=127.0.0.1
