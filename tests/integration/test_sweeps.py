@@ -53,10 +53,13 @@ def states(status: dict[str, Any]) -> dict[str, str]:
     return {t["jobName"]: t["state"] for t in status.get("trials") or []}
 
 
+def finished(job: dict[str, Any]) -> bool:
+    return (job.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 def unfinished_jobs(sweeps: TrainingSweeps, name: str) -> list[str]:
     """Trial jobs that hold (or will hold) pods."""
-    return [j["metadata"]["name"] for j in sweeps.trial_jobs(name)
-            if not j["spec"].get("suspend") and (j.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+    return [j["metadata"]["name"] for j in sweeps.trial_jobs(name) if not j["spec"].get("suspend") and not finished(j)]
 
 
 def run_to_the_end(sweeps: TrainingSweeps, name: str, parallelism: int, timeout: float = 90) -> dict[str, Any]:
@@ -68,6 +71,8 @@ def run_to_the_end(sweeps: TrainingSweeps, name: str, parallelism: int, timeout:
         assert st.get("phase") != "Failed" and time.monotonic() < deadline, sweeps.explain(name)
         running = unfinished_jobs(sweeps, name)
         assert len(running) <= parallelism, f"more than {parallelism} trials at once: {running}"
+        # A trial whose job already finished (while no operator ran, say) is the sweep's to record, not ours to run.
+        done |= {j["metadata"]["name"] for j in sweeps.trial_jobs(name) if finished(j)}
         todo = [t for t in st.get("trials") or [] if t["state"] in ("Pending", "Running") and t["jobName"] not in done]
         if not todo:
             time.sleep(0.2)
