@@ -11,6 +11,7 @@ from kubernetes import client
 from kubetrain.core import contract
 from kubetrain.core.progress import Progress
 from kubetrain.operator.controller import PACE_MAX, Controller, pace
+from kubetrain.operator.pod_watch import PodList
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.watch_cache import WatchCache, node_not_ready_since
 
@@ -320,3 +321,23 @@ def test_the_cache_keeps_of_a_pods_spec_only_its_node_and_restart_policy() -> No
     cache.pod_event("ADDED", pending)
     assert [p["spec"] for p in cache.pods((NS, "a"))] == [{"nodeName": "n1", "restartPolicy": "OnFailure"}, {}]
     assert cache.nodes_of((NS, "a")) == {"n1"}
+
+
+def test_a_relist_reports_the_pods_it_lacks_as_deleted_but_keeps_those_newer_than_itself() -> None:
+    ctl = Controller(client.ApiClient(), OperatorSettings(), clock=lambda: NOW)
+    try:
+        key = (NS, "a")
+        ctl.job_event(None, job("a"))
+        for index, rv in ((0, 5), (1, 6), (2, 12)):  # worker 2 was cached from a create answered after the LIST
+            ctl.pod_event("ADDED", pod("a", index, rv=rv))
+        ctl.queue.set_leading(True)
+        assert ctl.queue.take() == key
+        ctl.queue.done(key, requeue_after=None)
+        ctl.pods_listed(PodList([pod("a", 0, rv=7)], "10"))  # worker 1's DELETED fell in a gap of the watch
+        assert {p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in ctl.cache.pods(key)} == \
+            {"a-worker-0": "7", "a-worker-2": "12"}
+        assert key in ctl.queue
+        ctl.pod_event("MODIFIED", pod("a", 1, rv=6))  # a stale copy does not bring it back
+        assert ctl.cache.pod(key, "a-worker-1") is None
+    finally:
+        ctl.applier.close()

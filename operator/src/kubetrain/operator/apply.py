@@ -243,10 +243,9 @@ class Creation:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Jobs, worker pods and nodes as one LIST each returned them (plain dicts)."""
+    """Jobs and nodes as one LIST each returned them (plain dicts; the pods are the pod watch's)."""
 
     jobs: list[dict[str, Any]]
-    pods: list[dict[str, Any]]
     nodes: list[dict[str, Any]]
 
 
@@ -268,19 +267,17 @@ class Applier:
     # ------------------------------------------------------------------ reads
 
     def list_all(self, namespace: str | None) -> Snapshot:
-        """LIST jobs, worker pods and nodes (blocking; run it with io())."""
+        """LIST jobs and nodes (blocking; run it with io())."""
         core, custom = self.apis.core, self.apis.custom
         if namespace:
             jobs = custom.list_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL)
-            pods = core.list_namespaced_pod(namespace, label_selector=contract.LABEL_JOB).items
         else:
             jobs = custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL)
-            pods = core.list_pod_for_all_namespaces(label_selector=contract.LABEL_JOB).items
         items = jobs.get("items", [])
         for job in items:  # a LIST's items carry neither
             job.setdefault("apiVersion", api.API_VERSION)
             job.setdefault("kind", api.KIND)
-        return Snapshot(items, [self.sanitize(p) for p in pods], [self.sanitize(n) for n in core.list_node().items])
+        return Snapshot(items, [self.sanitize(n) for n in core.list_node().items])
 
     def _node_not_ready_since(self, name: str, now: datetime) -> datetime | None:
         try:

@@ -1,6 +1,7 @@
 """The controller: wires the watch cache, the work queue and the applier around reconcile.plan().
 
-kopf delivers watch events (handlers.py); they update the WatchCache and queue the job's key.
+kopf delivers the watch events of jobs, sweeps, nodes and Workloads (handlers.py), the PodWatch those of
+worker pods (pod_watch.py); they update the WatchCache and queue the job's key.
 The WorkQueue hands keys to a few workers (never the same key to two at once); a worker plans
 from the cache (pure) and the Applier carries the plan out. Deleting a job forgets it everywhere.
 TrainingSweeps are reconciled beside the jobs by a SweepController (sweep_controller.py), under
@@ -32,6 +33,7 @@ from kubetrain.operator.apply import Apis, Applier
 from kubetrain.operator.kueue import QueueView
 from kubetrain.operator.kueue_io import KueueIO
 from kubetrain.operator.pod_facts import facts
+from kubetrain.operator.pod_watch import Event, PodList, PodWatch
 from kubetrain.operator.reconcile import Plan, claim_to_check, deletion_overdue, plan
 from kubetrain.operator.settings import OperatorSettings
 from kubetrain.operator.sweep_controller import SweepController
@@ -94,8 +96,9 @@ class Controller:
         self.paces: dict[Key, float] = {}
         """Per job, the pause of its paced pod events (`pace` of its last plan)."""
         self.tasks: list[asyncio.Task[None]] = []
+        self.pod_watch = PodWatch(api_client, settings.namespace, self.pod_events, self.pods_listed)
 
-    # ------------------------------------------------------------------ watch events (kopf handlers)
+    # ------------------------------------------------------------------ watch events
 
     def job_event(self, kind: str | None, body: dict[str, Any]) -> None:
         self.sweeps.job_event(kind, body)  # a sweep's trial queues its sweep
@@ -114,6 +117,18 @@ class Controller:
             self.queue.add_after(key, self.paces.get(key, 0.0))
         else:
             self.queue.add(key)
+
+    def pod_events(self, events: list[Event]) -> None:
+        for kind, body in events:
+            self.pod_event(kind, body)
+
+    def pods_listed(self, listed: PodList) -> None:
+        """A LIST of every worker pod: each pod as it is, and each cached pod the list lacks (one no newer
+        than the list) as deleted: its DELETED event fell in a gap of the watch."""
+        for gone in self.cache.missing_from(listed.pods, listed.resource_version):
+            self.pod_event(DELETED, gone)
+        for pod in listed.pods:
+            self.pod_event(None, pod)
 
     def workload_event(self, kind: str | None, body: dict[str, Any]) -> None:
         """A Kueue Workload of a job (admitted, evicted, ...): its job is planned again."""
@@ -143,7 +158,8 @@ class Controller:
     async def start(self) -> None:
         """Fill the caches and start the workers; they reconcile at once without leader election,
         else only after start_leading()."""
-        await self._fill_cache()
+        listed = await self._fill_cache()
+        self.pod_watch.start(asyncio.get_running_loop(), listed.resource_version)
         self.tasks = [asyncio.create_task(self.queue.serve(self.settings.reconcile_workers, self.reconcile)),
                       asyncio.create_task(self.sweeps.serve()), asyncio.create_task(self._gauges())]
         if self.settings.leader_election is None:
@@ -158,6 +174,7 @@ class Controller:
         self._lead(False)
 
     async def stop(self) -> None:
+        self.pod_watch.stop()
         for t in self.tasks:
             t.cancel()
         for t in self.tasks:
@@ -170,20 +187,21 @@ class Controller:
         self.sweeps.set_leading(leading)
         metrics.LEADER.set(int(leading))
 
-    async def _fill_cache(self) -> None:
+    async def _fill_cache(self) -> PodList:
         """LIST jobs, pods, nodes and sweeps, so that no decision is taken on a half-filled cache (a pod not
         yet seen would look deleted); watch events keep them fresh after. Jobs first: the cache
-        keeps pods only under a job it knows."""
+        keeps pods only under a job it knows. The pods' list (the pod watch starts from its version)."""
         snapshot = await self.applier.io(self.applier.list_all, self.settings.namespace)
         for job in snapshot.jobs:
             self.job_event(None, job)
-        for pod in snapshot.pods:
-            self.pod_event(None, pod)
+        listed = await self.applier.io(self.pod_watch.list)
+        self.pods_listed(listed)
         for node in snapshot.nodes:
             self.node_event(None, node)
         for wl in await self.applier.io(self.kueue.list_workloads, self.settings.namespace):
             self.workload_event(None, wl)
         await self.sweeps.fill(self.settings.namespace)
+        return listed
 
     async def _gauges(self) -> None:
         while True:

@@ -1,5 +1,7 @@
 """kopf wiring: thin handlers that feed the controller's caches. All logic lives elsewhere.
 
+Worker pods are not kopf's: the controller watches them itself (pod_watch.py), for speed.
+
 The watch handlers are coroutines: kopf runs a plain function in a thread pool, and the caches and
 the work queue (asyncio events) belong to the event loop's thread; a thread hop per pod event also
 cost CPU of its own. They keep the event's object itself, no copy: kopf parses every event afresh and
@@ -114,11 +116,6 @@ async def job_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
 @kopf.on.event(api.GROUP, api.VERSION, api.SWEEP_PLURAL)
 async def sweep_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     memo.running().sweeps.sweep_event(event.get("type"), event["object"])
-
-
-@kopf.on.event("", "v1", "pods", labels={contract.LABEL_JOB: kopf.PRESENT})
-async def pod_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    memo.running().pod_event(event.get("type"), event["object"])
 
 
 @kopf.on.event(contract.KUEUE_GROUP, contract.KUEUE_VERSION, contract.WORKLOAD_PLURAL,

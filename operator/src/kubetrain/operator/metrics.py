@@ -47,3 +47,6 @@ JOB_GOODPUT_SECONDS = Gauge("kubetrain_operator_job_goodput_seconds",
 JOB_STEPS_LOST = Gauge("kubetrain_operator_job_steps_lost",
                        "Steps each job trained again after restarts (past the checkpoint it resumed from)",
                        ["namespace", "trainingjob"])
+POD_WATCH_RESTARTS = Counter("kubetrain_operator_pod_watch_restarts_total",
+                             "Times the operator's watch of worker pods started over: 'expired' (listed again "
+                             "after 410 Gone) or 'error' (after a backoff)", ["reason"])

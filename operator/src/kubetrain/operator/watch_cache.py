@@ -30,12 +30,17 @@ DELETED = "DELETED"
 """The watch event type of a deletion (other types, and None for a LIST, all mean "as it is now")."""
 
 
-def resource_version(obj: dict[str, Any]) -> int:
-    """metadata.resourceVersion as a number (0 when absent): which of two copies is newer."""
+def version_number(version: str | None) -> int:
+    """A resourceVersion as a number (0 when absent or not one): which of two is newer."""
     try:
-        return int(obj.get("metadata", {}).get("resourceVersion") or 0)
+        return int(version or 0)
     except ValueError:
         return 0
+
+
+def resource_version(obj: dict[str, Any]) -> int:
+    """metadata.resourceVersion as a number (0 when absent): which of two copies is newer."""
+    return version_number(obj.get("metadata", {}).get("resourceVersion"))
 
 
 def node_not_ready_since(node: dict[str, Any], now: datetime) -> datetime | None:
@@ -307,6 +312,14 @@ class WatchCache:
         for name in live:
             entry.tombstones.pop(name, None)
         return changed
+
+    def missing_from(self, listed: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
+        """The cached pods a LIST at `version` lacks though they are no newer than it: deleted since they
+        were cached. (A pod cached from the response to a create after the LIST is newer and stays.)"""
+        names = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in listed}
+        at = version_number(version)
+        return [pod for (ns, _), entry in self._jobs.items() for name, pod in entry.pods.items()
+                if (ns, name) not in names and resource_version(pod) <= at]
 
     def mark_deleting(self, key: Key, pod: str, now: datetime) -> None:
         """A pod we asked to delete stays (as terminating) until the watch says it is gone."""
