@@ -122,3 +122,29 @@ def test_the_watch_lists_again_after_410_carries_on_from_the_last_version_and_ou
     assert watch.seen == [("ADDED", "c")]  # a's event came with the 410: the new LIST tells of every pod
     assert watch.lists == [["b"], ["b"]]
     assert (restarts("expired"), restarts("error")) == (before["expired"] + 2, before["error"] + 1)
+
+
+class CountingLoop:
+    """Records the watch's wake-ups of the event loop."""
+
+    def __init__(self) -> None:
+        self.wakeups: list[Any] = []
+
+    def call_soon_threadsafe(self, callback: Any) -> None:
+        self.wakeups.append(callback)
+
+
+def test_batches_handed_over_before_the_loop_drains_wake_it_once_and_arrive_in_order() -> None:
+    watch = Scripted()
+    loop = CountingLoop()
+    watch._loop = loop  # the one method of the loop the watch calls
+    watch._hand_over(watch.on_events, [("ADDED", pod("a", "1"))])
+    watch._hand_over(watch.on_list, PodList([pod("a", "2")], "2"))
+    watch._hand_over(watch.on_events, [("MODIFIED", pod("a", "3")), ("DELETED", pod("a", "4"))])
+    assert len(loop.wakeups) == 1
+    loop.wakeups[0]()
+    assert watch.seen == [("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a")] and watch.lists == [["a"]]
+    watch._hand_over(watch.on_events, [("ADDED", pod("b", "5"))])
+    assert len(loop.wakeups) == 2  # drained: the next batch wakes the loop again
+    loop.wakeups[1]()
+    assert watch.seen[-1] == ("ADDED", "b")
