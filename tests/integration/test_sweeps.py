@@ -62,17 +62,17 @@ def unfinished_jobs(sweeps: TrainingSweeps, name: str) -> list[str]:
     return [j["metadata"]["name"] for j in sweeps.trial_jobs(name) if not j["spec"].get("suspend") and not finished(j)]
 
 
-def run_to_the_end(sweeps: TrainingSweeps, name: str, parallelism: int, timeout: float = 90) -> dict[str, Any]:
+def run_to_the_end(sweeps: TrainingSweeps, name: str, parallelism: int, timeout: float = 90,
+                   finished_already: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Finish every trial the sweep starts (trial i reports LOSSES[i]) until it is Succeeded; checks on
-    the way that no more than ``parallelism`` trial jobs ever run at once."""
+    the way that no more than ``parallelism`` trial jobs ever run at once. The trial jobs in
+    ``finished_already`` the test finished itself: the sweep is left to record them."""
     deadline = time.monotonic() + timeout
-    done: set[str] = set()
+    done: set[str] = set(finished_already)
     while (st := sweeps.status(name)).get("phase") != "Succeeded":
         assert st.get("phase") != "Failed" and time.monotonic() < deadline, sweeps.explain(name)
         running = unfinished_jobs(sweeps, name)
         assert len(running) <= parallelism, f"more than {parallelism} trials at once: {running}"
-        # A trial whose job already finished (while no operator ran, say) is the sweep's to record, not ours to run.
-        done |= {j["metadata"]["name"] for j in sweeps.trial_jobs(name) if finished(j)}
         todo = [t for t in st.get("trials") or [] if t["state"] in ("Pending", "Running") and t["jobName"] not in done]
         if not todo:
             time.sleep(0.2)
@@ -153,7 +153,7 @@ def test_operator_killed_mid_sweep_loses_and_duplicates_no_trial(
     wait_for(lambda: sweeps.core.read_namespaced_pod("crash-1-worker-0", namespace).status.phase == "Succeeded", 30,
              what="crash-1's worker Succeeded")
     operator.start()
-    st = run_to_the_end(sweeps, "crash", parallelism=2)
+    st = run_to_the_end(sweeps, "crash", parallelism=2, finished_already=frozenset({"crash-1"}))
     remember()
     assert [t["index"] for t in st["trials"]] == [0, 1, 2, 3], "trial indices contiguous, none lost"
     assert trial_names(st) == [j["metadata"]["name"] for j in sweeps.trial_jobs("crash")], \
