@@ -330,8 +330,10 @@ class Applier:
             await asyncio.gather(*(self.patch_pod(key, pod, meta) for pod, meta in plan.patch_pods.items()))
         if status is not None and not await self.write_status(key, body, status):
             return False
-        for type_, reason, message in plan.events:
-            await self.io(self.record_event, body, type_, reason, message)
+        # Together, not one after the other: a job's first reconcile records two or three, and with a
+        # thousand jobs starting, each round trip held a reconcile worker that the next job waited for.
+        await asyncio.gather(*(self.io(self.record_event, body, type_, reason, message)
+                               for type_, reason, message in plan.events))
         if plan.delete_job:
             await self.delete_job(key)
         return True
