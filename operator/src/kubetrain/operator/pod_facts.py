@@ -82,11 +82,12 @@ def _read(pod: dict[str, Any]) -> PodFacts:
     phase, exit_code, reason = (restarts_here and _restarted(pod, failures, handled, last)) or _worker(pod)
     told = notes.get(contract.GENERATION_ANNOTATION)  # lags the label while a kept pod waits for its backoff
     pending = status.get("phase", "Pending") == "Pending" and not meta.get("deletionTimestamp")
+    restartable = phase == WorkerPhase.FAILED and failures == 1 and last is not None
     return PodFacts(
         index=int(labels.get(b.LABEL_INDEX, "-1")), generation=generation, phase=phase, exit_code=exit_code,
         reason=reason, node=(pod.get("spec") or {}).get("nodeName") or None,
         in_place=notes.get(contract.IN_PLACE_ANNOTATION) == "true", held=told is not None and told != str(generation),
-        restarts_here=restarts_here, failures=failures, restartable=phase == WorkerPhase.FAILED and failures == 1 and last is not None,
+        restarts_here=restarts_here, failures=failures, restartable=restartable,
         running=failures > 0 or _still_running(status), ready=_ready(status), pending=pending,
         unschedulable_since=_unschedulable_since(status),
     )
