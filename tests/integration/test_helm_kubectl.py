@@ -100,8 +100,9 @@ def test_cli_and_kubectl_follow_a_job_to_succeeded(
     try:
         assert waiter.poll() is None
         core = client.CoreV1Api(admin_api)
-        for pod in core.list_namespaced_pod(namespace, label_selector="kubetrain.io/job-name=ergo").items:
-            succeed_pod(core, namespace, pod.metadata.name)
+        pods = core.list_namespaced_pod(namespace, label_selector="kubetrain.io/job-name=ergo").items
+        for pod in sorted(pods, key=lambda p: p.metadata.name, reverse=True):  # worker 0 last: its success
+            succeed_pod(core, namespace, pod.metadata.name)  # ends the job, whose other pods then go
         out, err = waiter.communicate(timeout=100)
     finally:
         if waiter.poll() is None:

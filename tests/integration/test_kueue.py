@@ -122,8 +122,8 @@ def test_quota_for_one_gang_admits_one_job_and_the_next_when_it_finishes(
     assert wl["spec"]["podSets"][0]["count"] == 2 and wl["status"]["admission"]["clusterQueue"] == gpu_queue.cq
     assert wl["metadata"]["ownerReferences"][0]["name"] == "first"
     wait_for(lambda: all(p.status.phase == "Running" for p in live_pods(jobs, "first")), 60, what="first running")
-    for p in live_pods(jobs, "first"):
-        succeed_pod(core_v1, namespace, p.metadata.name)
+    for p in sorted(live_pods(jobs, "first"), key=lambda p: p.metadata.name, reverse=True):  # worker 0 last:
+        succeed_pod(core_v1, namespace, p.metadata.name)  # its success ends the job, whose other pods then go
     jobs.wait_status("first", lambda st: st.get("phase") == "Succeeded", 60, "first Succeeded")
     wait_for(lambda: any(c["type"] == "Finished" and c["status"] == "True"
                          for c in gpu_queue.workload("first")["status"]["conditions"]), 30, what="Workload Finished")
