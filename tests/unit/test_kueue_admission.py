@@ -210,3 +210,14 @@ def test_a_job_whose_stored_spec_is_refused_fails_and_finishes_its_workload():
     failed = plan(bad | {"status": p.status}, [], {}, T0, S, queue=QueueView(wl([("Finished", "True", "Failed", "")])))
     assert failed.status is None and failed.queue == kueue.QueuePlan()
     assert plan(bad, [], {}, T0, S).queue == kueue.QueuePlan()  # no Workload: nothing to finish
+
+
+def test_the_plan_that_ends_a_queued_job_finishes_its_workload_too():
+    status = {"phase": "Running", "restartGeneration": 0, "gangCreated": True, "startTime": "2026-03-01T11:59:00Z"}
+    done = running_pod(0)
+    done["status"] = {"phase": "Succeeded", "containerStatuses": [
+        {"name": "trainer", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}
+    p = plan(body(status=status), [done, running_pod(1)], {}, T0, S, queue=QueueView(wl(ADMITTED, ADMISSION), FLAVORS))
+    assert p.status["phase"] == "Succeeded"
+    conds = {c["type"]: c for c in p.queue.workload_status["conditions"]}
+    assert (conds["Finished"]["status"], conds["Finished"]["reason"]) == ("True", "Succeeded")

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from kubetrain.core import contract
 from kubetrain.core import lifecycle as lc
-from kubetrain.core.api import Condition, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
+from kubetrain.core.api import FINISHED_PHASES, Condition, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
 from kubetrain.core.contract import format_time
 from kubetrain.core.lifecycle import (
     Action,
@@ -166,6 +166,10 @@ def plan(
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": q.hold})})
     observed = observe(job.spec, old, ours, nodes, progress, gone, progress_refused)
     t = step(job.spec, old, observed, now)
+    if t.status.phase in FINISHED_PHASES and old.phase not in FINISHED_PHASES:
+        # The job ends in this plan: its Workload is finished with it, not on whatever event comes next
+        # (the echo of this plan's own status write re-plans nothing).
+        q = kueue.plan_queue(job, body, queue or kueue.QueueView(), gang_gone, t.status.phase, settings, now)
     lost = set(_lost(job.spec, ours, nodes, now))
     out = Plan(requeue_after=t.requeue_after, decision=t.decision, queue=q)
     if q.condition is not None and q.condition[1] in kueue.LOOK_AGAIN:  # no event says when it is installed
