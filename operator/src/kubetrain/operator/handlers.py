@@ -3,10 +3,11 @@
 Worker pods are not kopf's: the controller watches them itself (pod_watch.py), for speed.
 
 The watch handlers are coroutines: kopf runs a plain function in a thread pool, and the caches and
-the work queue (asyncio events) belong to the event loop's thread; a thread hop per pod event also
+the work queue (asyncio events) belong to the event loop's thread; a thread hop per event also
 cost CPU of its own. They keep the event's object itself, no copy: kopf parses every event afresh and
 keeps no reference to it once the handlers ran (it would for daemons and timers, which this operator
-does not register), so the caches own it (a deep copy per pod event was 0.4 ms).
+does not register), so the caches own it (a deep copy of a pod event, when kopf still watched pods,
+was 0.4 ms).
 
 Run with `python -m kubetrain.operator` (__main__.py): it builds the OperatorSettings once and
 hands them to kopf as `memo` (an OperatorMemo); startup() adds the Controller to it, and kopf
