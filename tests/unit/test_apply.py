@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -19,9 +18,18 @@ from kubernetes.client import rest
 from kubernetes.client.rest import ApiException
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
+from support.fake_api import apis, fake_api
 
 from kubetrain.core import api, contract
-from kubetrain.operator.apply import CLAIM_MISSING, CREATE, READ, Apis, Applier, namespace_terminating
+from kubetrain.operator.apply import (
+    CLAIM_MISSING,
+    CREATE,
+    READ,
+    Apis,
+    Applier,
+    created_pod,
+    namespace_terminating,
+)
 from kubetrain.operator.controller import Controller
 from kubetrain.operator.reconcile import Plan
 from kubetrain.operator.settings import OperatorSettings
@@ -42,33 +50,6 @@ TERMINATING = api_error(403, {"message": "namespace team is being terminated",
                               "details": {"causes": [{"reason": "NamespaceTerminating"}]}})
 
 
-class FakeApi:
-    """Any method call is recorded as (method, args); `fail[method]` raises, `reply[method]` answers."""
-
-    def __init__(self, calls: list[tuple[str, tuple[Any, ...]]]):
-        self.calls = calls
-        self.fail: dict[str, ApiException | Callable[..., ApiException | None]] = {}
-        self.reply: dict[str, Callable[..., Any]] = {}
-        self.options: list[tuple[str, dict[str, Any]]] = []
-        """(method, keyword arguments) of every call."""
-
-    def __getattr__(self, method: str) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append((method, args))
-            self.options.append((method, kwargs))
-            failure = self.fail.get(method)
-            exc = failure(*args) if callable(failure) else failure
-            if exc is not None:
-                raise exc
-            unparsed = kwargs.get("_preload_content") is False  # the caller reads .data, or nothing
-            return self.reply.get(method, lambda *_: SimpleNamespace(data=b"{}") if unparsed else None)(*args)
-        return call
-
-
-def created_pod(ns: str, obj: dict[str, Any]) -> SimpleNamespace:
-    return SimpleNamespace(data=json.dumps({**obj, "metadata": {**obj["metadata"], "resourceVersion": "5"}}))
-
-
 OWNED = [{"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "a", "uid": "u-1", "controller": True}]
 """The ownerReferences of the job's children (job_body's uid)."""
 
@@ -80,13 +61,11 @@ def existing(name: str, ns: str, owners: list[dict[str, Any]] = OWNED) -> dict[s
 
 @pytest.fixture
 def fake() -> SimpleNamespace:
-    calls: list[tuple[str, tuple[Any, ...]]] = []
-    core, custom, rbac = FakeApi(calls), FakeApi(calls), FakeApi(calls)
-    core.reply["create_namespaced_pod"] = created_pod
-    for api_ in (core, rbac):
+    fake = fake_api()
+    for api_ in (fake.core, fake.rbac):
         for method in ("read_namespaced_pod", "read_namespaced_service", "read_namespaced_role"):
             api_.reply[method] = existing
-    return SimpleNamespace(calls=calls, core=core, custom=custom, rbac=rbac)
+    return fake
 
 
 def job_body(rv: int = 1, **status: Any) -> dict[str, Any]:
@@ -104,7 +83,7 @@ def run(fake: SimpleNamespace, plan: Plan, cache: WatchCache | None = None) -> W
     cache = cache or WatchCache()
     if cache.job(KEY) is None:
         cache.job_event("ADDED", job_body())
-    applier = Applier(Apis(fake.core, fake.custom, fake.rbac, lambda o: o), cache, 4, lambda: NOW)
+    applier = Applier(apis(fake), cache, 4, lambda: NOW)
     try:
         asyncio.run(applier.execute(KEY, job_body(), plan))
     finally:
@@ -144,6 +123,23 @@ def test_a_created_pod_goes_into_the_cache_and_is_counted(fake: SimpleNamespace)
     cache = run(fake, Plan(create=[child("Pod", "a-worker-0"), child("Pod", "a-worker-1")]))
     assert sorted(p["metadata"]["name"] for p in cache.pods(KEY)) == ["a-worker-0", "a-worker-1"]
     assert REGISTRY.get_sample_value("kubetrain_operator_pods_created_total") == before + 2
+
+
+def test_a_pod_created_is_cached_pending_under_its_new_version_from_a_metadata_only_answer(
+        fake: SimpleNamespace) -> None:
+    pod = {**child("Pod", "a-worker-0"), "spec": {"restartPolicy": "OnFailure", "containers": [{"name": "c"}]}}
+    cache = run(fake, Plan(create=[pod]))
+    (cached,) = cache.pods(KEY)
+    assert cached["metadata"]["resourceVersion"] == "5" and cached["status"] == {"phase": "Pending"}
+    assert cached["spec"] == {"restartPolicy": "OnFailure"}  # what the cache keeps of the spec it sent
+    sent = json.loads(json.dumps(pod))
+    assert next(args[1] for m, args in fake.calls if m == "create_namespaced_pod") == sent
+
+
+def test_a_whole_pod_answered_to_a_create_is_cached_as_it_is() -> None:
+    whole = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "resourceVersion": "7"},
+             "spec": {"nodeName": "n"}, "status": {"phase": "Running"}}
+    assert created_pod({"spec": {}}, whole) is whole
 
 
 def test_already_there_counts_as_created(fake: SimpleNamespace) -> None:
@@ -225,7 +221,7 @@ def test_the_status_is_written_once_with_dropped_fields_nulled_and_cached(fake: 
     fake.custom.reply["patch_namespaced_custom_object_status"] = lambda *args: job_body(rv=2, phase="Running")
     cache = WatchCache()
     cache.job_event("ADDED", job_body(phase="Pending", reason="Waiting"))
-    applier = Applier(Apis(fake.core, fake.custom, fake.rbac, lambda o: o), cache, 2, lambda: NOW)
+    applier = Applier(apis(fake), cache, 2, lambda: NOW)
     try:
         asyncio.run(applier.execute(KEY, job_body(phase="Pending", reason="Waiting"),
                                     Plan(status={"phase": "Running"})))
@@ -270,7 +266,7 @@ def test_deleting_the_job_tolerates_it_being_gone(fake: SimpleNamespace) -> None
 
 def test_the_claim_phase_is_missing_unknown_or_as_reported(fake: SimpleNamespace) -> None:
     def phase() -> str | None:
-        applier = Applier(Apis(fake.core, fake.custom, fake.rbac, lambda o: o), WatchCache(), 1, lambda: NOW)
+        applier = Applier(apis(fake), WatchCache(), 1, lambda: NOW)
         try:
             return asyncio.run(applier.claim_phase(NS, "a-checkpoints"))
         finally:
@@ -299,7 +295,7 @@ def test_a_live_read_replaces_the_cached_pods_and_their_nodes(fake: SimpleNamesp
     cache.job_event("ADDED", job_body())
     cache.pod_event("ADDED", child("Pod", "a-worker-1"))
     sanitize = client.ApiClient().sanitize_for_serialization
-    applier = Applier(Apis(fake.core, fake.custom, fake.rbac, sanitize), cache, 2, lambda: NOW)
+    applier = Applier(apis(fake, sanitize), cache, 2, lambda: NOW)
     try:
         assert asyncio.run(applier.refresh(KEY)) is True
         assert [p["metadata"]["name"] for p in cache.pods(KEY)] == ["a-worker-0"]
@@ -422,7 +418,7 @@ def test_a_status_write_carries_the_read_resource_version_and_a_conflict_rereads
     fake.custom.reply["get_namespaced_custom_object"] = lambda *_: job_body(rv=7, phase="Running", reason="Other")
     cache = WatchCache()
     cache.job_event("ADDED", job_body(rv=3))
-    applier = Applier(Apis(fake.core, fake.custom, fake.rbac, lambda o: o), cache, 2, lambda: NOW)
+    applier = Applier(apis(fake), cache, 2, lambda: NOW)
     stale = Plan(status={"phase": "Failed"}, events=[("Warning", "X", "y")], delete_job=True)
     try:
         assert asyncio.run(applier.execute(KEY, job_body(rv=3), stale)) is False
@@ -449,7 +445,7 @@ def controller(fake: SimpleNamespace) -> Controller:
     """A controller whose applier calls the fake API; the job's status writes answer as the API server would."""
     ctl = Controller(client.ApiClient(), OperatorSettings(), clock=lambda: NOW)
     ctl.applier.close()
-    ctl.applier = Applier(Apis(fake.core, fake.custom, fake.rbac, lambda o: o), ctl.cache, 4, lambda: NOW)
+    ctl.applier = Applier(apis(fake), ctl.cache, 4, lambda: NOW)
 
     def patched(*args: Any) -> dict[str, Any]:
         current = ctl.cache.job(KEY) or {}

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
+from support.fake_api import apis, fake_api, named
 
 from kubetrain.core import api, contract
 from kubetrain.core.api import TrainingJob
 from kubetrain.operator import builders as b
-from kubetrain.operator.apply import Apis, Applier, pod_group_spec
+from kubetrain.operator.apply import Applier, pod_group_spec
 from kubetrain.operator.conditions import gang_missing, refused
 from kubetrain.operator.reconcile import Plan, plan
 from kubetrain.operator.settings import parse_settings
@@ -166,8 +167,8 @@ def test_the_plan_of_each_generation_makes_its_own_kubernetes_pod_group() -> Non
 
 
 def test_an_existing_kubernetes_pod_group_is_never_updated_its_spec_is_immutable() -> None:
-    calls: list[tuple[str, str]] = []
-    core, custom, rbac = FakeApi(calls), FakeApi(calls), FakeApi(calls)
+    fake = fake_api()
+    calls, custom = fake.calls, fake.custom
     conflict = ApiException(status=409, reason="Conflict")
     custom.fail["create_namespaced_custom_object"] = conflict
     group = {"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
@@ -177,7 +178,7 @@ def test_an_existing_kubernetes_pod_group_is_never_updated_its_spec_is_immutable
     cache = WatchCache()
     job_body = body(scheduling={"gang": "kubernetes"})
     cache.job_event("ADDED", job_body)
-    applier = Applier(Apis(core, custom, rbac, lambda o: o), cache, 4, lambda: NOW)
+    applier = Applier(apis(fake), cache, 4, lambda: NOW)
     try:
         asyncio.run(applier.execute(("team", "llm"), job_body,
                                     Plan(create=plan(job_body, [], {}, NOW, b.Settings()).create)))
@@ -246,25 +247,6 @@ def test_the_plan_of_a_job_whose_crd_is_missing_says_so_without_a_second_event()
     assert not [e for e in p.events if e[0] == "Warning"]  # the applier records it, once
 
 
-class FakeApi:
-    """Records calls as (method, name); `fail[method]` raises."""
-
-    def __init__(self, calls: list[tuple[str, str]]):
-        self.calls, self.fail = calls, {}
-
-    def __getattr__(self, method: str) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            obj = next((a for a in args if isinstance(a, dict)), None)
-            meta = (obj or {}).get("metadata") or {}
-            self.calls.append((method, meta.get("name") or meta.get("generateName") or ""))
-            if method in self.fail:
-                raise self.fail[method]
-            if kwargs.get("_preload_content") is False:  # the caller reads the raw body
-                return SimpleNamespace(data=json.dumps(obj))
-            return None
-        return call
-
-
 def not_served() -> ApiException:
     exc = ApiException(status=404, reason="Not Found")
     exc.body = json.dumps({"message": "the server could not find the requested resource", "reason": "NotFound"})
@@ -272,14 +254,14 @@ def not_served() -> ApiException:
 
 
 def test_without_the_crd_no_pod_is_created_and_one_event_is_recorded_until_it_is_installed() -> None:
-    calls: list[tuple[str, str]] = []
-    core, custom, rbac = FakeApi(calls), FakeApi(calls), FakeApi(calls)
+    fake = fake_api()
+    calls, custom = fake.calls, fake.custom
     custom.fail["create_namespaced_custom_object"] = not_served()
     cache = WatchCache()
     job_body = body(scheduling={"gang": "coscheduling"})
     cache.job_event("ADDED", job_body)
     children = plan(job_body, [], {}, NOW, b.Settings()).create
-    applier = Applier(Apis(core, custom, rbac, lambda o: o), cache, 4, lambda: NOW)
+    applier = Applier(apis(fake), cache, 4, lambda: NOW)
 
     def execute() -> None:
         asyncio.run(applier.execute(("team", "llm"), job_body, Plan(create=children)))
@@ -295,13 +277,13 @@ def test_without_the_crd_no_pod_is_created_and_one_event_is_recorded_until_it_is
         execute()
     finally:
         applier.close()
-    assert [n for m, n in calls if m == "create_namespaced_pod"] == ["llm-worker-0", "llm-worker-1"]
+    assert named(calls, "create_namespaced_pod") == ["llm-worker-0", "llm-worker-1"]
     assert cache.create_refused(("team", "llm")) is None
 
 
 def test_the_event_of_a_missing_crd_has_its_own_reason() -> None:
-    calls: list[tuple[str, str]] = []
-    core, custom, rbac = FakeApi(calls), FakeApi(calls), FakeApi(calls)
+    fake = fake_api()
+    core, custom = fake.core, fake.custom
     custom.fail["create_namespaced_custom_object"] = not_served()
     recorded: list[str] = []
     def record(ns: str, event: Any, **_: Any) -> SimpleNamespace:
@@ -311,7 +293,7 @@ def test_the_event_of_a_missing_crd_has_its_own_reason() -> None:
     cache = WatchCache()
     job_body = body(scheduling={"gang": "volcano"})
     cache.job_event("ADDED", job_body)
-    applier = Applier(Apis(core, custom, rbac, lambda o: o), cache, 4, lambda: NOW)
+    applier = Applier(apis(fake), cache, 4, lambda: NOW)
     try:
         asyncio.run(applier.execute(("team", "llm"), job_body,
                                     Plan(create=plan(job_body, [], {}, NOW, b.Settings()).create)))

@@ -351,7 +351,7 @@ class FakeIo:
 
 
 def _controller(outcome: FakeOutcome) -> tuple[SweepController, FakeIo]:
-    applier = Applier(Apis(MagicMock(), MagicMock(), MagicMock(), lambda obj: obj), WatchCache(), 1, lambda: T0)
+    applier = Applier(Apis(MagicMock(), MagicMock(), MagicMock(), lambda obj: obj, MagicMock()), WatchCache(), 1, lambda: T0)
     applier.close()  # no API call leaves: the fake carries plans out
     ctl = SweepController(applier, 1, lambda: T0)
     io = FakeIo(ctl.cache, outcome)
