@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from kubernetes.client.rest import ApiException
 
-from kubetrain.operator.apply import PODS, Apis
+from kubetrain.operator.apply import PATHS, Apis
 
 
 class FakeApi:
@@ -46,12 +46,22 @@ def created_pod(ns: str, obj: dict[str, Any]) -> SimpleNamespace:
                                             "metadata": meta}))
 
 
-def posting(core: FakeApi) -> Callable[[str, dict[str, str], bytes, str], bytes]:
-    """Apis.post onto `core`'s create_namespaced_pod, recorded with the body as the API server reads it."""
+POSTED = {"Pod": ("core", "create_namespaced_pod"), "Service": ("core", "create_namespaced_service"),
+          "ConfigMap": ("core", "create_namespaced_config_map"),
+          "PersistentVolumeClaim": ("core", "create_namespaced_persistent_volume_claim"),
+          "Role": ("rbac", "create_namespaced_role"), "RoleBinding": ("rbac", "create_namespaced_role_binding"),
+          "Event": ("core", "create_namespaced_event")}
+"""Apis.post's calls, by kind, as the kubernetes client's call that makes the same request."""
+
+
+def posting(fake: SimpleNamespace) -> Callable[[str, dict[str, str], bytes, str], bytes]:
+    """Apis.post onto the fake's call that makes the same request, recorded with the body as the API
+    server reads it."""
     def post(path: str, params: dict[str, str], body: bytes, accept: str) -> bytes:
-        assert path == PODS and "PartialObjectMetadata" in accept
-        return cast(bytes, core.create_namespaced_pod(params["namespace"], json.loads(body),
-                                                      _preload_content=False).data)
+        group, method = POSTED[next(kind for kind, p in PATHS.items() if p == path)]
+        assert "PartialObjectMetadata" in accept
+        answer = getattr(getattr(fake, group), method)(params["namespace"], json.loads(body), _preload_content=False)
+        return cast(bytes, answer.data)
     return post
 
 
@@ -64,7 +74,7 @@ def fake_api() -> SimpleNamespace:
 
 
 def apis(fake: SimpleNamespace, sanitize: Callable[[Any], Any] = lambda o: o) -> Apis:
-    return Apis(fake.core, fake.custom, fake.rbac, sanitize, posting(fake.core))
+    return Apis(fake.core, fake.custom, fake.rbac, sanitize, posting(fake))
 
 
 def named(calls: list[tuple[str, tuple[Any, ...]]], method: str) -> list[str]:

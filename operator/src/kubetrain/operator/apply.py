@@ -122,15 +122,28 @@ class RawPost:
         return data
 
 
-PODS = "/api/v1/namespaces/{namespace}/pods"
+PATHS = {
+    "Pod": "/api/v1/namespaces/{namespace}/pods",
+    "Service": "/api/v1/namespaces/{namespace}/services",
+    "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps",
+    "PersistentVolumeClaim": "/api/v1/namespaces/{namespace}/persistentvolumeclaims",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+    "Event": "/api/v1/namespaces/{namespace}/events",
+}
+"""Where the kinds the operator creates with Apis.post are created (all namespaced)."""
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json"
-"""The Accept of a pod create: the API server answers with the new pod's metadata alone (the whole pod,
-with its field managers, was a third of the client's CPU per pod), or the whole pod where it cannot."""
+"""The Accept of a create: the API server answers with the new object's metadata alone (a whole pod, with
+its field managers, was a third of the client's CPU per pod), or the whole object where it cannot."""
+
+
+def _post(apis: Apis, ns: str, obj: dict[str, Any]) -> bytes:
+    """Create `obj` in `ns`: the answer's body, unparsed. The body is serialized here, once."""
+    return apis.post(PATHS[obj["kind"]], {"namespace": ns}, json.dumps(obj).encode(), METADATA_ONLY)
 
 
 def _create_pod(apis: Apis, ns: str, obj: dict[str, Any]) -> dict[str, Any]:
-    answer = pydantic_core.from_json(apis.post(PODS, {"namespace": ns}, json.dumps(obj).encode(), METADATA_ONLY))
-    return created_pod(obj, answer)
+    return created_pod(obj, pydantic_core.from_json(_post(apis, ns, obj)))
 
 
 def created_pod(sent: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
@@ -147,26 +160,15 @@ def _patch_pod(apis: Apis, ns: str, name: str, patch: dict[str, Any]) -> dict[st
     return json.loads(apis.core.patch_namespaced_pod(name, ns, patch, _preload_content=False).data)
 
 
-def _unparsed(call: Callable[..., Any], *args: Any) -> None:
-    """A call whose answer is not needed: its body read (so its connection goes back to the pool) but
-    not turned into the client's models (a Service, a ConfigMap, an Event per job add up)."""
-    _ = call(*args, _preload_content=False).data
-
-
 def _create_pod_group(apis: Apis, ns: str, obj: dict[str, Any]) -> Any:
     group, version = obj["apiVersion"].split("/")
     return apis.custom.create_namespaced_custom_object(group, version, ns, "podgroups", obj)
 
 
 CREATE: dict[str, Callable[[Apis, str, dict[str, Any]], Any]] = {
+    **{kind: _post for kind in PATHS if kind != "Event"},
     "Pod": _create_pod,
-    "Service": lambda apis, ns, obj: _unparsed(apis.core.create_namespaced_service, ns, obj),
-    "ConfigMap": lambda apis, ns, obj: _unparsed(apis.core.create_namespaced_config_map, ns, obj),
-    "PersistentVolumeClaim": lambda apis, ns, obj: _unparsed(apis.core.create_namespaced_persistent_volume_claim,
-                                                             ns, obj),
     "PodGroup": _create_pod_group,
-    "Role": lambda apis, ns, obj: _unparsed(apis.rbac.create_namespaced_role, ns, obj),
-    "RoleBinding": lambda apis, ns, obj: _unparsed(apis.rbac.create_namespaced_role_binding, ns, obj),
 }
 """The API call that creates each kind of child a plan may hold."""
 
@@ -567,8 +569,7 @@ class Applier:
         log.log(logging.WARNING if type_ == "Warning" else logging.INFO,
                 "%s/%s: %s: %s", meta["namespace"], meta["name"], reason, message)
         try:
-            _unparsed(self.apis.core.create_namespaced_event, meta["namespace"],
-                      event_body(job, type_, reason, message, self.clock()))
+            _post(self.apis, meta["namespace"], event_body(job, type_, reason, message, self.clock()))
         except ApiException as exc:
             log.warning("could not record event %s on %s: %s", reason, meta["name"], exc.reason)
 
