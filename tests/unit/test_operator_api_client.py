@@ -1,0 +1,47 @@
+"""The operator's kubernetes client (handlers._api_client): its connections and what each call costs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+from kubernetes.client import configuration
+from kubernetes.config import kube_config
+
+from kubetrain.operator import handlers
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: secret}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+
+@pytest.fixture
+def from_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client configured from a kubeconfig with a static token (not in a pod)."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    # Loading sets the process's default configuration: the other tests get theirs back.
+    monkeypatch.setattr(configuration.Configuration, "_default", configuration.Configuration._default)
+
+
+def test_the_proxy_is_read_from_the_environment_once_not_before_every_call(
+        from_kubeconfig: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("https_proxy", "http://proxy.internal:3128")
+    api_client = handlers._api_client(4)
+    assert api_client.configuration.proxy == "http://proxy.internal:3128"
+    assert api_client.configuration.connection_pool_maxsize >= 4
+
+    def environment_read() -> NoReturn:
+        raise AssertionError("a call read the proxy environment again")
+
+    monkeypatch.setattr(configuration, "getproxies", environment_read)
+    _, url, headers, _, _ = api_client.param_serialize("GET", "/api", auth_settings=["BearerToken"])
+    assert url == "https://127.0.0.1:6443/api" and headers["authorization"] == "Bearer secret"
+    assert api_client.configuration.proxy == "http://proxy.internal:3128"
