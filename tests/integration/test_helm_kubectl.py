@@ -19,7 +19,7 @@ import yaml
 from kubernetes import client
 from support.cluster import kubeconfig_path
 from support.kubectl import kubectl, kubectl_binary, table_rows
-from support.kwok import kwok_job, succeed_pod
+from support.kwok import kwok_job, succeed_workers
 from support.operator_process import OperatorProcess
 from support.paths import CRD_FILE as CRD
 from support.waiting import wait_for
@@ -100,9 +100,8 @@ def test_cli_and_kubectl_follow_a_job_to_succeeded(
     try:
         assert waiter.poll() is None
         core = client.CoreV1Api(admin_api)
-        pods = core.list_namespaced_pod(namespace, label_selector="kubetrain.io/job-name=ergo").items
-        for pod in sorted(pods, key=lambda p: p.metadata.name, reverse=True):  # worker 0 last: its success
-            succeed_pod(core, namespace, pod.metadata.name)  # ends the job, whose other pods then go
+        succeed_workers(core, namespace,
+                        core.list_namespaced_pod(namespace, label_selector="kubetrain.io/job-name=ergo").items)
         out, err = waiter.communicate(timeout=100)
     finally:
         if waiter.poll() is None:

@@ -17,7 +17,7 @@ from kubernetes import client
 from support.cluster import kubeconfig_path
 from support.conditions import condition
 from support.jobs import TrainingJobs
-from support.kwok import fake_node_manifest, kwok_job, succeed_pod
+from support.kwok import fake_node_manifest, kwok_job, succeed_workers
 from support.operator_process import OperatorProcess
 from support.real_pods import TRAINER_IMAGE, RealJobs, quickstart
 from support.resources import not_found_ok
@@ -122,8 +122,7 @@ def test_quota_for_one_gang_admits_one_job_and_the_next_when_it_finishes(
     assert wl["spec"]["podSets"][0]["count"] == 2 and wl["status"]["admission"]["clusterQueue"] == gpu_queue.cq
     assert wl["metadata"]["ownerReferences"][0]["name"] == "first"
     wait_for(lambda: all(p.status.phase == "Running" for p in live_pods(jobs, "first")), 60, what="first running")
-    for p in sorted(live_pods(jobs, "first"), key=lambda p: p.metadata.name, reverse=True):  # worker 0 last:
-        succeed_pod(core_v1, namespace, p.metadata.name)  # its success ends the job, whose other pods then go
+    succeed_workers(core_v1, namespace, live_pods(jobs, "first"))
     jobs.wait_status("first", lambda st: st.get("phase") == "Succeeded", 60, "first Succeeded")
     wait_for(lambda: any(c["type"] == "Finished" and c["status"] == "True"
                          for c in gpu_queue.workload("first")["status"]["conditions"]), 30, what="Workload Finished")

@@ -18,7 +18,7 @@ from support.cluster import kubeconfig_path
 from support.conditions import conditions_of
 from support.jobs import TrainingJobs
 from support.kubectl import kubectl, kubectl_binary, table_rows
-from support.kwok import fail_pod, kwok_job, set_node_ready, succeed_pod
+from support.kwok import fail_pod, kwok_job, set_node_ready, succeed_workers
 from support.operator_process import OperatorProcess
 from support.resources import wait_gone
 from support.waiting import wait_for
@@ -93,9 +93,7 @@ def test_apply_run_succeed_delete(jobs: Jobs, kube_cluster: Any) -> None:
         if out.returncode == 0:
             (row,) = table_rows(out.stdout)
             assert [row[c] for c in ("NAME", "PHASE", "WORKERS", "STEP", "RESTARTS")] == ["hello", "Running", "3/3", "0", "0"]
-    # rank 0 last: once it exits 0 the job succeeds and cleanPodPolicy deletes the workers still running
-    for p in sorted(pods, key=lambda p: p.metadata.name, reverse=True):
-        succeed_pod(jobs.core, jobs.ns, p.metadata.name)
+    succeed_workers(jobs.core, jobs.ns, pods)
     st = jobs.wait_status("hello", lambda s: s.get("phase") == "Succeeded", what="Succeeded")
     assert st["completionTime"] and {c["type"]: c["status"] for c in st["conditions"]}["Succeeded"] == "True"
     wait_for(lambda: any(e.reason == "Succeeded" for e in jobs.events("hello")), 10, what="Succeeded event")

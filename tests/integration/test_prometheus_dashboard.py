@@ -25,7 +25,7 @@ from support import helm_tool as ht
 from support import prom_server as ps
 from support.cluster import kubeconfig_path
 from support.jobs import TrainingJobs
-from support.kwok import fail_pod, kwok_job, succeed_pod
+from support.kwok import fail_pod, kwok_job, succeed_workers
 from support.operator_process import OperatorProcess
 from support.paths import CHART, EXAMPLE_DATA
 from support.ports import free_port
@@ -118,9 +118,7 @@ def operator_scenario(admin: client.ApiClient, ns: str, op: OperatorProcess) -> 
         # Generation 1 resumed from scratch: steps 1-6 are redone, and the restart's downtime is lost.
         rank0_reports(jobs, Progress(job="prom", generation=1, step=1, max_steps=100, resumed_from=0, step_seconds=0.5))
         wait_for(lambda: (status().get("goodput") or {}).get("stepsLost") == 6, 30, what="prom's steps lost")
-        # Highest rank first: once worker 0 exits 0 the job is Succeeded and cleanPodPolicy deletes the rest.
-        for pod in sorted(running_pods(1), key=lambda p: p.metadata.name, reverse=True):
-            succeed_pod(jobs.core, ns, pod.metadata.name)
+        succeed_workers(jobs.core, ns, running_pods(1))
         wait_for(lambda: status().get("phase") == "Succeeded", 60, what="prom Succeeded")
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{jobs.explain('prom')}") from exc

@@ -69,6 +69,13 @@ def succeed_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
     core.patch_namespaced_pod(name, namespace, {"metadata": {"labels": {POD_SUCCEED_LABEL: "true"}}})
 
 
+def succeed_workers(core: client.CoreV1Api, namespace: str, pods: list[client.V1Pod]) -> None:
+    """succeed_pod for each of a job's worker pods, worker 0 last: once it exits 0 the job succeeds and
+    its cleanPodPolicy deletes the workers still running, which a later patch would not find."""
+    for pod in sorted(pods, key=lambda p: p.metadata.name, reverse=True):
+        succeed_pod(core, namespace, pod.metadata.name)
+
+
 def node_ready(core: client.CoreV1Api, name: str) -> bool:
     for cond in core.read_node(name).status.conditions or []:
         if cond.type == "Ready":
