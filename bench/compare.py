@@ -1001,6 +1001,9 @@ def parse_args() -> argparse.Namespace:
                         f"--kubeflow-tuned-args; {cl.TRAINER_V2}: Kubeflow Trainer v2 on JobSet; "
                         f"{cl.CREATOR}: bench/min_creator.py)")
     p.add_argument("--timeout", type=float, default=1200, help="per milestone, seconds")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every scenario this many times, the configurations' order rotated each round; "
+                        "the table shows each configuration's median run, and a summary every round's figure")
     p.add_argument("--keep-cluster", action="store_true", help="leave the private cluster running")
     p.add_argument("--json", type=Path, help="write all results here")
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
@@ -1018,7 +1021,10 @@ def parse_args() -> argparse.Namespace:
                                                            str(cache_dir() / "bench-cluster")))
     p.add_argument("--apiserver-port", type=int, default=int(os.environ.get("KUBETRAIN_BENCH_APISERVER_PORT", 26443)))
     p.add_argument("--etcd-port", type=int, default=int(os.environ.get("KUBETRAIN_BENCH_ETCD_PORT", 33790)))
-    return p.parse_args()
+    args = p.parse_args()
+    if args.rounds < 1:
+        p.error(f"--rounds: at least 1, not {args.rounds}")
+    return args
 
 
 @dataclass(frozen=True)
@@ -1068,16 +1074,27 @@ def run_all(args: argparse.Namespace, scenarios: list[cl.Scenario], operators: l
             warm_up(admin, ops[cl.CREATOR], scenarios[0], args.timeout)
         for sc in scenarios:
             say(f"scenario {sc.name}: {sc.describe()} on {nodes} nodes x 8 GPUs")
-            for key in operators:
-                if key == cl.CREATOR and sc.fail_one:  # nothing of its own would replace the failed pod
-                    results.append(cl.RunResult(cl.CREATOR, sc.name, sc.pods, skipped=cl.NO_CONTROLLER))
-                    continue
-                results.append(run_one(admin, ops[key], sc, args.timeout))
+            for index in range(args.rounds):
+                if args.rounds > 1:
+                    say(f"{sc.name}: round {index + 1} of {args.rounds}")
+                results.extend(replace(r, round_index=index) for r in run_round(admin, ops, sc, index, args))
     finally:
         if not args.keep_cluster and cluster_running():
             say("stopping the private cluster")
             run_hack("cluster-down.sh", check=False)
     return results
+
+
+def run_round(admin: client.ApiClient, ops: dict[str, Operator], sc: cl.Scenario, index: int,
+              args: argparse.Namespace) -> list[cl.RunResult]:
+    """One round of a scenario: every configuration once, in the round's order."""
+    out = []
+    for key in cl.round_order(args.operators.split(","), index):
+        if key == cl.CREATOR and sc.fail_one:  # nothing of its own would replace the failed pod
+            out.append(cl.RunResult(cl.CREATOR, sc.name, sc.pods, skipped=cl.NO_CONTROLLER))
+            continue
+        out.append(run_one(admin, ops[key], sc, args.timeout))
+    return out
 
 
 def warm_up(admin: client.ApiClient, creator: Operator, sc: cl.Scenario, timeout: float) -> None:
@@ -1092,15 +1109,19 @@ def warm_up(admin: client.ApiClient, creator: Operator, sc: cl.Scenario, timeout
 
 def report(title: str, scenarios: list[cl.Scenario], results: list[cl.RunResult]) -> None:
     print(f"\n{title}\n")
-    print(cl.table(scenarios, results))
+    print(cl.table(scenarios, cl.median_runs(scenarios, results)))
     print()
+    rounds = any(r.round_index for r in results)
+    for line in cl.rounds_summary(scenarios, results) if rounds else []:
+        print(f"- {line}")
     for r in results:
+        run = f"{r.scenario} / {r.operator}" + (f" / round {r.round_index + 1}" if rounds else "")
         if r.skipped:
-            print(f"- {r.scenario} / {r.operator}: {r.skipped}")
+            print(f"- {run}: {r.skipped}")
             continue
         verbs = ", ".join(f"{k} {v}" for k, v in sorted(r.api_by_verb.items(), key=lambda kv: -kv[1])[:8])
         notes = "; ".join(r.notes)
-        print(f"- {r.scenario} / {r.operator}: load {cl.load_str(r.load_before)} -> {cl.load_str(r.load_after)}; "
+        print(f"- {run}: load {cl.load_str(r.load_before)} -> {cl.load_str(r.load_after)}; "
               f"jobs applied in {cl.fmt(r.apply_s, 1)}s; CPU incl. start {cl.fmt(r.cpu_total_s, 1)}s; "
               f"requests incl. start {r.api_requests_total}; {verbs}" + (f"; {notes}" if notes else ""))
 
@@ -1126,7 +1147,8 @@ def main() -> int:
     results = run_all(args, scenarios, operators, nodes, builds)
     peers = "; ".join(c["describe"] for key, c in configs.items() if key != cl.KUBETRAIN)
     who = f"kubetrain {git_rev()} vs {peers}" if cl.KUBETRAIN in configs else f"{peers} (kubetrain {git_rev()}'s bench)"
-    title = (f"{who}; Kubernetes {pinned_kubernetes_version()} (hack/), {nodes} kwok nodes x 8 nvidia.com/gpu; "
+    rounds = f"; median of {args.rounds} rounds, order rotated" if args.rounds > 1 else ""
+    title = (f"{who}{rounds}; Kubernetes {pinned_kubernetes_version()} (hack/), {nodes} kwok nodes x 8 nvidia.com/gpu; "
              f"{machine()}" + ("" if args.warm_up else "; no warm-up"))
     report(title, scenarios, results)
     if args.json:

@@ -534,6 +534,8 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     skipped: str | None = None
     """Why this operator did not run the scenario (the creator's NO_CONTROLLER); every value is None."""
+    round_index: int = 0
+    """Which of the scenario's rounds (compare.py --rounds) this run was, from 0."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -671,4 +673,66 @@ def _block(sc: Scenario, runs: dict[str, RunResult | None], cols: Columns) -> li
                            lambda p: ""))
     add("load average at start (1/5/15 min)",
         cols.cells(lambda o: cell(o, load_str(get(o, "load_before"))), lambda p: ""))
+    return lines
+
+
+# --------------------------------------------------------------------------- rounds
+
+
+def round_order(operators: Sequence[str], index: int) -> list[str]:
+    """The configurations' order in round ``index``: rotated by one each round, so that over as many
+    rounds as there are configurations each runs once in every position (the first of a scenario runs
+    on a cluster still deleting the warm-up's or the last scenario's pods)."""
+    k = index % len(operators) if operators else 0
+    return [*operators[k:], *operators[:k]]
+
+
+def key_metric(scenario: Scenario) -> str:
+    """The figure a scenario's target is about: time to all pods created, or the recovery time."""
+    return "recovery_s" if scenario.fail_one else "pods_created_s"
+
+
+def median_runs(scenarios: Sequence[Scenario], results: Sequence[RunResult]) -> list[RunResult]:
+    """Per scenario and configuration, the one run whose key metric is the median of its rounds (the
+    lower middle one of an even count; a run without the value counts as slowest): each row of the
+    table then comes from one real run, its CPU and requests matching its time."""
+    out: list[RunResult] = []
+    for sc in scenarios:
+        attr = key_metric(sc)
+        runs: dict[str, list[RunResult]] = {}
+        for r in results:
+            if r.scenario == sc.name:
+                runs.setdefault(r.operator, []).append(r)
+        for group in runs.values():
+            ranked = sorted(group, key=lambda r: (getattr(r, attr) is None, getattr(r, attr) or 0.0))
+            out.append(ranked[(len(ranked) - 1) // 2])
+    return out
+
+
+def rounds_summary(scenarios: Sequence[Scenario], results: Sequence[RunResult], *, ours: str = KUBETRAIN,
+                   reference: str = CREATOR) -> list[str]:
+    """Per scenario, each configuration's key metric round by round, and in how many of the rounds
+    ``ours`` was ahead of each peer that ran in the same round (and its multiple of ``reference``)."""
+    lines = []
+    for sc in scenarios:
+        attr = key_metric(sc)
+        by = {(r.operator, r.round_index): getattr(r, attr) for r in results if r.scenario == sc.name and not r.skipped}
+        ops = [o for o in OPERATORS if any(k[0] == o for k in by)]
+        if not ops:
+            continue
+        rounds = sorted({k[1] for k in by})
+        figures = [f"{OPERATOR_TITLES.get(o, o)} " + ", ".join(fmt(by.get((o, i)), 1) for i in rounds)
+                   for o in ops]
+        parts = [f"{sc.name}, {attr} by round: " + "; ".join(figures)]
+        for peer in (o for o in ops if o not in (ours, reference) and ours in ops):
+            pairs = [(by.get((ours, i)), by.get((peer, i))) for i in rounds]
+            both = [(a, b) for a, b in pairs if a is not None and b is not None]
+            ahead = sum(1 for a, b in both if a < b)
+            parts.append(f"{OPERATOR_TITLES.get(ours, ours)} ahead of {OPERATOR_TITLES.get(peer, peer)} "
+                         f"in {ahead} of {len(both)} rounds")
+        if ours in ops and reference in ops:
+            multiples = [ratio(by.get((ours, i)), by.get((reference, i))) for i in rounds]
+            parts.append(f"{OPERATOR_TITLES.get(ours, ours)} as a multiple of the "
+                         f"{OPERATOR_TITLES.get(reference, reference)}: " + ", ".join(multiples))
+        lines.append("; ".join(parts))
     return lines

@@ -400,3 +400,42 @@ def test_table_has_a_column_per_configuration_and_a_ratio_per_peer():
     only_peers = cl.table([sc], results[1:4]).splitlines()
     assert [c.strip() for c in only_peers[0].split("|")[3:-1]] == ["Kubeflow v1", "Kubeflow v1 tuned", "Trainer v2"]
     assert not any("Job controller" in line for line in cl.table([sc], results[2:]).splitlines())
+
+
+def test_each_round_rotates_the_order_so_every_configuration_runs_once_in_every_position():
+    ops = [cl.KUBETRAIN, cl.KUBEFLOW_TUNED, cl.CREATOR]
+    orders = [cl.round_order(ops, i) for i in range(4)]
+    assert orders[0] == ops
+    assert orders[1] == [cl.KUBEFLOW_TUNED, cl.CREATOR, cl.KUBETRAIN]
+    assert [o[0] for o in orders[:3]] == ops and orders[3] == ops  # each first once, then again from the top
+    assert cl.round_order([cl.KUBETRAIN], 5) == [cl.KUBETRAIN]
+
+
+def test_median_runs_keep_one_real_run_per_configuration_by_the_scenarios_key_figure():
+    gang, rec = cl.Scenario("gang-8", 1, 8, 1), cl.Scenario("rec-4", 1, 4, 8, fail_one=True)
+    runs = [cl.RunResult(cl.KUBETRAIN, "gang-8", 8, pods_created_s=t, cpu_s=c, round_index=i)
+            for i, (t, c) in enumerate([(3.0, 30.0), (1.0, 10.0), (2.0, 20.0)])]
+    runs += [cl.RunResult(cl.KUBEFLOW, "gang-8", 8, pods_created_s=t, round_index=i)
+             for i, t in enumerate([None, 5.0, 4.0, 6.0])]  # a run without a figure counts as slowest
+    runs += [cl.RunResult(cl.KUBETRAIN, "rec-4", 4, pods_created_s=9.0 - i, recovery_s=r, round_index=i)
+             for i, r in enumerate([0.7, 0.9, 0.8])]
+    picked = {(r.scenario, r.operator): r for r in cl.median_runs([gang, rec], runs)}
+    assert (picked["gang-8", cl.KUBETRAIN].pods_created_s, picked["gang-8", cl.KUBETRAIN].cpu_s) == (2.0, 20.0)
+    assert picked["gang-8", cl.KUBEFLOW].pods_created_s == 5.0  # the lower middle of 4.0, 5.0, 6.0, None
+    assert picked["rec-4", cl.KUBETRAIN].recovery_s == 0.8  # recovery, not creation, picks it
+    assert len(picked) == 3
+
+
+def test_rounds_summary_counts_the_rounds_ours_was_ahead_and_its_multiple_of_the_creator():
+    gang, rec = cl.Scenario("gang-8", 1, 8, 1), cl.Scenario("rec-4", 1, 4, 8, fail_one=True)
+    figures = {cl.KUBETRAIN: [2.0, 6.0, 3.0], cl.KUBEFLOW_TUNED: [4.0, 5.0, None], cl.CREATOR: [1.0, 4.0, 3.0]}
+    runs = [cl.RunResult(op, "gang-8", 8, pods_created_s=t, round_index=i)
+            for op, ts in figures.items() for i, t in enumerate(ts)]
+    runs += [cl.RunResult(cl.CREATOR, "rec-4", 4, skipped=cl.NO_CONTROLLER),
+             cl.RunResult(cl.KUBETRAIN, "rec-4", 4, recovery_s=0.9)]
+    gang_line, rec_line = cl.rounds_summary([gang, rec], runs)
+    assert gang_line.startswith("gang-8, pods_created_s by round: kubetrain 2.0, 6.0, 3.0; "
+                                "Kubeflow v1 tuned 4.0, 5.0, —; minimal creator 1.0, 4.0, 3.0")
+    assert "kubetrain ahead of Kubeflow v1 tuned in 1 of 2 rounds" in gang_line  # round 3 has no peer figure
+    assert gang_line.endswith("kubetrain as a multiple of the minimal creator: 2.00x, 1.50x, 1.00x")
+    assert rec_line == "rec-4, recovery_s by round: kubetrain 0.9"  # the skipped creator is left out
