@@ -35,15 +35,24 @@ class FakeApi:
             if exc is not None:
                 raise exc
             unparsed = kwargs.get("_preload_content") is False  # the caller reads .data, or nothing
-            return self.reply.get(method, lambda *_: SimpleNamespace(data=b"{}") if unparsed else None)(*args)
+            return self.reply.get(method, lambda *_: Unparsed(b"{}") if unparsed else None)(*args)
         return call
 
 
-def created_pod(ns: str, obj: dict[str, Any]) -> SimpleNamespace:
+class Unparsed:
+    """An answer asked for with `_preload_content=False`, as urllib3 gives it: `.data` or `.read()`."""
+
+    def __init__(self, data: bytes | str) -> None:
+        self.data = data
+
+    def read(self) -> bytes | str:
+        return self.data
+
+
+def metadata_answer(ns: str, obj: dict[str, Any]) -> Unparsed:
     """A pod create's answer as the API server gives it when asked for metadata only."""
     meta = {**obj["metadata"], "resourceVersion": "5"}
-    return SimpleNamespace(data=json.dumps({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-                                            "metadata": meta}))
+    return Unparsed(json.dumps({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta}))
 
 
 POSTED = {"Pod": ("core", "create_namespaced_pod"), "Service": ("core", "create_namespaced_service"),
@@ -69,7 +78,7 @@ def fake_api() -> SimpleNamespace:
     """core, custom and rbac recording into one `calls`; pod creates answered as the API server would."""
     calls: list[tuple[str, tuple[Any, ...]]] = []
     core, custom, rbac = FakeApi(calls), FakeApi(calls), FakeApi(calls)
-    core.reply["create_namespaced_pod"] = created_pod
+    core.reply["create_namespaced_pod"] = metadata_answer
     return SimpleNamespace(calls=calls, core=core, custom=custom, rbac=rbac)
 
 

@@ -84,8 +84,12 @@ def run(fake: SimpleNamespace, plan: Plan, cache: WatchCache | None = None) -> W
     if cache.job(KEY) is None:
         cache.job_event("ADDED", job_body())
     applier = Applier(apis(fake), cache, 4, lambda: NOW)
+
+    async def carried_out() -> None:
+        await applier.execute(KEY, job_body(), plan)
+        await applier.patches.settled()  # the pods' patches land behind the reconcile
     try:
-        asyncio.run(applier.execute(KEY, job_body(), plan))
+        asyncio.run(carried_out())
     finally:
         applier.close()
     return cache
@@ -214,7 +218,8 @@ def test_a_pod_on_a_lost_node_is_deleted_with_grace_0(fake: SimpleNamespace) -> 
     names = [args[0] for m, args in fake.calls if m == "delete_namespaced_pod"]
     options = [kw for m, kw in fake.core.options if m == "delete_namespaced_pod"]
     assert sorted(zip(names, map(str, options), strict=True)) == [
-        ("a-worker-0", "{}"), ("a-worker-1", "{'grace_period_seconds': 0}")]
+        ("a-worker-0", "{'_preload_content': False}"),
+        ("a-worker-1", "{'_preload_content': False, 'grace_period_seconds': 0}")]
 
 
 def test_the_status_is_written_once_with_dropped_fields_nulled_and_cached(fake: SimpleNamespace) -> None:

@@ -12,6 +12,7 @@ from kubetrain.core.progress import CheckpointRecord, Progress
 from kubetrain.operator import builders as b
 from kubetrain.operator.apply import namespace_terminating
 from kubetrain.operator.pod_facts import container_exit_code
+from kubetrain.operator.pod_patches import overlay
 from kubetrain.operator.reconcile import claim_to_check, plan, set_condition
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -470,6 +471,17 @@ def test_kept_pods_are_told_their_generation_when_the_recreated_pod_is_created()
     assert "creating 1 of 2 worker(s) of generation 1 and restarting 1 in place" in go.status["message"]
     running = plan(body(status=go.status, **IN_PLACE), [kept(0, 1, 1), pod(1, gen=1)], {}, T0, S)
     assert running.status["phase"] == "Running" and not running.patch_pods and not running.create
+
+
+def test_a_plan_made_while_the_kept_pods_patches_are_in_flight_sees_them_moved():
+    decided = plan(body(status=RUNNING, **IN_PLACE), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0, S)
+    assert decided.delete_pods == ["j-worker-1"] and decided.patch_pods == {"j-worker-0": {"labels": {b.LABEL_GENERATION: "1"}}}
+    unmoved = [pod(0)]  # worker 1 gone; worker 0's label patch not landed yet
+    go = plan(body(status=decided.status, **IN_PLACE), overlay(unmoved, decided.patch_pods), {}, T0, S)
+    assert [o["metadata"]["name"] for o in go.create if o["kind"] == "Pod"] == ["j-worker-1"]
+    assert go.patch_pods == {"j-worker-0": {"annotations": {"kubetrain.io/restart-generation": "1"}}}
+    blind = plan(body(status=decided.status, **IN_PLACE), unmoved, {}, T0, S)  # worker 0 taken for a stale pod
+    assert blind.decision.action == "DeleteStale" and blind.delete_pods == ["j-worker-0"]
 
 
 def test_a_pod_built_without_in_place_is_recreated():

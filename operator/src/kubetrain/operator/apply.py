@@ -2,7 +2,7 @@
 
 It carries out a reconcile.Plan: creates the children (all at once, bounded; a Role before its
 RoleBinding; 409 means already there, and it counts as created only when the job owns it), deletes
-pods, writes the status ONCE (on the resourceVersion the plan was made from), records Events and
+pods, starts the pods' patches (they land behind the reconcile: pod_patches.py), writes the status ONCE (on the resourceVersion the plan was made from), records Events and
 deletes a job whose time is up. A pod create the API server refuses (quota, Pod Security, an
 invalid field) and a child's name taken by a foreign object are kept in the WatchCache for the
 next plan's status, with one Warning Event each time they change. A gang's PodGroup is created before
@@ -39,6 +39,7 @@ from kubetrain.core.api import TrainingJobStatus
 from kubetrain.operator import metrics
 from kubetrain.operator.builders import GANGS
 from kubetrain.operator.conditions import gang_missing, is_gang_missing
+from kubetrain.operator.pod_patches import PodPatches
 from kubetrain.operator.watch_cache import (
     DELETED,
     Key,
@@ -158,6 +159,14 @@ def created_pod(sent: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
 def _patch_pod(apis: Apis, ns: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
     # The answer as a plain dict, straight from its JSON: no V1Pod model to build and serialize back.
     return json.loads(apis.core.patch_namespaced_pod(name, ns, patch, _preload_content=False).data)
+
+
+def _delete_pod(apis: Apis, ns: str, name: str, force: bool) -> None:
+    # The answer (the pod, Terminating) read but not parsed: a V1Pod model per pod cost milliseconds each
+    # when a whole gang of a thousand is deleted; the watch brings what changed. Read, so that the
+    # connection goes back to the pool.
+    apis.core.delete_namespaced_pod(name, ns, _preload_content=False,
+                                    **({"grace_period_seconds": 0} if force else {})).read()
 
 
 def _create_pod_group(apis: Apis, ns: str, obj: dict[str, Any]) -> Any:
@@ -295,18 +304,23 @@ class Snapshot:
 
 
 class Applier:
-    def __init__(self, apis: Apis, cache: WatchCache, parallelism: int, clock: Callable[[], datetime]):
+    def __init__(self, apis: Apis, cache: WatchCache, parallelism: int, clock: Callable[[], datetime],
+                 patch_failed: Callable[[Key], None] = lambda key: None):
         self.apis = apis
         self.sanitize = apis.sanitize
         self.cache = cache
         self.clock = clock
         self.pool = ThreadPoolExecutor(max_workers=parallelism, thread_name_prefix="kubetrain-io")
+        self.patches = PodPatches(self.patch_pod, patch_failed, in_flight=max(1, parallelism // 2))
+        """Pod patches behind their reconcile, on at most half the pool (a create always finds a thread);
+        `patch_failed(job)` when one fails."""
 
     async def io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """One blocking API call on the pool."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
 
     def close(self) -> None:
+        self.patches.cancel()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ reads
@@ -366,13 +380,13 @@ class Applier:
         status = plan.status
         if plan.create and not await self.create_all(key, body, plan.create):
             status = gang_not_created(body, status)
-        # Deletes before patches: a failed worker's successor waits for its name to be free, while the
-        # kept pods' patches (one per pod of a large gang) are not on the restart's critical path.
+        # Deletes before patches, and patches behind the reconcile: a failed worker's successor waits
+        # for its name to be free, not for the kept pods' patches (one per pod of a large gang).
         if plan.delete_pods or plan.force_delete_pods:
             await asyncio.gather(*(self.delete_pod(key, pod) for pod in plan.delete_pods),
                                  *(self.delete_pod(key, pod, force=True) for pod in plan.force_delete_pods))
         if plan.patch_pods:
-            await asyncio.gather(*(self.patch_pod(key, pod, meta) for pod, meta in plan.patch_pods.items()))
+            self.patches.start(key, plan.patch_pods)
         if status is not None and not await self.write_status(key, body, status):
             return False
         # Together, not one after the other: a job's first reconcile records two or three, and with a
@@ -504,7 +518,7 @@ class Applier:
     async def delete_pod(self, key: Key, pod: str, force: bool = False) -> None:
         """Delete a worker pod; `force`: grace 0, for a pod on a lost node whose kubelet cannot confirm."""
         try:
-            await self.io(self.apis.core.delete_namespaced_pod, pod, key[0], **({"grace_period_seconds": 0} if force else {}))
+            await self.io(_delete_pod, self.apis, key[0], pod, force)
         except ApiException as exc:
             if exc.status != 404:
                 raise

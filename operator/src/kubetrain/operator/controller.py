@@ -33,6 +33,7 @@ from kubetrain.operator.apply import Apis, Applier
 from kubetrain.operator.kueue import QueueView
 from kubetrain.operator.kueue_io import KueueIO
 from kubetrain.operator.pod_facts import facts
+from kubetrain.operator.pod_patches import overlay
 from kubetrain.operator.pod_watch import Event, PodList, PodWatch
 from kubetrain.operator.reconcile import Plan, claim_to_check, deletion_overdue, plan
 from kubetrain.operator.settings import OperatorSettings
@@ -85,7 +86,8 @@ class Controller:
         self.clock = clock
         self.cache = WatchCache()
         self.queue: WorkQueue[Key] = WorkQueue()
-        self.applier = Applier(Apis.of(api_client), self.cache, settings.create_parallelism, clock)
+        self.applier = Applier(Apis.of(api_client), self.cache, settings.create_parallelism, clock,
+                               patch_failed=self.queue.add)  # planned again from the pod as it is
         self.kueue = KueueIO(self.applier)
         self.sweeps = SweepController(self.applier, settings.reconcile_workers, clock)
         """TrainingSweeps: their own cache and queue, this applier's pool, this leadership."""
@@ -144,6 +146,7 @@ class Controller:
         """A deleted job: nothing kept for it anywhere."""
         self.cache.forget(key)
         self.queue.forget(key)
+        self.applier.patches.forget(key)
         self.first_running.discard(key)
         self.first_step.discard(key)
         self.paces.pop(key, None)
@@ -240,7 +243,8 @@ class Controller:
     def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None, queue: QueueView) -> Plan:
         cache = self.cache
         t0 = time.perf_counter()
-        p = plan(body, cache.pods(key), cache.nodes, self.clock(), self.settings.builders,
+        pods = overlay(cache.pods(key), self.applier.patches.pending(key))
+        p = plan(body, pods, cache.nodes, self.clock(), self.settings.builders,
                  cache.progress(key), claim_phase, cache.disrupted(key), cache.progress_refused(key),
                  create_refused=cache.create_refused(key), foreign=cache.foreign(key), queue=queue)
         self.paces[key] = pace(time.perf_counter() - t0)

@@ -153,13 +153,13 @@ def plan(
     `progress_refused`: the API refused the job's progress Role or RoleBinding. `create_refused`: the API's
     message when it refused a worker pod; `foreign`: a child's name held by an object this job does not own.
     `queue`: Kueue's view of a job with a LocalQueue (its Workload, flavors, priority)."""
-    old = _status_of(body)
+    old, view = _status_of(body), queue or kueue.QueueView()
     job, problems = _job_model(body)
     if job is None:
-        return _invalid(old, problems, now, kueue.plan_invalid(queue or kueue.QueueView(), now))
+        return _invalid(old, problems, now, kueue.plan_invalid(view, now))
     ours = [p for p in pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
     gang_gone = not any(facts(p).running for p in ours)
-    q = kueue.plan_queue(job, body, queue or kueue.QueueView(), gang_gone, old.phase, settings, now)
+    q = kueue.plan_queue(job, body, view, gang_gone, old.phase, settings, now)
     if job.spec.managed_by not in (None, contract.MANAGED_BY_OPERATOR):
         return Plan(queue=q)  # another controller (MultiKueue) runs it: only its Workload is ours
     if kueue.kueue_queue(job) is not None:  # spec.suspend belongs to Kueue's admission: what it says holds now
@@ -169,7 +169,7 @@ def plan(
     if t.status.phase in FINISHED_PHASES and old.phase not in FINISHED_PHASES:
         # The job ends in this plan: its Workload is finished with it, not on whatever event comes next
         # (the echo of this plan's own status write re-plans nothing).
-        q = kueue.plan_queue(job, body, queue or kueue.QueueView(), gang_gone, t.status.phase, settings, now)
+        q = kueue.plan_queue(job, body, view, gang_gone, t.status.phase, settings, now)
     lost = set(_lost(job.spec, ours, nodes, now))
     out = Plan(requeue_after=t.requeue_after, decision=t.decision, queue=q)
     if q.condition is not None and q.condition[1] in kueue.LOOK_AGAIN:  # no event says when it is installed
