@@ -2,8 +2,9 @@
 
 It carries out a reconcile.Plan: creates the children (all at once, bounded; a Role before its
 RoleBinding; 409 means already there, and it counts as created only when the job owns it), deletes
-pods, starts the pods' patches (they land behind the reconcile: pod_patches.py), writes the status ONCE (on the resourceVersion the plan was made from), records Events and
-deletes a job whose time is up. A pod create the API server refuses (quota, Pod Security, an
+pods, starts the pods' patches (they land behind the reconcile: pod_patches.py), writes the status
+ONCE (on the resourceVersion the plan was made from), records Events and deletes a job whose time
+is up. A pod create the API server refuses (quota, Pod Security, an
 invalid field) and a child's name taken by a foreign object are kept in the WatchCache for the
 next plan's status, with one Warning Event each time they change. A gang's PodGroup is created before
 its pods, which wait while it is not (a 404: the cluster does not serve the gang scheduler's kind). It also makes the few reads the

@@ -5,8 +5,8 @@ deletes the failed worker, and tells them to start it (an annotation each) in th
 successor. Awaited there, a gang's patches held the job: the successor, created by the job's next
 reconcile, waited for all of them (about 0.8 s for 127 pods on the bench's API server, seconds for a
 thousand). Here they go out after the reconcile returns, on at most part of the API pool, so that a
-create finds a free thread and a short line at the API server; until one lands, the plans see the pod as it will be
-(`overlay`), so that no plan takes a kept pod for one of the old generation.
+create finds a free thread and a short line at the API server; until one lands, the plans see the pod
+as it will be (`overlay`), so that no plan takes a kept pod for one of the old generation.
 
 A patch that fails (other than 404: the pod is gone) is logged and counted, its overlay dropped, and
 the job planned again from the pod as the API server has it.
