@@ -75,10 +75,17 @@ class RealJobs(TrainingJobs):
         return self.wait(name, lambda st: st.get("phase") == phase, timeout, f"phase {phase}")
 
     def log(self, pod: str, tail: int | None = None) -> str:
-        try:
-            return str(self.core.read_namespaced_pod_log(pod, self.ns, tail_lines=tail))
-        except client.ApiException as exc:
-            return f"(no log for {pod}: {exc.status} {exc.reason})"
+        """The pod's container log. Read again (up to 5 s) while it comes back empty: the kubelet once
+        answered '' for a container that had just finished and had written lines."""
+        for _ in range(6):
+            try:
+                text = str(self.core.read_namespaced_pod_log(pod, self.ns, tail_lines=tail))
+            except client.ApiException as exc:
+                return f"(no log for {pod}: {exc.status} {exc.reason})"
+            if text:
+                return text
+            time.sleep(1)
+        return text
 
     def explain(self, name: str) -> str:
         return self.describe(name)
