@@ -1077,7 +1077,8 @@ def run_all(args: argparse.Namespace, scenarios: list[cl.Scenario], operators: l
             for index in range(args.rounds):
                 if args.rounds > 1:
                     say(f"{sc.name}: round {index + 1} of {args.rounds}")
-                results.extend(replace(r, round_index=index) for r in run_round(admin, ops, sc, index, args))
+                results.extend(replace(r, round_index=index)
+                               for r in run_round(admin, ops, sc, cl.round_order(operators, index), args.timeout))
     finally:
         if not args.keep_cluster and cluster_running():
             say("stopping the private cluster")
@@ -1085,15 +1086,15 @@ def run_all(args: argparse.Namespace, scenarios: list[cl.Scenario], operators: l
     return results
 
 
-def run_round(admin: client.ApiClient, ops: dict[str, Operator], sc: cl.Scenario, index: int,
-              args: argparse.Namespace) -> list[cl.RunResult]:
+def run_round(admin: client.ApiClient, ops: dict[str, Operator], sc: cl.Scenario, order: list[str],
+              timeout: float) -> list[cl.RunResult]:
     """One round of a scenario: every configuration once, in the round's order."""
     out = []
-    for key in cl.round_order(args.operators.split(","), index):
+    for key in order:
         if key == cl.CREATOR and sc.fail_one:  # nothing of its own would replace the failed pod
             out.append(cl.RunResult(cl.CREATOR, sc.name, sc.pods, skipped=cl.NO_CONTROLLER))
             continue
-        out.append(run_one(admin, ops[key], sc, args.timeout))
+        out.append(run_one(admin, ops[key], sc, timeout))
     return out
 
 
