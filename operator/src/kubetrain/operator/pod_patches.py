@@ -71,16 +71,17 @@ class PodPatches:
             task.cancel()
 
     async def _run(self, key: Key, pod: str, meta: Meta) -> None:
+        failed = False
         try:
             async with self._slots:
                 await self._send(key, pod, meta)
         except Exception as exc:  # noqa: BLE001 - any failure: the job is planned again from the truth
             metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
             log.warning("%s/%s: could not patch pod %s: %s", *key, pod, exc)
-            self._landed(key, pod, meta)
+            failed = True
+        self._landed(key, pod, meta)
+        if failed:
             self._failed(key)
-        else:
-            self._landed(key, pod, meta)
 
     def _landed(self, key: Key, pod: str, meta: Meta) -> None:
         """Drop what this patch set from the overlay, unless a later patch set it otherwise."""
