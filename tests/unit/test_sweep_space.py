@@ -34,6 +34,9 @@ PROBLEMS = [
      ("parameters[0].path", "workers is an integer, not an object with fields")),
     ({"path": "command", "type": "categorical", "values": ["a"]},
      ("parameters[0].path", "command is a list, not a single value a parameter can set")),
+    ({"path": "checkpoint.dir", "type": "categorical", "values": ["/ckpt/a", "/ckpt/b"]},
+     ("parameters[0].path", "checkpoint.dir names where a job keeps its checkpoints, not a hyperparameter: every "
+                            "trial keeps its own")),
     ({"path": "microBatchSize", "low": 1, "high": 64},
      ("parameters[0].type", "microBatchSize is an integer field: use type int")),
     ({"path": "strategy", "low": 1, "high": 2},

@@ -11,6 +11,9 @@ from kubetrain.core.validate import load_job
 MANIFESTS = Path(__file__).parent / "manifests"
 REPO = Path(__file__).resolve().parents[2]
 
+SYSTEM_DIR_LINE = ("spec.checkpoint.dir: checkpoint.dir must not be / or in a system directory (/bin, /boot, /dev, "
+                   "/etc, /lib, /lib32, /lib64, /libx32, /proc, /run, /sbin, /sys, /usr, /var/run): the checkpoint "
+                   "volume would hide it, and kubetrain's own mounts are there")
 # file -> the exact line(s) `kubetrain validate` must print for it
 EXPECTED = {
     "bad-workers.yaml": ["spec.workers: must be >= 1"],
@@ -57,6 +60,12 @@ EXPECTED = {
     "bad-claim-name.yaml": ["spec.checkpoint.claimName: must be a lowercase DNS subdomain (a-z, 0-9, '-', '.')"],
     "bad-not-utf8.yaml": ["(file): not UTF-8 text (byte 110)"],
     "bad-deep.yaml": ["spec.podTemplate: nested more than 100 levels deep"],
+    "bad-checkpoint-dir-relative.yaml": [
+        "spec.checkpoint.dir: must be an absolute path (pods mount the checkpoint volume there)"],
+    "bad-checkpoint-dir-dotdot.yaml": [
+        "spec.checkpoint.dir: checkpoint.dir must be a normal path: no '.' or '..' segments and no '//'"],
+    "bad-checkpoint-dir-root.yaml": [SYSTEM_DIR_LINE],
+    "bad-checkpoint-dir-etc.yaml": [SYSTEM_DIR_LINE],
 }
 
 

@@ -13,6 +13,7 @@ Python attributes are snake_case; the wire format (YAML/JSON) is camelCase.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
@@ -63,7 +64,17 @@ LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                      r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 """A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters."""
+ABSOLUTE_PATH_PATTERN = r"^/"
+SYSTEM_DIRS: Final = ("bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "sys",
+                      "usr", "var/run")
+"""Directories of a container's (and a host's) system: a checkpoint volume mounted over one hides it, and a
+fresh local run would clear it. kubetrain's own mounts (contract.CONFIG_MOUNT, ...) all lie under these."""
+SYSTEM_DIR_PATTERN = "^/((" + "|".join(SYSTEM_DIRS) + ")(/|$)|$)"
+"""`/` itself, or a path in a system directory (written for CEL's RE2 and Python's re alike)."""
+DOT_SEGMENT_PATTERN = "(^|/)[.][.]?(/|$)|//"
+"""A path with `.` or `..` segments or an empty one: what it names depends on where it is resolved."""
 PATTERN_REASONS: Final = {
+    ABSOLUTE_PATH_PATTERN: "must be an absolute path (pods mount the checkpoint volume there)",
     DNS_LABEL_PATTERN: "must be a lowercase DNS label (a-z, 0-9, '-')",
     QUANTITY_PATTERN: "must be a Kubernetes quantity (e.g. 500m, 16, 128Gi)",
     DNS_SUBDOMAIN_PATTERN: "must be a lowercase DNS subdomain (a-z, 0-9, '-', '.')",
@@ -277,9 +288,8 @@ class CheckpointSpec(_Model):
     """Keep the newest K complete checkpoints; older ones are deleted. At most 1000."""
     on_sigterm: bool = True
     """Save a checkpoint when a worker is asked to stop (preemption, node drain, Ctrl-C)."""
-    dir: str | None = None
-    """Checkpoint directory. Default: `<output dir>/checkpoints` locally, `/checkpoints` in pods. In pods the
-    checkpoint volume (the claim, or the emptyDir when ephemeral) is mounted here."""
+    dir: str | None = Field(None, max_length=1024, pattern=ABSOLUTE_PATH_PATTERN)
+    """Checkpoint directory, an absolute path: not `/`, not in a system directory (/etc, /usr, /var/run, ...), without `.` or `..` segments. Default: `<output dir>/checkpoints` locally, `/checkpoints` in pods. In pods the checkpoint volume (the claim, or the emptyDir when ephemeral) is mounted here. Locally kubetrain writes only into a directory it created or found empty, and a fresh run clears only such a directory."""
     claim_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """An existing PersistentVolumeClaim mounted at the checkpoint directory (`dir`, default /checkpoints) in every worker pod instead of the one the operator creates. With more than one worker it must be ReadWriteMany (unless every worker lands on one node)."""
     storage_size: str = Field(DEFAULT_CHECKPOINT_STORAGE, pattern=QUANTITY_PATTERN)
@@ -542,6 +552,19 @@ SPEC_RULES: list[Rule] = [
         "fabricOptions.gpuNetworks names one GKE network per GPU NIC: 4 for fabric tcpx (A3 High), 8 for tcpxo (A3 Mega)",
         lambda s: s.fabric_options is None or s.fabric_options.gpu_networks is None
         or len(s.fabric_options.gpu_networks) == GKE_GPU_NICS.get(s.fabric),
+    ),
+    Rule(
+        "checkpoint.dir",
+        f"!has(self.checkpoint.dir) || !self.checkpoint.dir.matches('{DOT_SEGMENT_PATTERN}')",
+        "checkpoint.dir must be a normal path: no '.' or '..' segments and no '//'",
+        lambda s: s.checkpoint.dir is None or not re.search(DOT_SEGMENT_PATTERN, s.checkpoint.dir),
+    ),
+    Rule(
+        "checkpoint.dir",
+        f"!has(self.checkpoint.dir) || !self.checkpoint.dir.matches('{SYSTEM_DIR_PATTERN}')",
+        "checkpoint.dir must not be / or in a system directory (/" + ", /".join(SYSTEM_DIRS) + "): the checkpoint "
+        "volume would hide it, and kubetrain's own mounts are there",
+        lambda s: s.checkpoint.dir is None or not re.search(SYSTEM_DIR_PATTERN, s.checkpoint.dir),
     ),
     Rule(
         "metricsPort",

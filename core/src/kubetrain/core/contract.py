@@ -218,6 +218,18 @@ TENSORBOARD_DIR = "tensorboard"
 """Under the checkpoint directory (durable: the job's claim in a cluster): rank 0's TensorBoard event files."""
 
 
+OWNED_DIR_MARKER = ".kubetrain-owned"
+"""In every local directory kubetrain created or adopted empty (output, checkpoints, a sweep's): the mark
+that lets a fresh start clear its contents. kubetrain never deletes in a directory without it."""
+
+# Where worker pods mount their volumes. spec.checkpoint.dir moves the checkpoint mount and may not
+# lie over the others (kubetrain.core.api refuses system directories, which hold all of them).
+CHECKPOINT_MOUNT = "/checkpoints"
+CONFIG_MOUNT = "/etc/kubetrain"
+OUTPUT_MOUNT = "/var/run/kubetrain"
+GENERATION_MOUNT = "/etc/kubetrain-generation"
+
+
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 """OpenMP and MKL (torch's CPU kernels) thread counts, set for every worker process unless the job's env sets them."""
 

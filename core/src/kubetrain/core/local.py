@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from kubetrain.core import contract, hardware, launcher
+from kubetrain.core import contract, hardware, launcher, owned_dirs
 from kubetrain.core import lifecycle as lc
 from kubetrain.core.api import FINISHED_PHASES, CheckpointRef, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
 from kubetrain.core.progress import Progress, complete_checkpoints, read_progress
@@ -155,18 +154,31 @@ def ensure_writable(*dirs: Path) -> None:
             raise LocalRunError(f"{d} is not writable")
 
 
+OUTPUT_ENTRIES = ("logs", "checkpoints", "config.json", contract.PROGRESS_FILE, "losses.jsonl", "summary.json",
+                  contract.PROFILE_REQUEST_FILE)
+"""What a local run writes into its output directory; a fresh start deletes these (the checkpoints apart)."""
+WRITTEN_TO_OUTPUT = owned_dirs.names(*OUTPUT_ENTRIES)
+WRITTEN_TO_CHECKPOINTS = owned_dirs.names("best-eval.json", contract.TENSORBOARD_DIR, contract.PROFILES_DIR,
+                                          pattern=r"^step-\d{8}$")
+
+
 def prepare_output_dir(spec: TrainingJobSpec, opts: RunOptions) -> str | None:
-    """Start fresh, or resume an unfinished run found there. Returns a line to tell the user."""
+    """Start fresh, or resume an unfinished run found there. Returns a line to tell the user.
+
+    Both directories must be kubetrain's own (created by it, or adopted empty): a fresh start clears
+    what the run wrote and nothing else (kubetrain.core.owned_dirs)."""
     out, ckpt = opts.output_dir, Path(spec.checkpoint.dir or "")
+    try:
+        owned_dirs.claim(out, "--output-dir", WRITTEN_TO_OUTPUT)
+        owned_dirs.claim(ckpt, "spec.checkpoint.dir", WRITTEN_TO_CHECKPOINTS)
+    except owned_dirs.NotOwnedError as exc:
+        raise LocalRunError(str(exc)) from None
     previous = read_progress(out)
     done = complete_checkpoints(ckpt)
     if not opts.fresh and previous is not None and not previous.finished and done:
         return f"resuming the unfinished run in {out} from step {done[-1][0]} (pass --fresh to start over)"
-    for path in (ckpt, out / "logs"):
-        shutil.rmtree(path, ignore_errors=True)
-    for name in (contract.PROGRESS_FILE, "losses.jsonl", "summary.json"):
-        (out / name).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    owned_dirs.clear(ckpt)
+    owned_dirs.clear(out, only=[n for n in OUTPUT_ENTRIES if (out / n).resolve() != ckpt.resolve()])
     return None
 
 

@@ -43,10 +43,10 @@ from kubetrain.operator.fabrics import FabricProfile
 from kubetrain.operator.fabrics import pod_security_level as pod_security_level
 
 GPU_RESOURCE = "nvidia.com/gpu"
-CHECKPOINT_MOUNT = "/checkpoints"
-CONFIG_MOUNT = "/etc/kubetrain"
-OUTPUT_MOUNT = "/var/run/kubetrain"
-GENERATION_MOUNT = "/etc/kubetrain-generation"
+CHECKPOINT_MOUNT = contract.CHECKPOINT_MOUNT
+CONFIG_MOUNT = contract.CONFIG_MOUNT
+OUTPUT_MOUNT = contract.OUTPUT_MOUNT
+GENERATION_MOUNT = contract.GENERATION_MOUNT
 """A pod that restarts in place: the Downward API volume with its generation annotation, file `generation`."""
 RAN_FILE = f"{OUTPUT_MOUNT}/ran-generation"
 """contract.RAN_FILE in a pod: in kubetrain's own emptyDir, which outlives a restarted container and which,

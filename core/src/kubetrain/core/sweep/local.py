@@ -10,7 +10,6 @@ the same command again rebuilds the study from it and starts the trials that wer
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import IO, Any
 import yaml
 from pydantic import ValidationError
 
+from kubetrain.core import owned_dirs
 from kubetrain.core.api import (
     API_VERSION,
     KIND,
@@ -176,15 +176,14 @@ class LocalSweep:
 
     def _prepare(self) -> str | None:
         """Resume the sweep saved in the output directory, or start over there. Returns a line for the user."""
+        written = (STATUS_FILE, BEST_FILE, PROCESS_RECORD, TRIALS_DIR)
         try:
-            self.out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise SweepRunError(f"cannot create {self.out}: {exc.strerror or exc}") from None
+            owned_dirs.claim(self.out, "--output-dir", owned_dirs.names(*written))
+        except owned_dirs.NotOwnedError as exc:
+            raise SweepRunError(str(exc)) from None
         saved = None if self.opts.fresh else self._load_status()
         if saved is None:
-            for name in (STATUS_FILE, BEST_FILE, PROCESS_RECORD):
-                (self.out / name).unlink(missing_ok=True)
-            shutil.rmtree(self.out / TRIALS_DIR, ignore_errors=True)
+            owned_dirs.clear(self.out, only=written)
         if self.opts.storage:
             try:
                 self.mirror = StudyMirror(self.opts.storage, self.name, self.spec, fresh=saved is None)

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import yaml
 
-from kubetrain.core import contract, local
+from kubetrain.core import contract, local, owned_dirs
 from kubetrain.core.api import Phase, TrainingJobSpec
 from kubetrain.core.contract import format_time
 from kubetrain.core.progress import atomic_write_text, read_progress
@@ -157,7 +157,8 @@ class LocalTrials:
 
     def _launch(self, q: QueuedStart) -> None:
         directory = self.directory(q.job_name)
-        directory.mkdir(parents=True, exist_ok=True)
+        # Claimed here, before job.yaml and run.log, so that the trial's own `kubetrain run` finds it kubetrain's.
+        owned_dirs.claim(directory, f"trial {q.job_name}", owned_dirs.names("job.yaml", "run.log", *local.OUTPUT_ENTRIES))
         spec = TrainingJobSpec.model_validate(q.manifest["spec"])
         slot = self._free_slot()
         job_file = directory / "job.yaml"
