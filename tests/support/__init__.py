@@ -32,6 +32,7 @@ Modules, one concern each:
 - real_pods: jobs on the test cluster's real node.
 - trainer_harness: gangs of trainer processes and the ``kubetrain`` CLI.
 - fake_api: the API groups the operator's applier calls, faked, every call recorded (unit tests).
+- process_group: a one-process gloo group for in-process trainer tests.
 
 Scripts that tests run as programs stay beside those tests (tests/e2e/ddp_script.py, script_worker.py).
 """

@@ -9,13 +9,15 @@ crash) is ignored on resume and removed by the next commit.
 from __future__ import annotations
 
 import json
+import pickle
 import random
+import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +25,9 @@ import torch.distributed as dist
 from kubetrain.core.contract import format_time
 from kubetrain.core.progress import COMMIT_MARKER, atomic_write_text, checkpoint_dirname, complete_checkpoints
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.engines import Engine
+
+if TYPE_CHECKING:  # engines imports this module's safe_load
+    from kubetrain.trainer.engines import Engine
 
 TRAINER_STATE = "trainer.json"
 BEST_EVAL = "best-eval.json"
@@ -53,6 +57,31 @@ class TrainerState:
     def from_json(cls, raw: dict[str, Any]) -> TrainerState:
         known = {k: raw[k] for k in cls.__dataclass_fields__ if k in raw}
         return cls(**known)
+
+
+class UntrustedCheckpointError(ConfigError):
+    """A checkpoint file that needs objects the trainer never saves. A ConfigError, so the gang exits 2 and
+    is not restarted onto the same file."""
+
+    def __init__(self, path: Path, needs: str | None) -> None:
+        what = f" ({needs})" if needs else ""
+        super().__init__(
+            "checkpoint.dir",
+            f"refused to load {path}: it holds objects the trainer never saves{what}, so it may have been "
+            "tampered with. Nothing in it was run; remove its step directory to resume from an older checkpoint",
+        )
+        self.path = path
+
+
+def safe_load(path: Path) -> Any:
+    """Read a checkpoint file the trainer wrote with ``torch.save``. Only tensors and plain containers are
+    unpickled (weights_only): all the trainer saves is such, and any other object in a pickle can run code
+    as it loads, in every later generation, for whoever can write the checkpoint volume."""
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        raise UntrustedCheckpointError(path, f"it needs {found.group(1)}" if found else None) from exc
 
 
 def now_rfc3339() -> str:
@@ -142,5 +171,5 @@ def load_checkpoint(path: Path, engine: Engine) -> TrainerState:
     engine.load(path, state.world_size)
     rng_file = path / "rng" / f"rank-{dist.get_rank():05d}.pt"
     if rng_file.is_file():  # absent when resuming at a larger world size
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        set_rng_state(safe_load(rng_file))
     return state

@@ -25,6 +25,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from kubetrain.core.api import TrainingJobSpec
 from kubetrain.trainer import grad_compression
+from kubetrain.trainer.checkpoint import safe_load
 from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.model import transformer_blocks
 from kubetrain.trainer.schedule import lr_factor
@@ -271,7 +272,7 @@ class TorchEngine(Engine):
         state = self._state()
         dcp.load(state, checkpoint_id=str(path / "dcp"))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        extra = torch.load(path / "engine.pt", weights_only=False, map_location="cpu")
+        extra = safe_load(path / "engine.pt")
         self.scheduler.load_state_dict(extra["scheduler"])
         if self.scaler is not None and "scaler" in extra:
             self.scaler.load_state_dict(extra["scaler"])
@@ -394,6 +395,7 @@ class DeepSpeedEngine(Engine):
                 f"and cannot be resumed at world size {self.world_size}; resume with {saved_world_size} processes "
                 "(or convert it to a universal checkpoint with DeepSpeed's ds_to_universal)",
             )
+        # Unsafe: DeepSpeed 0.19.8 unpickles these files with torch.load(weights_only=False), and offers no option.
         load_path, _ = self.engine.load_checkpoint(
             str(path), tag=self.TAG, load_optimizer_states=True, load_lr_scheduler_states=True
         )

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from kubetrain.core.api import DDPSpec
+from kubetrain.trainer.checkpoint import safe_load
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -69,6 +71,16 @@ def q_slots(layout: list[Slot], rank: int, min_rate: float) -> Iterator[tuple[Sl
         for s in slots:
             yield s, start, m * r, n * r
             start += m * r
+
+
+def rng_record(rng: np.random.RandomState) -> dict[str, Any]:
+    """numpy's generator state with its key as plain ints: a numpy array would need allowlisting in safe_load."""
+    state = rng.get_state(legacy=False)
+    return {**state, "state": {**state["state"], "key": state["state"]["key"].tolist()}}
+
+
+def rng_from_record(record: dict[str, Any]) -> dict[str, Any]:
+    return {**record, "state": {**record["state"], "key": np.asarray(record["state"]["key"], dtype=np.uint32)}}
 
 
 class PowerSGD:
@@ -171,7 +183,7 @@ class PowerSGD:
         record: dict[str, Any] = {
             "world_size": dist.get_world_size(),
             "iter": st.iter,
-            "rng": st.rng.get_state(),
+            "rng": rng_record(st.rng),
             "numel_before": st.total_numel_before_compression,
             "numel_after": st.total_numel_after_compression,
             "next_stats_report": st.next_stats_report,
@@ -189,11 +201,11 @@ class PowerSGD:
         if not file.is_file():
             log.warning("checkpoint %s holds no PowerSGD state: compression starts afresh", path)
             return
-        record = torch.load(file, weights_only=False, map_location="cpu")
+        record = safe_load(file)
         same = record["world_size"] == dist.get_world_size() and file == own
         st = self.state
         st.iter = record["iter"]
-        st.rng.set_state(record["rng"])
+        st.rng.set_state(rng_from_record(record["rng"]))
         st.total_numel_before_compression = record["numel_before"]
         st.total_numel_after_compression = record["numel_after"]
         st.next_stats_report = record["next_stats_report"]
