@@ -48,8 +48,8 @@ from kubernetes import client, config
 
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.validate import stored_object
-from kubetrain.operator import builders
-from kubetrain.operator.settings import ENV_TRAINER_IMAGE, parse_settings
+from kubetrain.operator.jobs import builders
+from kubetrain.operator.runtime.settings import ENV_TRAINER_IMAGE, parse_settings
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 TRIES = 5
@@ -87,7 +87,7 @@ def load_target(kubeconfig: Path) -> Target:
 # --------------------------------------------------------------------------- what to create
 
 
-def job_objects(manifest: dict[str, Any], settings: builders.Settings) -> list[dict[str, Any]]:
+def job_objects(manifest: dict[str, Any], settings: builders.WorkerSettings) -> list[dict[str, Any]]:
     """The headless Service and the generation-0 worker pods kubetrain's operator builds for ``manifest``."""
     job, problems = stored_object(TrainingJob, manifest)
     if job is None:

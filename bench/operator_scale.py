@@ -25,7 +25,7 @@ from support.operator_process import OperatorProcess
 from support.resources import wait_default_service_account
 
 from kubetrain.core import api
-from kubetrain.operator import builders as b
+from kubetrain.operator.jobs import builders as b
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ from support.trainer_harness import run_cli
 
 from kubetrain.core import contract, launcher
 from kubetrain.core.api import TrainingJob
-from kubetrain.operator import builders
+from kubetrain.operator.jobs import builders
 
 pytestmark = pytest.mark.e2e
 HERE = Path(__file__).parent
@@ -111,7 +111,7 @@ def test_the_pod_launcher_trains_the_script_as_a_pod_runs_it(tmp_path):
     port = str(free_port())
     procs = []
     for index in range(job.spec.workers):
-        pod = builders.worker_pod(job, index, 0, builders.Settings())
+        pod = builders.worker_pod(job, index, 0, builders.WorkerSettings())
         container = pod["spec"]["containers"][0]
         command = [*container["command"], *container.get("args", [])]
         assert command[:3] == ["python3", f"{builders.CONFIG_MOUNT}/{launcher.SCRIPT}", "--"]

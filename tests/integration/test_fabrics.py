@@ -21,7 +21,7 @@ from support.operator_process import OperatorProcess
 from support.resources import not_found_ok
 from support.waiting import wait_for
 
-from kubetrain.operator import fabrics
+from kubetrain.operator.jobs import fabrics
 
 NODE_LABEL = "kubetrain.io/fabric-test"
 DEVICES = {"rdma/ib": "8", "rdma/roce": "8", "rdma/shared_ib": "8", "vpc.amazonaws.com/efa": "32",

@@ -18,7 +18,7 @@ from support.jobs import TrainingJobs
 from support.kwok import kwok_job, set_node_ready
 from support.operator_process import OperatorProcess
 
-from kubetrain.operator import builders as b
+from kubetrain.operator.jobs import builders as b
 
 pytestmark = pytest.mark.integration
 

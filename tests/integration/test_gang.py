@@ -32,7 +32,7 @@ from support.resources import not_found_ok
 from support.waiting import wait_for
 
 from kubetrain.core import api, contract
-from kubetrain.operator import builders
+from kubetrain.operator.runtime.settings import COSCHEDULING_SCHEDULER
 
 REQUESTS = {"gpusPerWorker": 1, "cpu": "500m", "memory": "1Gi"}
 GROUPS = {"volcano": ("scheduling.volcano.sh", "v1beta1"), "coscheduling": ("scheduling.x-k8s.io", "v1alpha1"),
@@ -81,7 +81,7 @@ def test_each_gang_creates_its_pod_group_and_keeps_it_through_restarts_and_resiz
     for source in gang.SOURCES.values():
         gang.install(admin_api, source)
     jobs = TrainingJobs(admin_api, namespace, operator)
-    schedulers = {"volcano": "volcano", "coscheduling": builders.COSCHEDULING_SCHEDULER}
+    schedulers = {"volcano": "volcano", "coscheduling": COSCHEDULING_SCHEDULER}
     for gang_name in schedulers:
         jobs.submit(kwok_job(f"g-{gang_name}", {"workers": 2, "resources": REQUESTS,
                                                 "scheduling": {"gang": gang_name}}))
@@ -101,13 +101,13 @@ def test_each_gang_creates_its_pod_group_and_keeps_it_through_restarts_and_resiz
     uid = pod_group(admin_api, "coscheduling", namespace, name)["metadata"]["uid"]
     jobs.patch_spec(name, {"workers": 3})
     pods = pods_of_generation(jobs, name, 1, 3)
-    assert_gang_pods(pods, name, builders.COSCHEDULING_SCHEDULER)
+    assert_gang_pods(pods, name, COSCHEDULING_SCHEDULER)
     group = pod_group(admin_api, "coscheduling", namespace, name)
     assert group["metadata"]["uid"] == uid
     assert group["spec"]["minMember"] == 3
     assert group["spec"]["minResources"] == {"cpu": "1500m", "memory": "3Gi", "nvidia.com/gpu": "3"}
     core_v1.delete_namespaced_pod(f"{name}-worker-0", namespace)
-    assert_gang_pods(pods_of_generation(jobs, name, 2, 3), name, builders.COSCHEDULING_SCHEDULER)
+    assert_gang_pods(pods_of_generation(jobs, name, 2, 3), name, COSCHEDULING_SCHEDULER)
     assert pod_group(admin_api, "coscheduling", namespace, name)["metadata"]["uid"] == uid
 
 

@@ -24,7 +24,7 @@ from support.resources import wait_gone
 from support.waiting import wait_for
 
 from kubetrain.core import api
-from kubetrain.operator import builders as b
+from kubetrain.operator.jobs import builders as b
 
 pytestmark = pytest.mark.integration
 

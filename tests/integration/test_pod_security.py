@@ -22,7 +22,7 @@ from support.resources import not_found_ok, wait_default_service_account
 from support.waiting import wait_for
 
 from kubetrain.core.api import TrainingJob
-from kubetrain.operator import builders as b
+from kubetrain.operator.jobs import builders as b
 
 pytestmark = pytest.mark.integration
 
@@ -62,7 +62,7 @@ def psa_namespace(core_v1: client.CoreV1Api) -> Iterator[NamespaceFactory]:
 def worker_pod(namespace: str, name: str, **spec: Any) -> dict[str, Any]:
     """Worker 0 of a kwok job as the operator would create it."""
     job = TrainingJob.model_validate(kwok_job(name, {"workers": 2, **spec}, namespace))
-    return b.worker_pod(job, 0, 0, b.Settings(trainer_image="kubetrain/trainer:test"))
+    return b.worker_pod(job, 0, 0, b.WorkerSettings(trainer_image="kubetrain/trainer:test"))
 
 
 def admission(core: client.CoreV1Api, namespace: str, pod: dict[str, Any]) -> str | None:

@@ -1,4 +1,4 @@
-"""The operator's watch of worker pods (kubetrain.operator.pod_watch) against the real API server: what it
+"""The operator's watch of worker pods (kubetrain.operator.jobs.pod_watch) against the real API server: what it
 sees and what it does not. (A 410 Gone cannot be caused here: a young API server's watch cache still holds
 every version; tests/unit/test_pod_watch_stream.py feeds the watch one.)"""
 
@@ -12,7 +12,7 @@ from kubernetes import client
 from support.waiting import wait_for
 
 from kubetrain.core import contract
-from kubetrain.operator.pod_watch import Event, PodList, PodWatch
+from kubetrain.operator.jobs.pod_watch import Event, PodList, PodWatch
 
 pytestmark = pytest.mark.integration
 

@@ -31,9 +31,9 @@ from support.waiting import wait_for
 
 from kubetrain.core import api
 from kubetrain.core.api import TrainingJob
-from kubetrain.operator import builders as b
-from kubetrain.operator.apply import Apis, Applier
-from kubetrain.operator.watch_cache import WatchCache
+from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs.apply import Apis, Applier
+from kubetrain.operator.jobs.cache import WatchCache
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +105,7 @@ def test_a_pod_create_refused_by_quota_is_in_status_and_one_event(jobs: Jobs) ->
 def stranger(namespace: str, job: str, index: int) -> dict[str, Any]:
     """Worker `index` of `job` as the operator would make it (labels, name), but owned by no one."""
     model = TrainingJob.model_validate(kwok_job(job, {"workers": 2}, namespace))
-    pod = b.worker_pod(model, index, 0, b.Settings(trainer_image="kubetrain/trainer:test"))
+    pod = b.worker_pod(model, index, 0, b.WorkerSettings(trainer_image="kubetrain/trainer:test"))
     pod["metadata"].pop("ownerReferences", None)
     return pod
 

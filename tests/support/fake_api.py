@@ -1,4 +1,4 @@
-"""The API groups the applier calls (kubetrain.operator.apply.Apis), faked: every call recorded.
+"""The API groups the applier calls (kubetrain.operator.jobs.apply.Apis), faked: every call recorded.
 
 For the rules of the applier alone (which call creates each kind, in what order, which refusals it
 survives); the integration tier runs the same applier against a real API server.
@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from kubernetes.client.rest import ApiException
 
-from kubetrain.operator.apply import PATHS, Apis
+from kubetrain.operator.jobs.apply import PATHS, Apis
 
 
 class FakeApi:

@@ -15,13 +15,13 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from kubetrain.operator.builders import Settings, merge
+from kubetrain.operator.jobs.builders import WorkerSettings, merge
 
 from .jobs import StatusCheck, TrainingJobs
 from .paths import HACK_DIR, QUICKSTART
 
 NODE_NAME = "kubetrain-node"
-TRAINER_IMAGE = Settings().trainer_image  # the chart's default, the name hack/images.sh loads
+TRAINER_IMAGE = WorkerSettings().trainer_image  # the chart's default, the name hack/images.sh loads
 
 
 def real_node_missing(core: client.CoreV1Api) -> str | None:

@@ -1,4 +1,4 @@
-"""The applier (kubetrain.operator.apply) against a fake API that records its calls.
+"""The applier (kubetrain.operator.jobs.apply) against a fake API that records its calls.
 
 The integration tier runs it against a real API server; here the rules: which call creates
 each kind, what order, which refusals are survived, what goes back into the cache.
@@ -21,7 +21,8 @@ from pydantic import ValidationError
 from support.fake_api import apis, fake_api
 
 from kubetrain.core import api, contract
-from kubetrain.operator.apply import (
+from kubetrain.operator.controller import Controller
+from kubetrain.operator.jobs.apply import (
     CLAIM_MISSING,
     CREATE,
     READ,
@@ -30,10 +31,9 @@ from kubetrain.operator.apply import (
     created_pod,
     namespace_terminating,
 )
-from kubetrain.operator.controller import Controller
-from kubetrain.operator.reconcile import Plan
-from kubetrain.operator.settings import OperatorSettings
-from kubetrain.operator.watch_cache import WatchCache
+from kubetrain.operator.jobs.cache import WatchCache
+from kubetrain.operator.jobs.plan import Plan
+from kubetrain.operator.runtime.settings import OperatorSettings
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 NS = "team"

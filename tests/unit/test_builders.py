@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from kubetrain.core import contract, launcher
 from kubetrain.core.api import TrainingJob, TrainingJobSpec
-from kubetrain.operator import builders as b
+from kubetrain.operator.jobs import builders as b
 
 OWNER = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "name": "llm", "uid": "u-1",
          "controller": True, "blockOwnerDeletion": True}
@@ -36,7 +36,7 @@ def env_from(pod) -> dict[str, dict]:
 
 def test_worker_pod_names_labels_contract_env():
     j = job(workers=4, resources={"gpusPerWorker": 8}, strategy="fsdp")
-    pod = b.worker_pod(j, 2, 3, b.Settings(), OWNER)
+    pod = b.worker_pod(j, 2, 3, b.WorkerSettings(), OWNER)
     assert pod["metadata"]["name"] == "llm-worker-2"
     assert pod["metadata"]["labels"][b.LABEL_GENERATION] == "3"
     assert pod["metadata"]["labels"][b.LABEL_INDEX] == "2"
@@ -55,13 +55,13 @@ def test_worker_pod_names_labels_contract_env():
 
 
 def test_single_process_worker_gets_its_rank():
-    env = env_of(b.worker_pod(job(workers=2), 1, 0, b.Settings()))
+    env = env_of(b.worker_pod(job(workers=2), 1, 0, b.WorkerSettings()))
     assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "0", "2")
 
 
 def test_worker_env_is_the_contracts_torch_env_of_the_whole_worker():
     for procs in (1, 4):
-        env = env_of(b.worker_pod(job(workers=2, procsPerWorker=procs, command=["./train"]), 1, 0, b.Settings()))
+        env = env_of(b.worker_pod(job(workers=2, procsPerWorker=procs, command=["./train"]), 1, 0, b.WorkerSettings()))
         placement = contract.WorkerPlacement.worker(1, procs, 2)
         expected = contract.torch_env(placement, "llm-worker-0.llm.team-a.svc", contract.DEFAULT_MASTER_PORT)
         assert {k: env.get(k) for k in expected} == expected
@@ -70,7 +70,7 @@ def test_worker_env_is_the_contracts_torch_env_of_the_whole_worker():
 def test_fabric_profile_adds_resources_caps_env_and_user_overrides_win():
     j = job(workers=2, fabric="efa", resources={"gpusPerWorker": 8, "extra": {"vpc.amazonaws.com/efa": "32"}},
             env=[{"name": "FI_PROVIDER", "value": "tcp"}, {"name": "MY_VAR", "value": "1"}])
-    pod = b.worker_pod(j, 0, 0, b.Settings())
+    pod = b.worker_pod(j, 0, 0, b.WorkerSettings())
     c = pod["spec"]["containers"][0]
     assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == "32"  # user's amount, not the profile's 4
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"  # never dropped by the override
@@ -83,7 +83,7 @@ def test_fabric_profile_adds_resources_caps_env_and_user_overrides_win():
 def test_scheduling_and_queue_pass_through():
     j = job(scheduling={"nodeSelector": {"pool": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
                         "priorityClassName": "high", "queue": "team-a", "gang": "volcano"})
-    pod = b.worker_pod(j, 0, 0, b.Settings())
+    pod = b.worker_pod(j, 0, 0, b.WorkerSettings())
     assert pod["spec"]["nodeSelector"] == {"pool": "h100"}
     assert pod["spec"]["priorityClassName"] == "high"
     assert pod["spec"]["schedulerName"] == "volcano"
@@ -107,7 +107,7 @@ def test_checkpoints_go_to_a_claim_the_operator_creates_by_default():
     assert pvc["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}}
     assert "storageClassName" not in pvc["spec"]  # the cluster's default StorageClass
     for i in (0, 3):
-        pod = b.worker_pod(j, i, 0, b.Settings(), OWNER)
+        pod = b.worker_pod(j, i, 0, b.WorkerSettings(), OWNER)
         assert checkpoint_volume(pod) == {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "llm-checkpoints"}}
         # the trainer runs as 1000:1000 (trainer-image/Dockerfile): the group lets it write a fresh volume
         assert pod["spec"]["securityContext"] == {**RESTRICTED_POD, "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
@@ -128,7 +128,7 @@ def test_claim_access_mode_follows_the_gang_unless_set(workers, mode, expected):
 def test_existing_claim_is_mounted_and_none_created():
     j = job(workers=2, checkpoint={"claimName": "shared"})
     assert b.checkpoint_claim(j) is None and b.claim_name(j) == "shared"
-    pod = b.worker_pod(j, 0, 0, b.Settings())
+    pod = b.worker_pod(j, 0, 0, b.WorkerSettings())
     assert checkpoint_volume(pod)["persistentVolumeClaim"]["claimName"] == "shared"
     assert pod["spec"]["securityContext"]["fsGroup"] == 1000
 
@@ -136,20 +136,20 @@ def test_existing_claim_is_mounted_and_none_created():
 def test_ephemeral_checkpoints_stay_in_each_pod():
     j = job(workers=2, checkpoint={"ephemeral": True})
     assert b.checkpoint_claim(j) is None and b.claim_name(j) is None
-    pod = b.worker_pod(j, 1, 0, b.Settings())
+    pod = b.worker_pod(j, 1, 0, b.WorkerSettings())
     assert checkpoint_volume(pod) == {"name": "checkpoints", "emptyDir": {}}
     assert pod["spec"]["securityContext"] == RESTRICTED_POD  # no fsGroup: an emptyDir is writable by everyone already
 
 
 def test_a_users_pod_security_context_is_kept_as_written():
     mine = {"runAsUser": 2000, "runAsGroup": 2000}
-    pod = b.worker_pod(job(podTemplate={"spec": {"securityContext": mine}}), 0, 0, b.Settings())
+    pod = b.worker_pod(job(podTemplate={"spec": {"securityContext": mine}}), 0, 0, b.WorkerSettings())
     assert pod["spec"]["securityContext"] == mine
     assert checkpoint_volume(pod)["persistentVolumeClaim"]["claimName"] == "llm-checkpoints"
 
 
 def test_the_default_worker_pod_meets_pod_security_restricted():
-    pod = b.worker_pod(job(workers=2, checkpoint={"ephemeral": True}), 1, 0, b.Settings())
+    pod = b.worker_pod(job(workers=2, checkpoint={"ephemeral": True}), 1, 0, b.WorkerSettings())
     assert pod["spec"]["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     (c,) = pod["spec"]["containers"]
     assert c["securityContext"] == RESTRICTED_CONTAINER
@@ -160,7 +160,7 @@ def test_the_default_worker_pod_meets_pod_security_restricted():
 
 
 def test_a_users_empty_pod_security_context_wins_whole():
-    pod = b.worker_pod(job(podTemplate={"spec": {"securityContext": {}}}), 0, 0, b.Settings())
+    pod = b.worker_pod(job(podTemplate={"spec": {"securityContext": {}}}), 0, 0, b.WorkerSettings())
     assert pod["spec"]["securityContext"] == {}  # theirs as written: no runAsNonRoot, no seccomp, no fsGroup
     assert pod["spec"]["containers"][0]["securityContext"] == RESTRICTED_CONTAINER  # the container's is another key
 
@@ -169,18 +169,18 @@ def test_a_users_trainer_container_security_context_wins_whole():
     """Merged, `privileged: true` would meet our allowPrivilegeEscalation: false: the API server refuses that pair."""
     mine = {"privileged": True}
     tmpl = {"spec": {"containers": [{"name": "trainer", "securityContext": mine}, {"name": "sidecar", "image": "x"}]}}
-    pod = b.worker_pod(job(fabric="infiniband", podTemplate=tmpl), 0, 0, b.Settings())
+    pod = b.worker_pod(job(fabric="infiniband", podTemplate=tmpl), 0, 0, b.WorkerSettings())
     trainer, sidecar = pod["spec"]["containers"]
     assert trainer["securityContext"] == mine and "securityContext" not in sidecar
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True  # the pod's stays ours
     other = b.worker_pod(job(podTemplate={"spec": {"containers": [{"name": "sidecar", "image": "x"}]}}), 0, 0,
-                         b.Settings())
+                         b.WorkerSettings())
     assert other["spec"]["containers"][0]["securityContext"] == RESTRICTED_CONTAINER
 
 
 @pytest.mark.parametrize("fabric", ["infiniband", "roce", "efa"])
 def test_a_fabric_that_adds_ipc_lock_keeps_drop_all_and_needs_privileged(fabric):
-    pod = b.worker_pod(job(fabric=fabric), 0, 0, b.Settings())
+    pod = b.worker_pod(job(fabric=fabric), 0, 0, b.WorkerSettings())
     assert pod["spec"]["containers"][0]["securityContext"] == {
         "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -223,14 +223,14 @@ def test_service_and_config_map():
 
 
 def test_custom_command_mode():
-    c = b.worker_pod(job(command=["python", "train.py"], args=["--lr", "1e-4"]), 0, 0, b.Settings())
+    c = b.worker_pod(job(command=["python", "train.py"], args=["--lr", "1e-4"]), 0, 0, b.WorkerSettings())
     c = c["spec"]["containers"][0]
     assert c["command"] == ["python", "train.py"] and c["args"] == ["--lr", "1e-4"]
 
 
 def test_custom_command_with_several_procs_runs_under_the_configmap_launcher():
     j = job(workers=2, procsPerWorker=2, command=["python", "train.py"], args=["--lr", "1e-4"])
-    pod = b.worker_pod(j, 1, 0, b.Settings())
+    pod = b.worker_pod(j, 1, 0, b.WorkerSettings())
     c = pod["spec"]["containers"][0]
     assert c["command"] == ["python3", "/etc/kubetrain/launcher.py", "--", "python", "train.py"]
     assert c["args"] == ["--lr", "1e-4"]
@@ -249,21 +249,21 @@ def test_launcher_only_where_a_custom_command_has_several_procs():
     for spec, command in (({"procsPerWorker": 2}, None), ({"command": ["./train"], "procsPerWorker": 1}, ["./train"])):
         j = job(**spec)
         assert set(b.config_map(j)["data"]) == {"config.json"}
-        assert b.worker_pod(j, 0, 0, b.Settings())["spec"]["containers"][0].get("command") == command
-    assert env_of(b.worker_pod(job(command=["./train"]), 0, 0, b.Settings()))["RANK"] == "0"
+        assert b.worker_pod(j, 0, 0, b.WorkerSettings())["spec"]["containers"][0].get("command") == command
+    assert env_of(b.worker_pod(job(command=["./train"]), 0, 0, b.WorkerSettings()))["RANK"] == "0"
 
 
 def test_worker_pods_ask_for_one_dns_query_at_a_time_and_a_template_may_say_otherwise():
-    pod = b.worker_pod(job(), 0, 0, b.Settings())
+    pod = b.worker_pod(job(), 0, 0, b.WorkerSettings())
     assert pod["spec"]["dnsConfig"] == {"options": [{"name": "single-request-reopen"}]}
     mine = {"options": [{"name": "ndots", "value": "2"}]}
-    pod = b.worker_pod(job(podTemplate={"spec": {"dnsConfig": mine}}), 0, 0, b.Settings())
+    pod = b.worker_pod(job(podTemplate={"spec": {"dnsConfig": mine}}), 0, 0, b.WorkerSettings())
     assert pod["spec"]["dnsConfig"]["options"] == [{"name": "ndots", "value": "2"}]
 
 
 def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_file():
     j = job(restartPolicy={"maxBackoffSeconds": 40, "inPlace": True})
-    pod = b.worker_pod(j, 1, 3, b.Settings())
+    pod = b.worker_pod(j, 1, 3, b.WorkerSettings())
     assert pod["metadata"]["annotations"][contract.IN_PLACE_ANNOTATION] == "true"
     assert pod["metadata"]["annotations"][contract.GENERATION_ANNOTATION] == "3"
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "generation")
@@ -287,7 +287,7 @@ def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_fil
     {"command": ["./train"]},  # a one-process command: only when asked
 ])
 def test_a_pod_that_cannot_restart_in_place_has_no_generation_file(spec):
-    pod = b.worker_pod(job(**spec), 0, 0, b.Settings())
+    pod = b.worker_pod(job(**spec), 0, 0, b.WorkerSettings())
     assert contract.IN_PLACE_ANNOTATION not in pod["metadata"]["annotations"]
     assert "generation" not in [v["name"] for v in pod["spec"]["volumes"]]
     assert contract.GENERATION_FILE not in env_of(pod)
@@ -296,7 +296,7 @@ def test_a_pod_that_cannot_restart_in_place_has_no_generation_file(spec):
 
 def test_in_place_true_runs_a_one_process_command_under_the_launcher():
     j = job(command=["./train"], restartPolicy={"inPlace": True})
-    c = b.worker_pod(j, 0, 0, b.Settings())["spec"]["containers"][0]
+    c = b.worker_pod(j, 0, 0, b.WorkerSettings())["spec"]["containers"][0]
     assert c["command"] == ["python3", "/etc/kubetrain/launcher.py", "--", "./train"]
     assert set(b.config_map(j)["data"]) == {"config.json", *launcher.FILES}
 
@@ -314,7 +314,7 @@ def test_pod_template_override_merges_and_never_drops_kubetrain_pieces():
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
         },
     })
-    pod = b.worker_pod(j, 0, 0, b.Settings())
+    pod = b.worker_pod(j, 0, 0, b.WorkerSettings())
     assert pod["metadata"]["labels"]["team"] == "nlp" and pod["metadata"]["labels"][b.LABEL_JOB] == "llm"
     assert pod["spec"]["runtimeClassName"] == "nvidia"
     trainer, sidecar = pod["spec"]["containers"]
@@ -327,13 +327,13 @@ def test_pod_template_override_merges_and_never_drops_kubetrain_pieces():
 
 def test_every_worker_knows_its_pod_through_the_downward_api():
     for i in (0, 3):
-        pod = b.worker_pod(job(workers=4), i, 2, b.Settings())
+        pod = b.worker_pod(job(workers=4), i, 2, b.WorkerSettings())
         assert env_from(pod) == {
             contract.POD_NAME: {"fieldRef": {"fieldPath": "metadata.name"}},
             contract.POD_NAMESPACE: {"fieldRef": {"fieldPath": "metadata.namespace"}},
         }
     # progressReporting off: no pod identity, so the trainer does not try to annotate
-    assert env_from(b.worker_pod(job(progressReporting=False), 0, 0, b.Settings())) == {}
+    assert env_from(b.worker_pod(job(progressReporting=False), 0, 0, b.WorkerSettings())) == {}
 
 
 def test_progress_role_grants_get_patch_of_worker_0_only():
@@ -354,7 +354,7 @@ def test_progress_role_binding_names_the_workers_service_account():
     assert rb["metadata"]["ownerReferences"] == [OWNER]
     own = job(podTemplate={"spec": {"serviceAccountName": "trainer"}})
     assert b.progress_role_binding(own)["subjects"][0]["name"] == "trainer"
-    assert b.worker_pod(own, 0, 0, b.Settings())["spec"]["serviceAccountName"] == "trainer"
+    assert b.worker_pod(own, 0, 0, b.WorkerSettings())["spec"]["serviceAccountName"] == "trainer"
     assert b.progress_role_binding(job(progressReporting=False)) is None
 
 
@@ -362,7 +362,7 @@ def test_checkpoint_dir_is_where_pods_mount_the_claim():
     """A checkpoint.dir of the user's must not bypass the claim: the volume is mounted there."""
     job = TrainingJob.model_validate({"metadata": {"name": "j", "namespace": "ns"},
                                       "spec": {"workers": 2, "checkpoint": {"dir": "/ckpt/run1"}}})
-    pod = b.worker_pod(job, 0, 0, b.Settings())
+    pod = b.worker_pod(job, 0, 0, b.WorkerSettings())
     c = pod["spec"]["containers"][0]
     assert {"name": "checkpoints", "mountPath": "/ckpt/run1"} in c["volumeMounts"]
     assert {"name": contract.CHECKPOINT_DIR, "value": "/ckpt/run1"} in c["env"]
@@ -371,13 +371,13 @@ def test_checkpoint_dir_is_where_pods_mount_the_claim():
 @pytest.mark.parametrize(("cpu", "procs", "threads"), [("4", 2, "2"), ("500m", 1, "1"), ("8", 3, "2"), (None, 2, None)])
 def test_worker_threads_share_the_pods_cpu_request(cpu, procs, threads):
     resources = {"cpu": cpu} if cpu else {}
-    pod = b.worker_pod(job(resources=resources, procsPerWorker=procs), 0, 0, b.Settings())
+    pod = b.worker_pod(job(resources=resources, procsPerWorker=procs), 0, 0, b.WorkerSettings())
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env.get("OMP_NUM_THREADS") == threads and env.get("MKL_NUM_THREADS") == threads
 
 
 def test_the_jobs_own_thread_count_wins():
-    pod = b.worker_pod(job(resources={"cpu": "8"}, env=[{"name": "OMP_NUM_THREADS", "value": "7"}]), 0, 0, b.Settings())
+    pod = b.worker_pod(job(resources={"cpu": "8"}, env=[{"name": "OMP_NUM_THREADS", "value": "7"}]), 0, 0, b.WorkerSettings())
     env = [(e["name"], e.get("value")) for e in pod["spec"]["containers"][0]["env"]]
     assert env.count(("OMP_NUM_THREADS", "7")) == 1 and [n for n, _ in env].count("OMP_NUM_THREADS") == 1
     assert ("MKL_NUM_THREADS", "8") in env

@@ -150,7 +150,7 @@ def _metric_names(module: Path) -> set[str]:
 
 
 def test_dashboard_queries_use_exported_metrics() -> None:
-    known = _metric_names(REPO / "operator/src/kubetrain/operator/metrics.py") | _metric_names(
+    known = _metric_names(REPO / "operator/src/kubetrain/operator/runtime/metrics.py") | _metric_names(
         REPO / "trainer-image/src/kubetrain/trainer/metrics.py")
     dashboards = sorted((CHART / "dashboards").glob("*.json"))
     assert dashboards
@@ -210,7 +210,7 @@ def test_operator_may_create_the_per_job_progress_rbac(helm_ok: None, scope: str
     """The operator creates Role + RoleBinding <job>-progress; the API server accepts them only if the
     operator itself holds every permission they grant (no escalate/bind verbs for that)."""
     from kubetrain.core.api import TrainingJob  # noqa: PLC0415
-    from kubetrain.operator import builders as b  # noqa: PLC0415
+    from kubetrain.operator.jobs import builders as b  # noqa: PLC0415
 
     docs = ht.render(set_values={"rbac.scope": scope})
     rules = ht.find(docs, "Role" if scope == "namespaced" else "ClusterRole")["rules"]

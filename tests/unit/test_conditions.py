@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kubetrain.core.api import TrainingJob
-from kubetrain.operator import builders as b
-from kubetrain.operator import conditions as c
+from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs import conditions as c
 
 UNSCHEDULABLE_AT = datetime(2026, 3, 1, 12, 0, 1, tzinfo=UTC)
 NOW = UNSCHEDULABLE_AT + timedelta(seconds=30)
@@ -61,7 +61,7 @@ def scheduler_unschedulable(message: str) -> dict:
 
 
 def pod(i: int, status: dict, deleting: bool = False) -> dict:
-    p = b.worker_pod(job(), i, 0, b.Settings())
+    p = b.worker_pod(job(), i, 0, b.WorkerSettings())
     p["status"] = status
     if deleting:
         p["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:09Z"

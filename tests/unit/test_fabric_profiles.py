@@ -6,15 +6,15 @@ import pytest
 from pydantic import ValidationError
 
 from kubetrain.core.api import TrainingJob, TrainingJobSpec
-from kubetrain.operator import builders as b
-from kubetrain.operator import fabrics
+from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs import fabrics
 
 
 def pod(fabric: str, **spec) -> dict:
     job = TrainingJob.model_validate({"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
                                       "metadata": {"name": "llm", "namespace": "team-a"},
                                       "spec": {"workers": 2, "fabric": fabric, **spec}})
-    return b.worker_pod(job, 0, 0, b.Settings())
+    return b.worker_pod(job, 0, 0, b.WorkerSettings())
 
 
 def trainer(p: dict) -> dict:

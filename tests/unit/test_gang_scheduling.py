@@ -18,15 +18,16 @@ from support.fake_api import apis, fake_api, named
 
 from kubetrain.core import api, contract
 from kubetrain.core.api import TrainingJob
-from kubetrain.operator import builders as b
-from kubetrain.operator.apply import Applier, pod_group_spec
-from kubetrain.operator.conditions import gang_missing, refused
-from kubetrain.operator.reconcile import Plan, plan
-from kubetrain.operator.settings import parse_settings
-from kubetrain.operator.watch_cache import WatchCache
+from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs.apply import Applier, pod_group_spec
+from kubetrain.operator.jobs.cache import WatchCache
+from kubetrain.operator.jobs.conditions import gang_missing, refused
+from kubetrain.operator.jobs.plan import Observation, Plan, plan
+from kubetrain.operator.runtime.objects import owner_reference
+from kubetrain.operator.runtime.settings import COSCHEDULING_SCHEDULER, parse_settings
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
-OWNER = b.owner_reference({"metadata": {"name": "llm", "uid": "u-1"}})
+OWNER = owner_reference({"metadata": {"name": "llm", "uid": "u-1"}})
 
 
 def job(**spec: Any) -> TrainingJob:
@@ -89,46 +90,46 @@ def test_requests_of_a_native_sidecar_add_up_across_units() -> None:
 
 
 @pytest.mark.parametrize(("scheduling", "settings", "want"), [
-    ({"gang": "volcano"}, b.Settings(), "volcano"),
-    ({"gang": "coscheduling"}, b.Settings(), "scheduler-plugins-scheduler"),
-    ({"gang": "coscheduling"}, b.Settings(coscheduling_scheduler="gang-scheduler"), "gang-scheduler"),
-    ({"gang": "coscheduling", "schedulerName": "mine"}, b.Settings(), "mine"),
-    ({"gang": "volcano", "schedulerName": "mine"}, b.Settings(), "mine"),
-    ({}, b.Settings(), None),
+    ({"gang": "volcano"}, b.WorkerSettings(), "volcano"),
+    ({"gang": "coscheduling"}, b.WorkerSettings(), "scheduler-plugins-scheduler"),
+    ({"gang": "coscheduling"}, b.WorkerSettings(coscheduling_scheduler="gang-scheduler"), "gang-scheduler"),
+    ({"gang": "coscheduling", "schedulerName": "mine"}, b.WorkerSettings(), "mine"),
+    ({"gang": "volcano", "schedulerName": "mine"}, b.WorkerSettings(), "mine"),
+    ({}, b.WorkerSettings(), None),
 ])
 def test_gang_pods_go_to_the_gang_scheduler_unless_the_job_names_one(
-        scheduling: dict[str, Any], settings: b.Settings, want: str | None) -> None:
+        scheduling: dict[str, Any], settings: b.WorkerSettings, want: str | None) -> None:
     pod = b.worker_pod(job(workers=2, scheduling=scheduling), 1, 0, settings, OWNER)
     assert pod["spec"].get("schedulerName") == want
 
 
 @pytest.mark.parametrize("gang", ["volcano", "coscheduling"])
 def test_gang_pods_carry_both_group_markers_and_none_without_a_gang(gang: str) -> None:
-    pod = b.worker_pod(job(workers=2, scheduling={"gang": gang}), 1, 0, b.Settings())
+    pod = b.worker_pod(job(workers=2, scheduling={"gang": gang}), 1, 0, b.WorkerSettings())
     assert pod["metadata"]["labels"][contract.GANG_GROUP_LABEL] == "llm"
     assert pod["metadata"]["annotations"][contract.GANG_GROUP_ANNOTATION] == "llm"
-    plain = b.worker_pod(job(workers=2), 1, 0, b.Settings())
+    plain = b.worker_pod(job(workers=2), 1, 0, b.WorkerSettings())
     assert contract.GANG_GROUP_LABEL not in plain["metadata"]["labels"]
     assert contract.GANG_GROUP_ANNOTATION not in plain["metadata"]["annotations"]
 
 
 def test_the_coscheduling_scheduler_name_comes_from_the_operators_environment() -> None:
-    assert parse_settings([], {}).builders.coscheduling_scheduler == b.COSCHEDULING_SCHEDULER
+    assert parse_settings([], {}).builders.coscheduling_scheduler == COSCHEDULING_SCHEDULER
     env = {"KUBETRAIN_COSCHEDULING_SCHEDULER": "sp-scheduler"}
     assert parse_settings([], env).builders.coscheduling_scheduler == "sp-scheduler"
 
 
 def test_every_new_generation_creates_the_pod_group_again_which_finds_it_kept() -> None:
-    first = plan(body(scheduling={"gang": "coscheduling"}), [], {}, NOW, b.Settings())
+    first = plan(Observation(body(scheduling={"gang": "coscheduling"}), [], {}, NOW), b.WorkerSettings())
     assert [o["kind"] for o in first.create].count("PodGroup") == 1
     restarted = body(scheduling={"gang": "coscheduling"})
     restarted["status"] = {"phase": "Restarting", "restartGeneration": 1, "restartCount": 1,
                            "lastFailureTime": "2026-11-23T11:00:00Z"}
-    again = plan(restarted, [], {}, NOW, b.Settings())
+    again = plan(Observation(restarted, [], {}, NOW), b.WorkerSettings())
     pods = [o for o in again.create if o["kind"] == "Pod"]
     assert [o["kind"] for o in again.create].count("PodGroup") == 1 and len(pods) == 2
     assert all(p["metadata"]["labels"][contract.LABEL_GENERATION] == "1" for p in pods)
-    assert all(p["spec"]["schedulerName"] == b.COSCHEDULING_SCHEDULER for p in pods)
+    assert all(p["spec"]["schedulerName"] == COSCHEDULING_SCHEDULER for p in pods)
 
 
 def test_a_kept_pod_group_gets_the_resized_gangs_spec_and_keeps_the_schedulers_fields() -> None:
@@ -147,13 +148,13 @@ def test_the_kube_schedulers_gang_gets_a_pod_group_per_generation_that_its_pods_
                   "metadata": {"name": "llm-2", "namespace": "team", "ownerReferences": [OWNER],
                                "labels": {contract.LABEL_JOB: "llm", contract.LABEL_MANAGED_BY: "kubetrain"}},
                   "spec": {"schedulingPolicy": {"gang": {"minCount": 3}}}}
-    pod = b.worker_pod(j, 1, 2, b.Settings(), OWNER)
+    pod = b.worker_pod(j, 1, 2, b.WorkerSettings(), OWNER)
     assert pod["spec"]["schedulingGroup"] == {"podGroupName": "llm-2"}
     assert "schedulerName" not in pod["spec"]  # the cluster's own scheduler
     assert contract.GANG_GROUP_LABEL not in pod["metadata"]["labels"]
     assert contract.GANG_GROUP_ANNOTATION not in pod["metadata"]["annotations"]
     assert "schedulingGroup" not in b.worker_pod(job(workers=3, scheduling={"gang": "volcano"}), 1, 2,
-                                                 b.Settings())["spec"]
+                                                 b.WorkerSettings())["spec"]
     assert b.pod_group_name(job(scheduling={"gang": "volcano"}), 2) == "llm"
 
 
@@ -161,7 +162,7 @@ def test_the_plan_of_each_generation_makes_its_own_kubernetes_pod_group() -> Non
     restarted = body(scheduling={"gang": "kubernetes"})
     restarted["status"] = {"phase": "Restarting", "restartGeneration": 4, "restartCount": 4,
                            "lastFailureTime": "2026-11-23T11:00:00Z"}
-    created = plan(restarted, [], {}, NOW, b.Settings()).create
+    created = plan(Observation(restarted, [], {}, NOW), b.WorkerSettings()).create
     assert [o["metadata"]["name"] for o in created if o["kind"] == "PodGroup"] == ["llm-4"]
     assert {o["spec"]["schedulingGroup"]["podGroupName"] for o in created if o["kind"] == "Pod"} == {"llm-4"}
 
@@ -181,7 +182,7 @@ def test_an_existing_kubernetes_pod_group_is_never_updated_its_spec_is_immutable
     applier = Applier(apis(fake), cache, 4, lambda: NOW)
     try:
         asyncio.run(applier.execute(("team", "llm"), job_body,
-                                    Plan(create=plan(job_body, [], {}, NOW, b.Settings()).create)))
+                                    Plan(create=plan(Observation(job_body, [], {}, NOW), b.WorkerSettings()).create)))
     finally:
         applier.close()
     assert not [c for c in calls if c[0] == "replace_namespaced_custom_object"]
@@ -196,20 +197,20 @@ def test_a_topology_key_keeps_the_generations_workers_in_one_domain() -> None:
         {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "kubernetes.io/hostname"}]},
         "nodeAffinity": {"x": 1}}
     j = job(workers=2, scheduling={"topologyKey": "example.com/rack", "affinity": user})
-    affinity = b.worker_pod(j, 1, 3, b.Settings())["spec"]["affinity"]
+    affinity = b.worker_pod(j, 1, 3, b.WorkerSettings())["spec"]["affinity"]
     terms = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms[0] == user["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
     assert terms[1] == {"topologyKey": "example.com/rack", "labelSelector": {"matchLabels": {
         contract.LABEL_JOB: "llm", contract.LABEL_ROLE: "worker", contract.LABEL_GENERATION: "3"}}}
     assert affinity["nodeAffinity"] == {"x": 1}
     assert len(user["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]) == 1  # not mutated
-    pod = b.worker_pod(j, 1, 3, b.Settings())
+    pod = b.worker_pod(j, 1, 3, b.WorkerSettings())
     assert all(pod["metadata"]["labels"][k] == v for k, v in terms[1]["labelSelector"]["matchLabels"].items())
 
 
 def test_without_a_topology_key_the_affinity_is_the_users() -> None:
-    assert "affinity" not in b.worker_pod(job(), 0, 0, b.Settings())["spec"]
-    assert b.worker_pod(job(scheduling={"affinity": {"a": 1}}), 0, 0, b.Settings())["spec"]["affinity"] == {"a": 1}
+    assert "affinity" not in b.worker_pod(job(), 0, 0, b.WorkerSettings())["spec"]
+    assert b.worker_pod(job(scheduling={"affinity": {"a": 1}}), 0, 0, b.WorkerSettings())["spec"]["affinity"] == {"a": 1}
 
 
 @pytest.mark.parametrize("key", ["topology.kubernetes.io/zone", "cloud.google.com/gce-topology-block", "rack"])
@@ -240,7 +241,7 @@ def test_a_missing_crd_is_a_workers_blocked_condition_naming_the_crd_and_the_fix
 
 def test_the_plan_of_a_job_whose_crd_is_missing_says_so_without_a_second_event() -> None:
     message = gang_missing("scheduling.volcano.sh/v1beta1")
-    p = plan(body(scheduling={"gang": "volcano"}), [], {}, NOW, b.Settings(), create_refused=message)
+    p = plan(Observation(body(scheduling={"gang": "volcano"}), [], {}, NOW, create_refused=message), b.WorkerSettings())
     assert p.status is not None
     blocked = next(c for c in p.status["conditions"] if c["type"] == api.WORKERS_BLOCKED)
     assert (blocked["status"], blocked["reason"], blocked["message"]) == ("True", "GangSchedulerMissing", message)
@@ -260,7 +261,7 @@ def test_without_the_crd_no_pod_is_created_and_one_event_is_recorded_until_it_is
     cache = WatchCache()
     job_body = body(scheduling={"gang": "coscheduling"})
     cache.job_event("ADDED", job_body)
-    children = plan(job_body, [], {}, NOW, b.Settings()).create
+    children = plan(Observation(job_body, [], {}, NOW), b.WorkerSettings()).create
     applier = Applier(apis(fake), cache, 4, lambda: NOW)
 
     def execute() -> None:
@@ -296,7 +297,7 @@ def test_the_event_of_a_missing_crd_has_its_own_reason() -> None:
     applier = Applier(apis(fake), cache, 4, lambda: NOW)
     try:
         asyncio.run(applier.execute(("team", "llm"), job_body,
-                                    Plan(create=plan(job_body, [], {}, NOW, b.Settings()).create)))
+                                    Plan(create=plan(Observation(job_body, [], {}, NOW), b.WorkerSettings()).create)))
     finally:
         applier.close()
     assert recorded == ["GangSchedulerMissing"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetrain.operator.builders import Settings
+from kubetrain.operator.jobs.builders import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "images.sh"
@@ -34,7 +34,7 @@ def test_images_are_the_chart_and_operator_defaults() -> None:
     names = dict(line.split() for line in proc.stdout.splitlines())
     operator = f"{values['image']['repository']}:{values['image']['tag'] or chart['appVersion']}"
     assert names == {"operator": operator, "trainer": values["trainerImage"]}
-    assert names["trainer"] == Settings().trainer_image
+    assert names["trainer"] == WorkerSettings().trainer_image
     # Fully qualified, as CRI looks images up (it would turn `kubetrain/x` into docker.io/kubetrain/x).
     assert all("." in n.split("/")[0] for n in names.values())
 

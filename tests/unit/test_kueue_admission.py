@@ -5,13 +5,13 @@ from datetime import UTC, datetime
 
 from kubetrain.core import contract
 from kubetrain.core.api import TrainingJob
-from kubetrain.operator import builders as b
-from kubetrain.operator import kueue
-from kubetrain.operator.kueue import QueueView
-from kubetrain.operator.reconcile import plan
+from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs.plan import Observation, plan
+from kubetrain.operator.kueue import plan as kueue
+from kubetrain.operator.kueue.plan import QueueView
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-S = b.Settings(trainer_image="trainer:test")
+S = b.WorkerSettings(trainer_image="trainer:test")
 UID = "abcdef-123"
 
 
@@ -29,7 +29,8 @@ def model(b_):
 
 
 def wl(conditions=(), admission=None, **spec_changes):
-    obj = kueue.workload(model(body(**spec_changes)), body(**spec_changes), S, None)
+    job = model(body(**spec_changes))
+    obj = kueue.workload(job, body(**spec_changes), b.worker_pod(job, 0, 0, S), None)
     obj["metadata"]["resourceVersion"] = "7"
     obj["status"] = {"conditions": [{"type": t, "status": s, "reason": r, "message": m,
                                      "lastTransitionTime": "2026-03-01T11:00:00Z"} for t, s, r, m in conditions]}
@@ -53,13 +54,15 @@ def running_pod(i):
 
 def qplan(view, b_=None, gang_gone=True, phase=None):
     b_ = b_ or body()
-    return kueue.plan_queue(model(b_), b_, view, gang_gone, phase, S, T0)
+    job = model(b_)
+    return kueue.plan_queue(job, b_, view, gang_gone, phase, lambda: b.worker_pod(job, 0, 0, S), T0)
 
 
 def test_the_workload_is_one_pod_set_the_gang_in_the_jobs_queue_with_its_priority():
     job_body = body(labels={contract.KUEUE_PRIORITY_CLASS_LABEL: "high"},
                     annotations={contract.KUEUE_REQUIRED_TOPOLOGY: "cloud.provider.com/block"})
-    w = kueue.workload(model(job_body), job_body, S, (kueue.WORKLOAD_PRIORITY_SOURCE, "high", 1000))
+    job = model(job_body)
+    w = kueue.workload(job, job_body, b.worker_pod(job, 0, 0, S), (kueue.WORKLOAD_PRIORITY_SOURCE, "high", 1000))
     assert w["apiVersion"] == "kueue.x-k8s.io/v1beta1" and w["metadata"]["name"] == "trainingjob-j-abcde"
     assert w["metadata"]["ownerReferences"][0]["uid"] == UID and w["metadata"]["labels"][contract.LABEL_JOB] == "j"
     spec = w["spec"]
@@ -147,20 +150,20 @@ def test_no_queue_or_a_volcano_queue_is_not_kueues():
 
 
 def test_kueue_not_installed_or_a_missing_priority_class_is_said_and_looked_at_again():
-    p = plan(body(), [], {}, T0, S, queue=QueueView(kueue_missing=True))
+    p = plan(Observation(body(), [], {}, T0, queue=QueueView(kueue_missing=True)), S)
     assert not [o for o in p.create if o["kind"] == "Pod"]
     cond = next(c for c in p.status["conditions"] if c["type"] == "Admitted")
     assert cond["reason"] == "KueueMissing" and "install Kueue" in cond["message"]
     assert ("Warning", "KueueMissing") in [e[:2] for e in p.events] and p.requeue_after == 30.0
     assert p.queue.create is not None, "the Workload is created as soon as Kueue is installed"
-    p = plan(body(), [], {}, T0, S, queue=QueueView(priority_missing="WorkloadPriorityClass x does not exist"))
+    p = plan(Observation(body(), [], {}, T0, queue=QueueView(priority_missing="WorkloadPriorityClass x does not exist")), S)
     assert next(c for c in p.status["conditions"] if c["type"] == "Admitted")["reason"] == "PriorityClassMissing"
     assert p.queue.create is None, "not without its priority"
 
 
 def test_a_workload_name_held_by_someone_elses_workload_is_said_and_looked_at_again():
     taken = "Workload trainingjob-j-abcde exists and is not owned by this TrainingJob: not adopting it; delete or rename it"
-    p = plan(body(), [], {}, T0, S, queue=QueueView(workload_foreign=taken))
+    p = plan(Observation(body(), [], {}, T0, queue=QueueView(workload_foreign=taken)), S)
     assert p.status["phase"] == "Suspended" and not [o for o in p.create if o["kind"] == "Pod"]
     cond = next(c for c in p.status["conditions"] if c["type"] == "Admitted")
     assert (cond["status"], cond["reason"], cond["message"]) == ("False", "ForeignObject", taken)
@@ -169,12 +172,12 @@ def test_a_workload_name_held_by_someone_elses_workload_is_said_and_looked_at_ag
 
 
 def test_reconcile_holds_a_queued_job_until_admitted_then_creates_placed_pods():
-    held = plan(body(), [], {}, T0, S, queue=QueueView())
+    held = plan(Observation(body(), [], {}, T0, queue=QueueView()), S)
     assert held.status["phase"] == "Suspended" and not [o for o in held.create if o["kind"] == "Pod"]
     assert held.queue.create is not None and held.queue.suspend is True
     assert ("Normal", "Queued") in [e[:2] for e in held.events]
-    admitted = plan(body(status=held.status, suspend=True), [], {}, T0, S, queue=QueueView(wl(ADMITTED, ADMISSION),
-                                                                                           FLAVORS))
+    admitted = plan(Observation(body(status=held.status, suspend=True), [], {}, T0, queue=QueueView(wl(ADMITTED, ADMISSION),
+                                                                                           FLAVORS)), S)
     pods = [o for o in admitted.create if o["kind"] == "Pod"]
     assert len(pods) == 2 and all(p_["spec"]["nodeSelector"] == {"pool": "h100"} for p_ in pods)
     assert admitted.queue.suspend is False and ("Normal", "QuotaReserved") in [e[:2] for e in admitted.events]
@@ -183,16 +186,16 @@ def test_reconcile_holds_a_queued_job_until_admitted_then_creates_placed_pods():
 def test_reconcile_stops_an_evicted_gang_without_counting_a_failure():
     status = {"phase": "Running", "restartGeneration": 0, "gangCreated": True, "startTime": "2026-03-01T11:59:00Z"}
     evicted = wl([*ADMITTED, ("Evicted", "True", "Preempted", "preempted")], ADMISSION)
-    p = plan(body(status=status), [running_pod(0), running_pod(1)], {}, T0, S, queue=QueueView(evicted))
+    p = plan(Observation(body(status=status), [running_pod(0), running_pod(1)], {}, T0, queue=QueueView(evicted)), S)
     assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"] and p.status["phase"] == "Suspended"
     assert p.status.get("restartCount", 0) == 0 and ("Warning", "Evicted") in [e[:2] for e in p.events]
 
 
 def test_a_job_another_controller_manages_gets_only_its_workload():
     b_ = body(managedBy="kueue.x-k8s.io/multikueue")
-    p = plan(b_, [], {}, T0, S, queue=QueueView(wl(ADMITTED, ADMISSION)))
+    p = plan(Observation(b_, [], {}, T0, queue=QueueView(wl(ADMITTED, ADMISSION))), S)
     assert p.create == [] and p.status is None and p.events == [] and p.queue.suspend is None
-    p = plan(body(managedBy=contract.MANAGED_BY_OPERATOR, scheduling={}), [], {}, T0, S)
+    p = plan(Observation(body(managedBy=contract.MANAGED_BY_OPERATOR, scheduling={}), [], {}, T0), S)
     assert [o["kind"] for o in p.create].count("Pod") == 2
 
 
@@ -200,16 +203,16 @@ def test_a_job_whose_stored_spec_is_refused_fails_and_finishes_its_workload():
     """A spec the CRD accepted that this operator's model refuses (one written under an older schema, say): the
     job fails, and its admitted Workload gives its quota back instead of holding the queue for ever."""
     bad = body(model={"dModel": 100, "nHeads": 3})
-    p = plan(bad, [], {}, T0, S, queue=QueueView(wl(ADMITTED, ADMISSION)))
+    p = plan(Observation(bad, [], {}, T0, queue=QueueView(wl(ADMITTED, ADMISSION))), S)
     assert p.status["phase"] == "Failed" and p.status["reason"] == "InvalidSpec"
     st = p.queue.workload_status
     assert st is not None and st["admission"] is None
     conds = {c["type"]: c for c in st["conditions"]}
     assert (conds["Finished"]["status"], conds["Finished"]["reason"]) == ("True", "Failed")
     assert conds["QuotaReserved"]["status"] == "False" and conds["Admitted"]["status"] == "False"
-    failed = plan(bad | {"status": p.status}, [], {}, T0, S, queue=QueueView(wl([("Finished", "True", "Failed", "")])))
+    failed = plan(Observation(bad | {"status": p.status}, [], {}, T0, queue=QueueView(wl([("Finished", "True", "Failed", "")]))), S)
     assert failed.status is None and failed.queue == kueue.QueuePlan()
-    assert plan(bad, [], {}, T0, S).queue == kueue.QueuePlan()  # no Workload: nothing to finish
+    assert plan(Observation(bad, [], {}, T0), S).queue == kueue.QueuePlan()  # no Workload: nothing to finish
 
 
 def test_the_plan_that_ends_a_queued_job_finishes_its_workload_too():
@@ -217,7 +220,7 @@ def test_the_plan_that_ends_a_queued_job_finishes_its_workload_too():
     done = running_pod(0)
     done["status"] = {"phase": "Succeeded", "containerStatuses": [
         {"name": "trainer", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}
-    p = plan(body(status=status), [done, running_pod(1)], {}, T0, S, queue=QueueView(wl(ADMITTED, ADMISSION), FLAVORS))
+    p = plan(Observation(body(status=status), [done, running_pod(1)], {}, T0, queue=QueueView(wl(ADMITTED, ADMISSION), FLAVORS)), S)
     assert p.status["phase"] == "Succeeded"
     conds = {c["type"]: c for c in p.queue.workload_status["conditions"]}
     assert (conds["Finished"]["status"], conds["Finished"]["reason"]) == ("True", "Succeeded")

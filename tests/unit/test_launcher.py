@@ -13,7 +13,7 @@ import pytest
 from kubetrain.core import contract, launcher
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.local import LocalRun, RunOptions, ensure_writable, worker_command
-from kubetrain.operator import builders
+from kubetrain.operator.jobs import builders
 
 TORCH_VARS = (
     contract.RANK, contract.LOCAL_RANK, contract.WORLD_SIZE, contract.LOCAL_WORLD_SIZE, contract.NODE_RANK,

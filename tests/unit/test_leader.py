@@ -1,10 +1,10 @@
-"""The Lease decision of leader election (kubetrain.operator.leader), as pure functions."""
+"""The Lease decision of leader election (kubetrain.operator.runtime.leader), as pure functions."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from kubetrain.operator.leader import Action, Observation, lease_body, next_step
+from kubetrain.operator.runtime.leader import Action, Observation, lease_body, next_step
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""The operator's settings (kubetrain.operator.settings), from a command line and an environment."""
+"""The operator's settings (kubetrain.operator.runtime.settings), from a command line and an environment."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetrain.operator import builders as b
-from kubetrain.operator.settings import (
+from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.runtime.settings import (
     DEFAULTS,
     ENV_CREATE_PARALLELISM,
     ENV_LEADER_ID,
@@ -30,7 +30,7 @@ def test_nothing_set_gives_the_defaults_and_no_leader_election() -> None:
     s = parse_settings([], {})
     assert s == OperatorSettings()
     assert (s.namespace, s.metrics_port, s.create_parallelism, s.reconcile_workers) == (None, 8080, 32, 16)
-    assert s.builders == b.Settings() and s.leader_election is None
+    assert s.builders == b.WorkerSettings() and s.leader_election is None
 
 
 def test_the_environment_the_chart_sets_is_read() -> None:

@@ -1,4 +1,4 @@
-"""Per-pod facts (kubetrain.operator.pod_facts): read once per version of a pod, never stale."""
+"""Per-pod facts (kubetrain.operator.jobs.pod_facts): read once per version of a pod, never stale."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 
 from kubetrain.core import contract
 from kubetrain.core.lifecycle import WorkerPhase
-from kubetrain.operator import builders as b
-from kubetrain.operator import pod_facts
-from kubetrain.operator.pod_facts import facts
+from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs import pod_facts
+from kubetrain.operator.jobs.pod_facts import facts
 
 
 def pod(rv: str | None, phase: str = "Running", index: int = 3) -> dict[str, Any]:

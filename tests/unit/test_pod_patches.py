@@ -1,4 +1,4 @@
-"""kubetrain.operator.pod_patches: pod patches behind the reconcile, and the pods as plans see them meanwhile."""
+"""kubetrain.operator.jobs.pod_patches: pod patches behind the reconcile, and the pods as plans see them meanwhile."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 from kubernetes.client.exceptions import ApiException
 
 from kubetrain.core import contract
-from kubetrain.operator import metrics
-from kubetrain.operator.pod_facts import facts
-from kubetrain.operator.pod_patches import Meta, PodPatches, overlay
+from kubetrain.operator.jobs.pod_facts import facts
+from kubetrain.operator.jobs.pod_patches import Meta, PodPatches, overlay
+from kubetrain.operator.runtime import metrics
 
 KEY = ("ns", "j")
 GEN = contract.LABEL_GENERATION

@@ -1,4 +1,4 @@
-"""The pod watch (kubetrain.operator.pod_watch): reading its stream, and starting over after 410 Gone and
+"""The pod watch (kubetrain.operator.jobs.pod_watch): reading its stream, and starting over after 410 Gone and
 errors; tests/integration/test_pod_watch.py runs it against a real API server."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
-from kubetrain.operator.pod_watch import Event, Expired, PodList, PodWatch, _lines, events_of
+from kubetrain.operator.jobs.pod_watch import Event, Expired, PodList, PodWatch, _lines, events_of
 
 
 def line(kind: str, obj: dict[str, Any]) -> bytes:
@@ -98,7 +98,7 @@ def restarts(reason: str) -> float:
 def test_the_watch_lists_again_after_410_carries_on_from_the_last_version_and_outlives_errors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("kubetrain.operator.pod_watch.BACKOFF", (0.01, 0.02))
+    monkeypatch.setattr("kubetrain.operator.jobs.pod_watch.BACKOFF", (0.01, 0.02))
     gone = {"kind": "Status", "code": 410, "message": "too old resource version: 5 (90)"}
     listing = json.dumps({"metadata": {"resourceVersion": "20"}, "items": [pod("b", "19")]}).encode()
     watch = Scripted(

@@ -9,14 +9,14 @@ from kubernetes.client.exceptions import ApiException
 from kubetrain.core import contract
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.progress import CheckpointRecord, Progress
-from kubetrain.operator import builders as b
-from kubetrain.operator.apply import namespace_terminating
-from kubetrain.operator.pod_facts import container_exit_code
-from kubetrain.operator.pod_patches import overlay
-from kubetrain.operator.reconcile import claim_to_check, plan, set_condition
+from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs.apply import namespace_terminating
+from kubetrain.operator.jobs.plan import Observation, claim_to_check, plan, set_condition
+from kubetrain.operator.jobs.pod_facts import container_exit_code
+from kubetrain.operator.jobs.pod_patches import overlay
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-S = b.Settings(trainer_image="trainer:test")
+S = b.WorkerSettings(trainer_image="trainer:test")
 
 
 def body(status=None, **spec):
@@ -46,7 +46,7 @@ def pod(i, gen=0, phase="Running", ready=True, exit_code=None, node="n1", deleti
 
 
 def test_new_job_creates_service_config_and_all_pods_and_writes_status():
-    p = plan(body(), [], {}, T0, S)
+    p = plan(Observation(body(), [], {}, T0), S)
     kinds = [o["kind"] for o in p.create]
     assert kinds == ["Service", "ConfigMap", "PersistentVolumeClaim", "Role", "RoleBinding", "Pod", "Pod"]
     assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == ["j-worker-0", "j-worker-1"]
@@ -57,19 +57,19 @@ def test_new_job_creates_service_config_and_all_pods_and_writes_status():
 
 
 def test_operator_restart_mid_creation_creates_only_the_missing_pods():
-    p = plan(body(status={"phase": "Created"}), [pod(0, phase="Pending")], {}, T0, S)
+    p = plan(Observation(body(status={"phase": "Created"}), [pod(0, phase="Pending")], {}, T0), S)
     assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == ["j-worker-1"]
 
 
 def test_all_running_sets_running_with_ready_count_and_condition():
     st = {"phase": "Created", "gangCreated": True, "startTime": "2026-03-01T12:00:00Z"}
-    p = plan(body(status=st), [pod(0), pod(1)], {}, T0, S)
+    p = plan(Observation(body(status=st), [pod(0), pod(1)], {}, T0), S)
     assert not p.create and p.status["phase"] == "Running" and p.status["workersSummary"] == "2/2"
     assert p.status["runningSince"] == "2026-03-01T12:00:00Z"
     cond = {c["type"]: c for c in p.status["conditions"]}
     assert cond["Running"]["status"] == "True" and cond["Created"]["status"] == "True"
     # Nothing changed on the next pass: no status write at all
-    again = plan(body(status=p.status), [pod(0), pod(1)], {}, T0 + timedelta(seconds=5), S)
+    again = plan(Observation(body(status=p.status), [pod(0), pod(1)], {}, T0 + timedelta(seconds=5)), S)
     assert again.status is None and again.events == []
 
 
@@ -79,28 +79,28 @@ IN_PLACE = {"restartPolicy": {"backoffLimit": 1, "backoffSeconds": 0, "inPlace":
 
 def test_retryable_failure_deletes_whole_gang_and_bumps_generation_once():
     st = {"phase": "Running", "gangCreated": True, "startTime": "2026-03-01T12:00:00Z"}
-    p = plan(body(status=st, **RECREATE), [pod(0), pod(1, phase="Failed", exit_code=137)], {}, T0, S)
+    p = plan(Observation(body(status=st, **RECREATE), [pod(0), pod(1, phase="Failed", exit_code=137)], {}, T0), S)
     assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"]
     assert (p.status["phase"], p.status["restartCount"], p.status["restartGeneration"]) == ("Restarting", 1, 1)
     assert p.status["failures"] == {"ExitCode": 1}
     assert p.events[0][:2] == ("Warning", "ExitCode")
     # next pass: the old pods are terminating -> wait, never a second restart, never new pods yet
     terminating = [pod(0, deleting=True), pod(1, phase="Failed", exit_code=137, deleting=True)]
-    p2 = plan(body(status=p.status, **RECREATE), terminating, {}, T0, S)
+    p2 = plan(Observation(body(status=p.status, **RECREATE), terminating, {}, T0), S)
     assert p2.status is None or p2.status["restartCount"] == 1
     assert not p2.create and not p2.delete_pods
     # gone -> generation 1 is created
-    p3 = plan(body(status=p.status, **RECREATE), [], {}, T0, S)
+    p3 = plan(Observation(body(status=p.status, **RECREATE), [], {}, T0), S)
     assert [o["metadata"]["labels"][b.LABEL_GENERATION] for o in p3.create if o["kind"] == "Pod"] == ["1", "1"]
 
 
 def test_permanent_failure_and_backoff_limit_fail_the_job():
     st = {"phase": "Running", "gangCreated": True}
-    p = plan(body(status=st), [pod(0), pod(1, phase="Failed", exit_code=127)], {}, T0, S)
+    p = plan(Observation(body(status=st), [pod(0), pod(1, phase="Failed", exit_code=127)], {}, T0), S)
     assert (p.status["phase"], p.status["reason"]) == ("Failed", "PermanentError")
     assert p.delete_pods == ["j-worker-0"]  # cleanPodPolicy Running: the still-running one
     st = {"phase": "Running", "gangCreated": True, "restartCount": 1, "restartGeneration": 1}
-    p = plan(body(status=st), [pod(0, gen=1), pod(1, gen=1, phase="Failed", exit_code=1)], {}, T0, S)
+    p = plan(Observation(body(status=st), [pod(0, gen=1), pod(1, gen=1, phase="Failed", exit_code=1)], {}, T0), S)
     assert (p.status["phase"], p.status["reason"]) == ("Failed", "BackoffLimitExceeded")
     assert p.status["completionTime"] == "2026-03-01T12:00:00Z"
 
@@ -108,13 +108,13 @@ def test_permanent_failure_and_backoff_limit_fail_the_job():
 def test_node_not_ready_past_grace_restarts():
     st = {"phase": "Running", "gangCreated": True}
     nodes = {"n2": T0 - timedelta(seconds=61)}
-    p = plan(body(status=st), [pod(0), pod(1, node="n2")], nodes, T0, S)
+    p = plan(Observation(body(status=st), [pod(0), pod(1, node="n2")], nodes, T0), S)
     assert p.status["phase"] == "Restarting" and p.status["failures"] == {"NodeLost": 1}
 
 
 def test_deleted_worker_restarts_gang():
     st = {"phase": "Running", "gangCreated": True}
-    p = plan(body(status=st), [pod(0)], {}, T0, S)
+    p = plan(Observation(body(status=st), [pod(0)], {}, T0), S)
     assert p.status["phase"] == "Restarting" and p.status["failures"] == {"Deleted": 1}
 
 
@@ -122,21 +122,21 @@ def test_progress_flows_into_status():
     st = {"phase": "Running", "gangCreated": True, "runningSince": "2026-03-01T11:00:00Z"}
     prog = Progress(step=42, loss=2.5, generation=0,
                     last_checkpoint=CheckpointRecord(step=40, path="/checkpoints/step-00000040", time="t"))
-    p = plan(body(status=st), [pod(0), pod(1)], {}, T0, S, prog)
+    p = plan(Observation(body(status=st), [pod(0), pod(1)], {}, T0, progress=prog), S)
     assert p.status["currentStep"] == 42 and p.status["loss"] == "2.5000"
     assert p.status["lastCheckpoint"] == {"step": 40, "path": "/checkpoints/step-00000040", "time": "t"}
     assert p.status["lastProgressTime"] == "2026-03-01T12:00:00Z"
 
 
 def test_progress_reporting_off_creates_no_rbac():
-    p = plan(body(progressReporting=False), [], {}, T0, S)
+    p = plan(Observation(body(progressReporting=False), [], {}, T0), S)
     assert [o["kind"] for o in p.create] == ["Service", "ConfigMap", "PersistentVolumeClaim", "Pod", "Pod"]
 
 
 def test_progress_rbac_is_created_again_with_every_new_gang():
     """Creates are idempotent (409 = there): a Role deleted by hand comes back at the next gang."""
     st = {"phase": "Restarting", "restartCount": 1, "restartGeneration": 1}
-    p = plan(body(status=st), [], {}, T0, S)
+    p = plan(Observation(body(status=st), [], {}, T0), S)
     assert {"Role", "RoleBinding"} <= {o["kind"] for o in p.create}
     role = next(o for o in p.create if o["kind"] == "Role")
     assert role["rules"][0]["resourceNames"] == ["j-worker-0"]
@@ -146,11 +146,11 @@ def test_progress_rbac_is_created_again_with_every_new_gang():
 def test_checkpoint_reported_after_its_step_still_reaches_status():
     """Rank 0 reports step 50, then (same step) the checkpoint it committed at 50."""
     st = {"phase": "Running", "gangCreated": True, "runningSince": "2026-03-01T11:00:00Z"}
-    p = plan(body(status=st), [pod(0), pod(1)], {}, T0, S, Progress(step=50, loss=2.0))
+    p = plan(Observation(body(status=st), [pod(0), pod(1)], {}, T0, progress=Progress(step=50, loss=2.0)), S)
     assert p.status["currentStep"] == 50 and "lastCheckpoint" not in p.status
     ck = CheckpointRecord(step=50, path="/checkpoints/step-00000050", time="t50")
     later = T0 + timedelta(seconds=1)
-    p2 = plan(body(status=p.status), [pod(0), pod(1)], {}, later, S, Progress(step=50, loss=2.0, last_checkpoint=ck))
+    p2 = plan(Observation(body(status=p.status), [pod(0), pod(1)], {}, later, progress=Progress(step=50, loss=2.0, last_checkpoint=ck)), S)
     assert p2.status["lastCheckpoint"] == {"step": 50, "path": "/checkpoints/step-00000050", "time": "t50"}
     assert p2.status["lastProgressTime"] == "2026-03-01T12:00:00Z"  # no new step: the hang clock does not move
 
@@ -164,38 +164,38 @@ def test_resumed_gang_retraining_older_steps_is_progress_not_a_hang():
           "lastProgressTime": "2026-03-01T11:50:00Z"}
     pods = [pod(0, gen=1), pod(1, gen=1)]
     spec = {"restartPolicy": {"backoffLimit": 3, "backoffSeconds": 0, "progressDeadlineSeconds": 90}}
-    p = plan(body(status=st, **spec), pods, {}, T0, S, Progress(step=41, loss=2.4, generation=1))
+    p = plan(Observation(body(status=st, **spec), pods, {}, T0, progress=Progress(step=41, loss=2.4, generation=1)), S)
     assert p.status["currentStep"] == 41 and p.status["lastProgressTime"] == "2026-03-01T12:00:00Z"
     later = T0 + timedelta(seconds=80)  # 140 s after runningSince, 80 s after the last report
-    p2 = plan(body(status=p.status, **spec), pods, {}, later, S, Progress(step=41, loss=2.4, generation=1))
+    p2 = plan(Observation(body(status=p.status, **spec), pods, {}, later, progress=Progress(step=41, loss=2.4, generation=1)), S)
     assert p2.status is None or p2.status["phase"] == "Running"
     # a stale record of the previous generation with a lower step is not progress
-    p3 = plan(body(status=st, **spec), pods, {}, later, S, Progress(step=41, loss=2.4, generation=0))
+    p3 = plan(Observation(body(status=st, **spec), pods, {}, later, progress=Progress(step=41, loss=2.4, generation=0)), S)
     assert p3.status["phase"] == "Restarting" and p3.status["failures"] == {"NoProgress": 1}
 
 
 def test_suspend_then_resume():
     running = {"type": "Running", "status": "True", "reason": "AllWorkersRunning", "lastTransitionTime": "x"}
     st = {"phase": "Running", "gangCreated": True, "conditions": [running]}
-    p = plan(body(status=st, suspend=True), [pod(0), pod(1)], {}, T0, S)
+    p = plan(Observation(body(status=st, suspend=True), [pod(0), pod(1)], {}, T0), S)
     assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"] and p.status["phase"] == "Suspended"
     assert p.status["restartGeneration"] == 1
     cond = {c["type"]: c for c in p.status["conditions"]}
     assert cond["Suspended"]["status"] == "True" and cond["Running"]["status"] == "False"
-    p2 = plan(body(status=p.status), [], {}, T0, S)
+    p2 = plan(Observation(body(status=p.status), [], {}, T0), S)
     assert [o["metadata"]["labels"][b.LABEL_GENERATION] for o in p2.create if o["kind"] == "Pod"] == ["1", "1"]
 
 
 def test_finished_job_ttl_and_never_resurrected():
     st = {"phase": "Succeeded", "completionTime": "2026-03-01T11:59:00Z"}
-    p = plan(body(status=st, ttlSecondsAfterFinished=120), [], {}, T0, S)
+    p = plan(Observation(body(status=st, ttlSecondsAfterFinished=120), [], {}, T0), S)
     assert not p.delete_job and p.requeue_after == 60 and not p.create
-    p = plan(body(status=st, ttlSecondsAfterFinished=60), [], {}, T0, S)
+    p = plan(Observation(body(status=st, ttlSecondsAfterFinished=60), [], {}, T0), S)
     assert p.delete_job and not p.create
 
 
 def test_invalid_spec_fails_with_field_path():
-    p = plan(body(model={"dModel": 100, "nHeads": 3}), [], {}, T0, S)
+    p = plan(Observation(body(model={"dModel": 100, "nHeads": 3}), [], {}, T0), S)
     assert p.status["phase"] == "Failed" and p.status["reason"] == "InvalidSpec"
     assert "spec.model.nHeads: model.dModel must be divisible by model.nHeads" in p.status["message"]
     assert not p.create
@@ -231,7 +231,7 @@ def conditions(status) -> dict[str, dict]:
 
 
 def test_durable_checkpoints_by_default_on_a_claim_the_job_owns():
-    p = plan(body(), [], {}, T0, S)
+    p = plan(Observation(body(), [], {}, T0), S)
     pvc = next(o for o in p.create if o["kind"] == "PersistentVolumeClaim")
     assert pvc["metadata"]["name"] == "j-checkpoints" and pvc["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
@@ -242,14 +242,14 @@ def test_durable_checkpoints_by_default_on_a_claim_the_job_owns():
 
 def test_ephemeral_job_says_so_once_before_it_runs():
     spec = {"checkpoint": {"ephemeral": True}}
-    p = plan(body(**spec), [], {}, T0, S)
+    p = plan(Observation(body(**spec), [], {}, T0), S)
     assert "PersistentVolumeClaim" not in [o["kind"] for o in p.create]
     cond = conditions(p.status)["CheckpointsDurable"]
     assert (cond["status"], cond["reason"]) == ("False", "EphemeralCheckpoints")
     warnings = [e for e in p.events if e[0] == "Warning"]
     assert warnings == [("Warning", "EphemeralCheckpoints", cond["message"])]
     st = {**p.status, "phase": "Running", "runningSince": "2026-03-01T12:00:00Z"}
-    again = plan(body(status=st, **spec), [pod(0), pod(1)], {}, T0 + timedelta(seconds=5), S)
+    again = plan(Observation(body(status=st, **spec), [pod(0), pod(1)], {}, T0 + timedelta(seconds=5)), S)
     assert [e for e in again.events if e[0] == "Warning"] == []
 
 
@@ -264,22 +264,22 @@ def unschedulable(p, message="0/4 nodes are available: 4 node(s) didn't match Po
 def test_blocked_workers_get_a_condition_and_one_event_per_reason_then_clear():
     st = {"phase": "Created", "gangCreated": True, "startTime": "2026-03-01T12:00:00Z"}
     pods = [unschedulable(pod(0, phase="Pending")), pod(1, phase="Pending", ready=False)]
-    p = plan(body(status=st), pods, {}, T0, S)
+    p = plan(Observation(body(status=st), pods, {}, T0), S)
     assert p.status["phase"] == "Created" and not p.delete_pods  # the job waits, it does not fail
     cond = conditions(p.status)["WorkersBlocked"]
     assert (cond["status"], cond["reason"]) == ("True", "Unschedulable")
     assert cond["message"].startswith("worker pods cannot start; the job waits: j-worker-0 cannot be scheduled: 0/4")
     assert [e[:2] for e in p.events] == [("Warning", "Unschedulable")]
     later = T0 + timedelta(seconds=5)
-    again = plan(body(status=p.status), pods, {}, later, S)
+    again = plan(Observation(body(status=p.status), pods, {}, later), S)
     assert again.status is None and again.events == []  # not one Event per reconcile
     pulling = pod(0, phase="Pending", ready=False)
     pulling["status"]["containerStatuses"] = [{"name": "trainer", "ready": False, "restartCount": 0,
                                                "state": {"waiting": {"reason": "ImagePullBackOff",
                                                                      "message": "Back-off pulling image"}}}]
-    other = plan(body(status=p.status), [pulling, pods[1]], {}, later, S)
+    other = plan(Observation(body(status=p.status), [pulling, pods[1]], {}, later), S)
     assert [e[:2] for e in other.events] == [("Warning", "ImagePullFailed")]
-    running = plan(body(status=other.status), [pod(0), pod(1)], {}, later, S)
+    running = plan(Observation(body(status=other.status), [pod(0), pod(1)], {}, later), S)
     cond = conditions(running.status)["WorkersBlocked"]
     assert (cond["status"], cond["reason"]) == ("False", "WorkersStarting") and running.status["phase"] == "Running"
     assert [e for e in running.events if e[0] == "Warning"] == []
@@ -292,7 +292,7 @@ def test_pending_claim_is_named_when_the_pods_wait_for_it():
     assert claim_to_check(body(status=st), pods, T0) == "j-checkpoints"
     assert claim_to_check(body(status=st), [unschedulable(pod(0, phase="Pending"))], T0) is None  # not for a volume
     assert claim_to_check(body(status=st), [pod(0), pod(1)], T0) is None
-    p = plan(body(status=st), pods, {}, T0, S, claim_phase="Pending")
+    p = plan(Observation(body(status=st), pods, {}, T0, claim_phase="Pending"), S)
     cond = conditions(p.status)["WorkersBlocked"]
     assert cond["reason"] == "CheckpointClaimPending"
     assert "the checkpoint claim j-checkpoints is Pending, not bound to a volume" in cond["message"]
@@ -304,11 +304,11 @@ def test_resumed_from_step_is_the_current_generations_own_report():
     st = {"phase": "Running", "gangCreated": True, "restartCount": 1, "restartGeneration": 1,
           "runningSince": "2026-03-01T11:59:00Z", "currentStep": 47, "lastCheckpoint": ck}
     pods = [pod(0, gen=1), pod(1, gen=1)]
-    p = plan(body(status=st), pods, {}, T0, S, Progress(step=41, generation=1, resumed_from=40))
+    p = plan(Observation(body(status=st), pods, {}, T0, progress=Progress(step=41, generation=1, resumed_from=40)), S)
     assert p.status["resumedFromStep"] == 40
-    fresh = plan(body(status={**st, "resumedFromStep": 7}), pods, {}, T0, S, Progress(step=3, generation=1))
+    fresh = plan(Observation(body(status={**st, "resumedFromStep": 7}), pods, {}, T0, progress=Progress(step=3, generation=1)), S)
     assert fresh.status["resumedFromStep"] == 0  # no checkpoint loaded: started from scratch
-    stale = plan(body(status=st), pods, {}, T0, S, Progress(step=41, generation=0, resumed_from=20))
+    stale = plan(Observation(body(status=st), pods, {}, T0, progress=Progress(step=41, generation=0, resumed_from=20)), S)
     assert stale.status["resumedFromStep"] == 0  # another generation's report is not this one's
 
 
@@ -318,15 +318,15 @@ def test_gang_restart_names_the_checkpoint_it_restarts_from():
           "restartGeneration": 0}
     failed = [pod(0), pod(1, phase="Failed", exit_code=137)]
     spec = {"restartPolicy": {"backoffLimit": 3, "backoffSeconds": 0}}
-    p = plan(body(status=st, **spec), failed, {}, T0, S)
+    p = plan(Observation(body(status=st, **spec), failed, {}, T0), S)
     assert "restarting the whole gang from the checkpoint at step 40 in place, keeping 1 of 2 workers " \
         "(restart 1 of at most 3" in p.status["message"]
     assert p.events[0][2] == p.status["message"] and p.status["lastCheckpoint"]["step"] == 40
     assert p.status["resumedFromStep"] == 0  # until the new generation reports what it loaded
-    eph = plan(body(status=st, checkpoint={"ephemeral": True}, **spec), failed, {}, T0, S)
+    eph = plan(Observation(body(status=st, checkpoint={"ephemeral": True}, **spec), failed, {}, T0), S)
     assert "from step 0: checkpoints are ephemeral (spec.checkpoint.ephemeral)" in eph.status["message"]
     assert "lastCheckpoint" not in eph.status  # it was in the pods being deleted
-    none = plan(body(status={k: v for k, v in st.items() if k != "lastCheckpoint"}, **spec), failed, {}, T0, S)
+    none = plan(Observation(body(status={k: v for k, v in st.items() if k != "lastCheckpoint"}, **spec), failed, {}, T0), S)
     assert "from step 0: no complete checkpoint yet" in none.status["message"]
 
 
@@ -364,7 +364,7 @@ RUNNING = {"phase": "Running", "gangCreated": True, "startTime": "2026-03-01T11:
      {"pods": [], "delete": ["j-worker-0"], "event": "PermanentError"}),
 ])
 def test_every_lifecycle_action_becomes_api_calls(action, status, spec, pods, want):
-    p = plan(body(status=status, **spec), pods, {}, T0, S)
+    p = plan(Observation(body(status=status, **spec), pods, {}, T0), S)
     assert p.decision is not None and p.decision.action == action
     assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == want["pods"]
     assert sorted(p.delete_pods) == want["delete"]
@@ -380,9 +380,9 @@ def with_trainer_exit(p, code):
 
 
 def test_trainer_exit_decides_even_when_a_sidecar_keeps_the_pod_running():
-    done = plan(body(status=RUNNING), [with_trainer_exit(pod(0), 0), pod(1)], {}, T0, S)
+    done = plan(Observation(body(status=RUNNING), [with_trainer_exit(pod(0), 0), pod(1)], {}, T0), S)
     assert (done.status["phase"], done.delete_pods) == ("Succeeded", ["j-worker-0", "j-worker-1"])
-    failed = plan(body(status=RUNNING), [pod(0), with_trainer_exit(pod(1), 1)], {}, T0, S)
+    failed = plan(Observation(body(status=RUNNING), [pod(0), with_trainer_exit(pod(1), 1)], {}, T0), S)
     assert (failed.status["phase"], failed.status["reason"]) == ("Restarting", "ExitCode")
 
 
@@ -394,9 +394,9 @@ def disrupt(p):
 
 def test_a_preempted_worker_is_a_disruption_even_once_its_pod_is_gone():
     limit0 = {"backoffLimit": 0, "backoffSeconds": 0}
-    live = plan(body(status=RUNNING, restartPolicy=limit0), [pod(0), disrupt(pod(1))], {}, T0, S)
-    gone = plan(body(status=RUNNING, restartPolicy=limit0), [pod(0)], {}, T0, S, gone=[disrupt(pod(1))])
-    deleted = plan(body(status=RUNNING, restartPolicy=limit0), [pod(0)], {}, T0, S)
+    live = plan(Observation(body(status=RUNNING, restartPolicy=limit0), [pod(0), disrupt(pod(1))], {}, T0), S)
+    gone = plan(Observation(body(status=RUNNING, restartPolicy=limit0), [pod(0)], {}, T0, gone=[disrupt(pod(1))]), S)
+    deleted = plan(Observation(body(status=RUNNING, restartPolicy=limit0), [pod(0)], {}, T0), S)
     for p in (live, gone):
         assert (p.status["phase"], p.status["reason"], p.status["ignoredRestarts"]) == ("Restarting", "Disrupted", 1)
     assert (deleted.status["phase"], deleted.status["reason"]) == ("Failed", "BackoffLimitExceeded")
@@ -405,23 +405,23 @@ def test_a_preempted_worker_is_a_disruption_even_once_its_pod_is_gone():
 def test_refused_progress_rbac_is_a_condition_and_no_hang_restart():
     st = {**RUNNING, "lastProgressTime": "2026-03-01T10:00:00Z"}
     spec = {"restartPolicy": {"progressDeadlineSeconds": 60}}
-    refused = plan(body(status=st, **spec), [pod(0), pod(1)], {}, T0, S, progress_refused=True)
+    refused = plan(Observation(body(status=st, **spec), [pod(0), pod(1)], {}, T0, progress_refused=True), S)
     assert refused.status["phase"] == "Running" and refused.status["restartCount"] == 0
     cond = next(c for c in refused.status["conditions"] if c["type"] == "ProgressUnknown")
     assert (cond["status"], cond["reason"]) == ("True", "ProgressReportingForbidden")
-    hung = plan(body(status=st, **spec), [pod(0), pod(1)], {}, T0, S)
+    hung = plan(Observation(body(status=st, **spec), [pod(0), pod(1)], {}, T0), S)
     assert hung.status["reason"] == "NoProgress"
 
 
 def test_pods_on_a_lost_node_are_deleted_at_once_even_when_terminating():
     lost = {"n1": T0 - timedelta(seconds=61), "n2": None}
-    restart = plan(body(status=RUNNING, **RECREATE), [pod(0, node="n2"), pod(1, node="n1")], lost, T0, S)
+    restart = plan(Observation(body(status=RUNNING, **RECREATE), [pod(0, node="n2"), pod(1, node="n1")], lost, T0), S)
     assert (restart.status["reason"], restart.force_delete_pods, restart.delete_pods) == (
         "NodeLost", ["j-worker-1"], ["j-worker-0"])
     st = {**RUNNING, "restartGeneration": 1, "gangCreated": False, "restartCount": 1}
-    stuck = plan(body(status=st), [pod(1, node="n1", deleting=True)], lost, T0, S)
+    stuck = plan(Observation(body(status=st), [pod(1, node="n1", deleting=True)], lost, T0), S)
     assert (stuck.decision.action, stuck.force_delete_pods) == ("DeleteStale", ["j-worker-1"])
-    healthy = plan(body(status=st), [pod(1, node="n2", deleting=True)], lost, T0, S)
+    healthy = plan(Observation(body(status=st), [pod(1, node="n2", deleting=True)], lost, T0), S)
     assert (healthy.force_delete_pods, healthy.delete_pods) == ([], [])  # a kubelet will confirm it
 
 
@@ -429,7 +429,7 @@ def test_on_success_a_pod_whose_containers_all_ended_is_kept_even_if_its_phase_l
     rank0 = pod(0)
     rank0["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": 0}}}]
     sidecar = with_trainer_exit(pod(1), 0)  # the trainer ended, its sidecar still runs
-    p = plan(body(status=RUNNING), [rank0, sidecar], {}, T0, S)
+    p = plan(Observation(body(status=RUNNING), [rank0, sidecar], {}, T0), S)
     assert (p.status["phase"], p.delete_pods) == ("Succeeded", ["j-worker-1"])  # rank 0's log is kept
 
 
@@ -437,10 +437,10 @@ def test_a_profile_request_on_the_job_goes_to_worker_0_of_the_current_generation
     b_ = body(status={"phase": "Running", "restartGeneration": 1, "gangCreated": True})
     b_["metadata"]["annotations"] = {"kubetrain.io/profile": "5:a"}
     pods = [pod(0, gen=1), pod(1, gen=1)]
-    assert plan(b_, pods, {}, T0, S).patch_pods == {"j-worker-0": {"annotations": {"kubetrain.io/profile": "5:a"}}}
+    assert plan(Observation(b_, pods, {}, T0), S).patch_pods == {"j-worker-0": {"annotations": {"kubetrain.io/profile": "5:a"}}}
     pods[0]["metadata"].setdefault("annotations", {})["kubetrain.io/profile"] = "5:a"
-    assert plan(b_, pods, {}, T0, S).patch_pods == {}  # already there
-    assert plan(b_, [pod(0, gen=0)], {}, T0, S).patch_pods == {}  # an old generation's pod: not rank 0 now
+    assert plan(Observation(b_, pods, {}, T0), S).patch_pods == {}  # already there
+    assert plan(Observation(b_, [pod(0, gen=0)], {}, T0), S).patch_pods == {}  # an old generation's pod: not rank 0 now
 
 
 # --------------------------------------------------------------------------- restarting in place
@@ -454,7 +454,7 @@ def kept(i, gen, told):
 
 
 def test_an_in_place_restart_moves_the_running_pods_and_deletes_only_the_failed_one():
-    p = plan(body(status=RUNNING, **IN_PLACE), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0, S)
+    p = plan(Observation(body(status=RUNNING, **IN_PLACE), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0), S)
     assert p.decision is not None and p.decision.keep == (0,)
     assert p.delete_pods == ["j-worker-1"] and not p.create
     assert p.patch_pods == {"j-worker-0": {"labels": {b.LABEL_GENERATION: "1"}}}
@@ -462,32 +462,32 @@ def test_an_in_place_restart_moves_the_running_pods_and_deletes_only_the_failed_
 
 
 def test_kept_pods_are_told_their_generation_when_the_recreated_pod_is_created():
-    st = plan(body(status=RUNNING, **IN_PLACE), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0, S).status
-    stale = plan(body(status=st, **IN_PLACE), [kept(0, 1, 0), pod(1, phase="Failed", exit_code=1, deleting=True)], {}, T0, S)
+    st = plan(Observation(body(status=RUNNING, **IN_PLACE), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0), S).status
+    stale = plan(Observation(body(status=st, **IN_PLACE), [kept(0, 1, 0), pod(1, phase="Failed", exit_code=1, deleting=True)], {}, T0), S)
     assert stale.decision.action == "DeleteStale" and not stale.patch_pods and not stale.delete_pods
-    go = plan(body(status=st, **IN_PLACE), [kept(0, 1, 0)], {}, T0, S)
+    go = plan(Observation(body(status=st, **IN_PLACE), [kept(0, 1, 0)], {}, T0), S)
     assert [o["metadata"]["name"] for o in go.create if o["kind"] == "Pod"] == ["j-worker-1"]
     assert go.patch_pods == {"j-worker-0": {"annotations": {"kubetrain.io/restart-generation": "1"}}}
     assert "creating 1 of 2 worker(s) of generation 1 and restarting 1 in place" in go.status["message"]
-    running = plan(body(status=go.status, **IN_PLACE), [kept(0, 1, 1), pod(1, gen=1)], {}, T0, S)
+    running = plan(Observation(body(status=go.status, **IN_PLACE), [kept(0, 1, 1), pod(1, gen=1)], {}, T0), S)
     assert running.status["phase"] == "Running" and not running.patch_pods and not running.create
 
 
 def test_a_plan_made_while_the_kept_pods_patches_are_in_flight_sees_them_moved():
-    decided = plan(body(status=RUNNING, **IN_PLACE), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0, S)
+    decided = plan(Observation(body(status=RUNNING, **IN_PLACE), [pod(0), pod(1, phase="Failed", exit_code=1)], {}, T0), S)
     assert decided.delete_pods == ["j-worker-1"] and decided.patch_pods == {"j-worker-0": {"labels": {b.LABEL_GENERATION: "1"}}}
     unmoved = [pod(0)]  # worker 1 gone; worker 0's label patch not landed yet
-    go = plan(body(status=decided.status, **IN_PLACE), overlay(unmoved, decided.patch_pods), {}, T0, S)
+    go = plan(Observation(body(status=decided.status, **IN_PLACE), overlay(unmoved, decided.patch_pods), {}, T0), S)
     assert [o["metadata"]["name"] for o in go.create if o["kind"] == "Pod"] == ["j-worker-1"]
     assert go.patch_pods == {"j-worker-0": {"annotations": {"kubetrain.io/restart-generation": "1"}}}
-    blind = plan(body(status=decided.status, **IN_PLACE), unmoved, {}, T0, S)  # worker 0 taken for a stale pod
+    blind = plan(Observation(body(status=decided.status, **IN_PLACE), unmoved, {}, T0), S)  # worker 0 taken for a stale pod
     assert blind.decision.action == "DeleteStale" and blind.delete_pods == ["j-worker-0"]
 
 
 def test_a_pod_built_without_in_place_is_recreated():
     old = pod(0)
     del old["metadata"]["annotations"]["kubetrain.io/in-place"]  # made before in-place restarts existed
-    p = plan(body(status=RUNNING, **IN_PLACE), [old, pod(1, phase="Failed", exit_code=1)], {}, T0, S)
+    p = plan(Observation(body(status=RUNNING, **IN_PLACE), [old, pod(1, phase="Failed", exit_code=1)], {}, T0), S)
     assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"] and not p.patch_pods
 
 
@@ -507,7 +507,7 @@ def restarted(i, exit_code, restarts=0, running=False, handled=None):
 
 @pytest.mark.parametrize("running", [False, True])
 def test_a_worker_restarted_in_its_pod_is_kept_and_its_failure_counted_once(running):
-    p = plan(body(status=RUNNING, **IN_PLACE), [pod(0), restarted(1, 137, running=running)], {}, T0, S)
+    p = plan(Observation(body(status=RUNNING, **IN_PLACE), [pod(0), restarted(1, 137, running=running)], {}, T0), S)
     assert p.decision is not None and p.decision.keep == (0, 1)
     assert not p.delete_pods and not p.create  # no pod recreated: the kubelet restarted worker 1 in its pod
     moved = {"labels": {b.LABEL_GENERATION: "1"}}
@@ -518,7 +518,7 @@ def test_a_worker_restarted_in_its_pod_is_kept_and_its_failure_counted_once(runn
     # After the patch, worker 1's failure is this restart's: both are told generation 1, nothing restarts again.
     again = restarted(1, 137, running=running, handled=1)
     again["metadata"]["labels"][b.LABEL_GENERATION] = "1"
-    go = plan(body(status=p.status, **IN_PLACE), [kept(0, 1, 0), again], {}, T0, S)
+    go = plan(Observation(body(status=p.status, **IN_PLACE), [kept(0, 1, 0), again], {}, T0), S)
     told = {"annotations": {contract.GENERATION_ANNOTATION: "1"}}
     assert not [o for o in go.create if o["kind"] == "Pod"] and not go.delete_pods
     assert go.patch_pods == {"j-worker-0": told, "j-worker-1": told}
@@ -527,7 +527,7 @@ def test_a_worker_restarted_in_its_pod_is_kept_and_its_failure_counted_once(runn
 
 def test_a_second_failure_in_the_same_pod_recreates_that_pod():
     """The kubelet would back its restart off (10 s, doubling): a new pod starts sooner."""
-    p = plan(body(status=RUNNING, **IN_PLACE), [pod(0), restarted(1, 1, restarts=1, handled=1)], {}, T0, S)
+    p = plan(Observation(body(status=RUNNING, **IN_PLACE), [pod(0), restarted(1, 1, restarts=1, handled=1)], {}, T0), S)
     assert p.decision is not None and p.decision.keep == (0,)
     assert p.delete_pods == ["j-worker-1"]
 
@@ -536,7 +536,6 @@ def test_a_failed_job_deletes_a_worker_its_kubelet_would_restart_whatever_the_cl
     plain = pod(0)
     plain["spec"]["restartPolicy"] = "Never"  # still running, but nothing restarts it
     for policy, deleted in (("Running", ["j-worker-0", "j-worker-1"]), ("None", ["j-worker-1"])):
-        p = plan(body(status=RUNNING, cleanPodPolicy=policy, **IN_PLACE),
-                 [plain, restarted(1, 127, running=True)], {}, T0, S)
+        p = plan(Observation(body(status=RUNNING, cleanPodPolicy=policy, **IN_PLACE), [plain, restarted(1, 127, running=True)], {}, T0), S)
         assert (p.status["phase"], p.status["reason"]) == ("Failed", "PermanentError")
         assert sorted(p.delete_pods) == deleted, policy

@@ -1,4 +1,4 @@
-"""The operator's sweep adapter (kubetrain.operator.sweeps, pure), its cache and its metrics.
+"""The operator's sweep adapter (kubetrain.operator.sweeps.plan, pure), its cache and its metrics.
 
 A small simulator stands in for the API server and the job controller: it writes each plan's status
 into the sweep (as the status subresource would), creates and suspends the trial jobs the plan names,
@@ -20,13 +20,13 @@ from kubernetes import client
 from prometheus_client import REGISTRY
 
 from kubetrain.core import api, contract
-from kubetrain.operator import sweeps as sw
-from kubetrain.operator.apply import Apis, Applier
 from kubetrain.operator.controller import Controller
-from kubetrain.operator.settings import OperatorSettings
-from kubetrain.operator.sweep_cache import SweepCache
-from kubetrain.operator.sweep_controller import RECHECK_SECONDS, SweepController, export_metrics, remove_metrics
-from kubetrain.operator.watch_cache import WatchCache
+from kubetrain.operator.jobs.apply import Apis, Applier
+from kubetrain.operator.jobs.cache import WatchCache
+from kubetrain.operator.runtime.settings import OperatorSettings
+from kubetrain.operator.sweeps import plan as sw
+from kubetrain.operator.sweeps.cache import SweepCache
+from kubetrain.operator.sweeps.controller import RECHECK_SECONDS, SweepController, export_metrics, remove_metrics
 
 T0 = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
 NS = "ml"

@@ -1,4 +1,4 @@
-"""The operator's watch cache (kubetrain.operator.watch_cache), and how the controller queues its events."""
+"""The operator's watch cache (kubetrain.operator.jobs.cache), and how the controller queues its events."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from kubernetes import client
 
 from kubetrain.core import contract
 from kubetrain.core.progress import Progress
-from kubetrain.operator.controller import PACE_MAX, Controller, pace
-from kubetrain.operator.pod_watch import PodList
-from kubetrain.operator.settings import OperatorSettings
-from kubetrain.operator.watch_cache import WatchCache, node_not_ready_since
+from kubetrain.operator.controller import Controller
+from kubetrain.operator.jobs.cache import WatchCache, node_not_ready_since
+from kubetrain.operator.jobs.controller import PACE_MAX, pace
+from kubetrain.operator.jobs.pod_watch import PodList
+from kubetrain.operator.runtime.settings import OperatorSettings
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 NS = "team"

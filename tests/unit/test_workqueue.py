@@ -1,10 +1,10 @@
-"""The operator's work queue (kubetrain.operator.workqueue): dedup, delays, forgetting, gating, workers."""
+"""The operator's work queue (kubetrain.operator.runtime.workqueue): dedup, delays, forgetting, gating, workers."""
 
 from __future__ import annotations
 
 import asyncio
 
-from kubetrain.operator.workqueue import WorkQueue
+from kubetrain.operator.runtime.workqueue import WorkQueue
 
 
 class Clock:

@@ -81,7 +81,7 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 """Kueue's LocalQueue label, on the job's Workload (scheduling.queue)."""
 
-# Kueue: the Workload the operator keeps for a job with scheduling.queue (see operator/kueue.py).
+# Kueue: the Workload the operator keeps for a job with scheduling.queue (see kubetrain.operator.kueue).
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta1"
 WORKLOAD_PLURAL = "workloads"

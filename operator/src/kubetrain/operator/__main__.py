@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import kopf
 
 from kubetrain.operator.handlers import OperatorMemo  # importing it registers the handlers
-from kubetrain.operator.settings import parse_settings
+from kubetrain.operator.runtime.settings import parse_settings
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,6 +1,6 @@
 """kopf wiring: thin handlers that feed the controller's caches. All logic lives elsewhere.
 
-Worker pods are not kopf's: the controller watches them itself (pod_watch.py), for speed.
+Worker pods are not kopf's: the controller watches them itself (jobs/pod_watch.py), for speed.
 
 The watch handlers are coroutines: kopf runs a plain function in a thread pool, and the caches and
 the work queue (asyncio events) belong to the event loop's thread; a thread hop per event also
@@ -27,8 +27,8 @@ from prometheus_client import start_http_server
 
 from kubetrain.core import api, contract
 from kubetrain.operator.controller import Controller
-from kubetrain.operator.leader import LeaderElector
-from kubetrain.operator.settings import OperatorSettings
+from kubetrain.operator.runtime.leader import LeaderElector
+from kubetrain.operator.runtime.settings import OperatorSettings
 
 API_CALLS_OUTSIDE_POOL = 8
 """Connections beyond the applier's pool: leader election's calls run on threads of their own."""

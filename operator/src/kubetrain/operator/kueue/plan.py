@@ -5,12 +5,13 @@ Kueue's job integrations play for built-in kinds: it keeps one Workload per job 
 holds the job suspended until Kueue admits that Workload, clears spec.suspend on admission (worker pods
 then carry the assigned flavors' node labels and tolerations, or wait at Kueue's topology gate), sets it
 on eviction, gives the quota back (clears the admission) once the evicted gang is gone, and marks the
-Workload Finished when the job ends. The I/O is in kueue_io.py; the lifecycle sees only "suspended".
+Workload Finished when the job ends. The I/O is in kueue/io.py; the lifecycle sees only "suspended".
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 from kubetrain.core import contract
 from kubetrain.core.api import ADMITTED, FINISHED_PHASES, ConditionReason, Phase, TrainingJob
 from kubetrain.core.lifecycle import set_condition
-from kubetrain.operator import builders as b
+from kubetrain.operator.runtime.objects import owner_reference
 
 __all__ = ["Placement", "QueuePlan", "QueueView", "kueue_queue", "place", "plan_invalid", "plan_queue", "workload",
            "workload_name"]
@@ -90,11 +91,10 @@ def workload_name(job: TrainingJob, uid: str) -> str:
     return f"trainingjob-{job.metadata.name}-{uid[:5]}"
 
 
-def workload(job: TrainingJob, body: dict[str, Any], settings: b.Settings,
+def workload(job: TrainingJob, body: dict[str, Any], pod: dict[str, Any],
              priority: tuple[str, str, int] | None) -> dict[str, Any]:
-    """The Workload Kueue admits for the job: one pod set, the gang, with a worker pod as its template
-    (Kueue sums its requests and matches its node selector and affinity against the flavors)."""
-    pod = b.worker_pod(job, 0, 0, settings)
+    """The Workload Kueue admits for the job: one pod set, the gang, with `pod` (a worker pod of the job) as
+    its template (Kueue sums its requests and matches its node selector and affinity against the flavors)."""
     pod_set: dict[str, Any] = {
         "name": contract.WORKLOAD_POD_SET, "count": job.spec.workers,
         "template": {"metadata": {"labels": pod["metadata"]["labels"]}, "spec": pod["spec"]},
@@ -110,7 +110,7 @@ def workload(job: TrainingJob, body: dict[str, Any], settings: b.Settings,
         spec.update(priorityClassSource=priority[0], priorityClassName=priority[1], priority=priority[2])
     meta = {"name": workload_name(job, body["metadata"]["uid"]), "namespace": job.metadata.namespace,
             "labels": {contract.LABEL_JOB: job.metadata.name, contract.QUEUE_LABEL: str(job.spec.scheduling.queue)},
-            "ownerReferences": [b.owner_reference(body)]}
+            "ownerReferences": [owner_reference(body)]}
     return {"apiVersion": WORKLOAD_API_VERSION, "kind": "Workload", "metadata": meta, "spec": spec}
 
 
@@ -138,15 +138,16 @@ def _matches(existing: dict[str, Any], desired: dict[str, Any]) -> bool:
 
 
 def plan_queue(job: TrainingJob, body: dict[str, Any], view: QueueView, gang_gone: bool, phase: str | None,
-               settings: b.Settings, now: datetime) -> QueuePlan:
+               pod: Callable[[], dict[str, Any]], now: datetime) -> QueuePlan:
     """What Kueue's view of a queued job means for it. `gang_gone`: no worker pod of the job is still
-    running or terminating (an evicted gang's quota is given back only then); `phase`: the job's phase."""
+    running or terminating (an evicted gang's quota is given back only then); `phase`: the job's phase;
+    `pod`: builds a worker pod of the job (the Workload's template; only queued jobs need one)."""
     if kueue_queue(job) is None:
         return QueuePlan()
     wl = view.workload
     if phase in FINISHED_PHASES:
         return _finished(wl, str(phase), now)
-    desired = workload(job, body, settings, view.priority)
+    desired = workload(job, body, pod(), view.priority)
     if (blocked := _blocked(view)) is not None:  # the create is tried again each LOOK_AGAIN_SECONDS
         retry = wl is None and not view.priority_missing
         return _held(job, gang_gone, (False, *blocked), create=desired if retry else None)

@@ -14,8 +14,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kubetrain.operator import builders as b
-
 # The operator's own environment (the chart's Deployment sets these; workers never see them).
 ENV_TRAINER_IMAGE = "KUBETRAIN_TRAINER_IMAGE"
 ENV_NAMESPACE = "KUBETRAIN_NAMESPACE"
@@ -25,14 +23,33 @@ ENV_RECONCILE_WORKERS = "KUBETRAIN_RECONCILE_WORKERS"
 ENV_LIVENESS = "KUBETRAIN_LIVENESS"
 ENV_LEADER_ID = "KUBETRAIN_LEADER_ID"
 ENV_COSCHEDULING_SCHEDULER = "KUBETRAIN_COSCHEDULING_SCHEDULER"
-"""The schedulerName of `gang: coscheduling` pods (builders.COSCHEDULING_SCHEDULER by default)."""
+"""The schedulerName of `gang: coscheduling` pods (COSCHEDULING_SCHEDULER by default)."""
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 """The operator pod's own namespace (Downward API): where its Lease lives by default."""
 
 
+SIGTERM_CHECKPOINT_GRACE = 300
+"""Seconds a worker pod gets to write its checkpoint after SIGTERM (terminationGracePeriodSeconds)."""
+COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
+"""The scheduler name of scheduler-plugins installed as a second scheduler (its as-a-second-scheduler chart's
+default), the one that runs the Coscheduling plugin."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What the operator puts into every worker pod (from the Deployment's env / Helm values)."""
+
+    trainer_image: str = "ghcr.io/kubetrain/trainer:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    termination_grace_seconds: int = SIGTERM_CHECKPOINT_GRACE
+    coscheduling_scheduler: str = COSCHEDULING_SCHEDULER
+    """The schedulerName of `gang: coscheduling` pods: the scheduler that runs the Coscheduling plugin."""
+
+
+
 @dataclass(frozen=True)
 class LeaderElection:
-    """The Lease that decides which replica reconciles (kubetrain.operator.leader)."""
+    """The Lease that decides which replica reconciles (kubetrain.operator.runtime.leader)."""
 
     namespace: str = "default"
     lease: str = "kubetrain-operator"
@@ -56,7 +73,7 @@ class LeaderElection:
 
 @dataclass(frozen=True)
 class OperatorSettings:
-    builders: b.Settings = field(default_factory=b.Settings)
+    builders: WorkerSettings = field(default_factory=WorkerSettings)
     """What goes into the children (the default trainer image, from KUBETRAIN_TRAINER_IMAGE)."""
     namespace: str | None = None
     """Watch this namespace only (--namespace, KUBETRAIN_NAMESPACE); None: every namespace."""
@@ -123,7 +140,7 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operat
     args = p.parse_args(argv)
     try:
         return OperatorSettings(
-            builders=b.Settings(
+            builders=WorkerSettings(
                 trainer_image=env.get(ENV_TRAINER_IMAGE) or DEFAULTS.builders.trainer_image,
                 coscheduling_scheduler=env.get(ENV_COSCHEDULING_SCHEDULER) or DEFAULTS.builders.coscheduling_scheduler,
             ),

@@ -10,37 +10,48 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from kubernetes.client.rest import ApiException
 
 from kubetrain.core import api, contract
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.validate import stored_object
-from kubetrain.operator import kueue
-from kubetrain.operator.apply import foreign_message
-from kubetrain.operator.watch_cache import Key, owned_by, uid_of
-
-if TYPE_CHECKING:
-    from kubetrain.operator.apply import Applier
+from kubetrain.operator.kueue import plan as kueue
+from kubetrain.operator.runtime.objects import Key, foreign_message, owned_by, uid_of
 
 log = logging.getLogger("kubetrain.operator")
 
 LOOKUP_TTL = 30.0
 """Seconds a ResourceFlavor's spec or a priority class's value is reused before it is read again."""
 K = (contract.KUEUE_GROUP, contract.KUEUE_VERSION)
+Io = Callable[..., Awaitable[Any]]
+"""Runs a blocking API call on the operator's API pool: `await io(fn, *args)`."""
+
+
+class WorkloadCache(Protocol):
+    """What Kueue's side keeps per job in the job controller's watch cache."""
+
+    def workload(self, key: Key) -> dict[str, Any] | None: ...
+    def kueue_missing(self, key: Key) -> bool: ...
+    def set_kueue_missing(self, key: Key, missing: bool) -> None: ...
+    def workload_foreign(self, key: Key) -> str | None: ...
+    def set_workload_foreign(self, key: Key, message: str | None) -> None: ...
+    def workload_event(self, kind: str | None, body: dict[str, Any]) -> Key | None: ...
 
 
 class KueueIO:
-    def __init__(self, applier: Applier):
-        self.applier = applier
+    def __init__(self, io: Io, custom: Any, cache: WorkloadCache, job_written: Callable[[Key, dict[str, Any]], None]):
+        """`custom`: the CustomObjectsApi; `job_written`: keeps the job's copy a write answered (spec.suspend)."""
+        self.io, self.custom, self.cache, self.job_written = io, custom, cache, job_written
         self._lookups: dict[tuple[str, str], tuple[float, Any]] = {}
 
     # ------------------------------------------------------------------ reads
 
     async def view(self, key: Key, body: dict[str, Any]) -> kueue.QueueView:
         """What plan() needs of Kueue for this job (an empty view for a job without a LocalQueue)."""
-        cache = self.applier.cache
+        cache = self.cache
         if not (((body.get("spec") or {}).get("scheduling") or {}).get("queue")):
             return kueue.QueueView()  # most jobs: not parsed twice
         job, _ = stored_object(TrainingJob, body)
@@ -75,12 +86,12 @@ class KueueIO:
         hit = self._lookups.get((plural, name))
         if hit is not None and now - hit[0] < LOOKUP_TTL:
             return hit[1]
-        custom = self.applier.apis.custom
+        custom = self.custom
         try:
             if plural == "priorityclasses":
-                obj = await self.applier.io(custom.get_cluster_custom_object, "scheduling.k8s.io", "v1", plural, name)
+                obj = await self.io(custom.get_cluster_custom_object, "scheduling.k8s.io", "v1", plural, name)
             else:
-                obj = await self.applier.io(custom.get_cluster_custom_object, *K, plural, name)
+                obj = await self.io(custom.get_cluster_custom_object, *K, plural, name)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -90,7 +101,7 @@ class KueueIO:
 
     def list_workloads(self, namespace: str | None) -> list[dict[str, Any]]:
         """LIST the jobs' Workloads (blocking; [] where Kueue is not installed)."""
-        custom = self.applier.apis.custom
+        custom = self.custom
         try:
             if namespace:
                 out = custom.list_namespaced_custom_object(*K, namespace, contract.WORKLOAD_PLURAL,
@@ -111,16 +122,16 @@ class KueueIO:
             await self._create(key, body, q.create)
         if q.delete is not None:
             await self._delete(key, q.delete)
-        wl = self.applier.cache.workload(key)
+        wl = self.cache.workload(key)
         if q.workload_status is not None and wl is not None:
             await self._write_status(key, wl, q.workload_status)
         if q.suspend is not None:
             await self._suspend(key, body, q.suspend)
 
     async def _create(self, key: Key, body: dict[str, Any], obj: dict[str, Any]) -> None:
-        custom, cache = self.applier.apis.custom, self.applier.cache
+        custom, cache = self.custom, self.cache
         try:
-            created = await self.applier.io(custom.create_namespaced_custom_object, *K, key[0],
+            created = await self.io(custom.create_namespaced_custom_object, *K, key[0],
                                             contract.WORKLOAD_PLURAL, obj)
         except ApiException as exc:
             if exc.status == 404:  # the API server does not serve Workloads
@@ -128,7 +139,7 @@ class KueueIO:
                 return
             if exc.status != 409:
                 raise
-            created = await self.applier.io(custom.get_namespaced_custom_object, *K, key[0],
+            created = await self.io(custom.get_namespaced_custom_object, *K, key[0],
                                             contract.WORKLOAD_PLURAL, obj["metadata"]["name"])
             if not owned_by(created, uid_of(body)):  # never adopted; said on the job, looked at again
                 cache.set_workload_foreign(key, foreign_message("Workload", obj["metadata"]["name"], created))
@@ -137,7 +148,7 @@ class KueueIO:
 
     async def _delete(self, key: Key, name: str) -> None:
         try:
-            await self.applier.io(self.applier.apis.custom.delete_namespaced_custom_object, *K, key[0],
+            await self.io(self.custom.delete_namespaced_custom_object, *K, key[0],
                                   contract.WORKLOAD_PLURAL, name)
         except ApiException as exc:
             if exc.status != 404:
@@ -147,21 +158,21 @@ class KueueIO:
         """On the Workload's resourceVersion: a 409 means Kueue wrote it meanwhile; its event re-plans."""
         patch = {"metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]}, "status": status}
         try:
-            new = await self.applier.io(self.applier.apis.custom.patch_namespaced_custom_object_status, *K, key[0],
+            new = await self.io(self.custom.patch_namespaced_custom_object_status, *K, key[0],
                                         contract.WORKLOAD_PLURAL, wl["metadata"]["name"], patch)
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
             return
-        self.applier.cache.workload_event("MODIFIED", new)
+        self.cache.workload_event("MODIFIED", new)
 
     async def _suspend(self, key: Key, body: dict[str, Any], suspend: bool) -> None:
         try:
-            new = await self.applier.io(self.applier.apis.custom.patch_namespaced_custom_object, api.GROUP,
+            new = await self.io(self.custom.patch_namespaced_custom_object, api.GROUP,
                                         api.VERSION, key[0], api.PLURAL, key[1], {"spec": {"suspend": suspend}})
         except ApiException as exc:
             if exc.status != 404:
                 raise
             return
         log.info("%s/%s: spec.suspend set to %s for Kueue", key[0], key[1], suspend)
-        self.applier.cache_job(key, new)
+        self.job_written(key, new)

@@ -19,8 +19,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kubetrain.operator import metrics
-from kubetrain.operator.watch_cache import Key
+from kubetrain.operator.runtime import metrics
+from kubetrain.operator.runtime.objects import Key
 
 __all__ = ["Meta", "PodPatches", "overlay"]
 

@@ -21,26 +21,9 @@ from typing import Any
 
 from kubetrain.core import contract
 from kubetrain.core.progress import Progress
-from kubetrain.operator import builders as b
-from kubetrain.operator.pod_facts import disrupted
-
-Key = tuple[str, str]
-"""(namespace, name) of a TrainingJob."""
-DELETED = "DELETED"
-"""The watch event type of a deletion (other types, and None for a LIST, all mean "as it is now")."""
-
-
-def version_number(version: str | None) -> int:
-    """A resourceVersion as a number (0 when absent or not one): which of two is newer."""
-    try:
-        return int(version or 0)
-    except ValueError:
-        return 0
-
-
-def resource_version(obj: dict[str, Any]) -> int:
-    """metadata.resourceVersion as a number (0 when absent): which of two copies is newer."""
-    return version_number(obj.get("metadata", {}).get("resourceVersion"))
+from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs.pod_facts import disrupted
+from kubetrain.operator.runtime.objects import DELETED, Key, owned_by, resource_version, slim, uid_of, version_number
 
 
 def node_not_ready_since(node: dict[str, Any], now: datetime) -> datetime | None:
@@ -55,14 +38,6 @@ def _node_of(pod: dict[str, Any]) -> str | None:
     return (pod.get("spec") or {}).get("nodeName")
 
 
-def slim(obj: dict[str, Any]) -> dict[str, Any]:
-    """The object without metadata.managedFields, which the operator never reads: with a thousand jobs'
-    pods, the field managers' bookkeeping was a good part of the operator's memory. In place: the
-    cache owns what it is given."""
-    (obj.get("metadata") or {}).pop("managedFields", None)
-    return obj
-
-
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     """A pod as the operator reads it: metadata, status, its node and restart policy. The containers,
     volumes and scheduling of the spec the operator wrote itself were most of each cached pod's memory.
@@ -70,17 +45,6 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     spec = pod.get("spec") or {}
     pod["spec"] = {k: spec[k] for k in ("nodeName", "restartPolicy") if spec.get(k)}
     return slim(pod)
-
-
-def uid_of(obj: dict[str, Any]) -> str | None:
-    return (obj.get("metadata") or {}).get("uid")
-
-
-def owned_by(obj: dict[str, Any], uid: str | None) -> bool:
-    """Whether `obj`'s ownerReferences name the owner with that uid (True when the uid is unknown)."""
-    if not uid:
-        return True
-    return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """One sweep reconcile as pure functions: trial TrainingJobs -> observations -> sweep policy -> a SweepPlan.
 
-`plan(sweep_body, jobs, now)` returns what the I/O layer (sweep_apply) carries out, in this order:
+`plan(sweep_body, jobs, now)` returns what the I/O layer (sweeps/apply.py) carries out, in this order:
 the ONE status write (on the resourceVersion the plan was made from), then the trial TrainingJobs
 to create (owned by the sweep), the trial jobs to suspend, and the Events. The policy
 (kubetrain.core.sweep.policy.step) decides and keeps the status; this module only turns jobs into

@@ -34,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 from pydantic_core import from_json
 
 from kubetrain.core import contract
-from kubetrain.operator import metrics
+from kubetrain.operator.runtime import metrics
 
 __all__ = ["WATCH_SECONDS", "Expired", "PodList", "PodWatch", "events_of"]
 

@@ -17,7 +17,7 @@ from typing import Any
 from kubetrain.core import contract
 from kubetrain.core.contract import parse_time
 from kubetrain.core.lifecycle import WorkerPhase
-from kubetrain.operator import builders as b
+from kubetrain.operator.jobs import builders as b
 
 MEMO_LIMIT = 16384
 """Pod versions remembered; all are forgotten at once when full (older versions are never asked again)."""

@@ -15,8 +15,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kubetrain.core.api import CHECKPOINTS_DURABLE, WORKERS_BLOCKED, ConditionReason, TrainingJob
-from kubetrain.operator import builders as b
-from kubetrain.operator.pod_facts import facts
+from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs.pod_facts import facts
 
 R = ConditionReason
 

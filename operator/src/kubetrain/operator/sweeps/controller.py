@@ -19,13 +19,13 @@ from datetime import datetime
 from typing import Any
 
 from kubetrain.core.api import TrialState
-from kubetrain.operator import metrics
-from kubetrain.operator import sweeps as sw
-from kubetrain.operator.apply import Applier
-from kubetrain.operator.sweep_apply import Outcome, SweepApplier
-from kubetrain.operator.sweep_cache import SweepCache
-from kubetrain.operator.watch_cache import DELETED, Key
-from kubetrain.operator.workqueue import WorkQueue
+from kubetrain.operator.jobs.apply import Applier
+from kubetrain.operator.runtime import metrics
+from kubetrain.operator.runtime.objects import DELETED, Key
+from kubetrain.operator.runtime.workqueue import WorkQueue
+from kubetrain.operator.sweeps import plan as sw
+from kubetrain.operator.sweeps.apply import Outcome, SweepApplier
+from kubetrain.operator.sweeps.cache import SweepCache
 
 __all__ = ["RECHECK_SECONDS", "SweepController", "export_metrics", "remove_metrics"]
 

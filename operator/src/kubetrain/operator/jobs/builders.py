@@ -25,7 +25,7 @@ from importlib.resources import files
 from typing import Any
 
 from kubetrain.core import contract, launcher
-from kubetrain.core.api import API_VERSION, KIND, TrainingJob, TrainingJobSpec
+from kubetrain.core.api import TrainingJob, TrainingJobSpec
 from kubetrain.core.contract import (  # also read as builders.LABEL_JOB etc. by the operator's other modules
     CONTAINER,
     LABEL_GENERATION,
@@ -33,14 +33,15 @@ from kubetrain.core.contract import (  # also read as builders.LABEL_JOB etc. by
     LABEL_JOB,
     LABEL_ROLE,
 )
-from kubetrain.operator import fabrics
+from kubetrain.operator.jobs import fabrics
 
 # Re-exported: tests, docs and other modules read them as builders.FABRICS etc.
-from kubetrain.operator.fabrics import ADDABLE_CAPABILITIES as ADDABLE_CAPABILITIES
-from kubetrain.operator.fabrics import FABRICS as FABRICS
-from kubetrain.operator.fabrics import POD_SECURITY_LEVELS as POD_SECURITY_LEVELS
-from kubetrain.operator.fabrics import FabricProfile
-from kubetrain.operator.fabrics import pod_security_level as pod_security_level
+from kubetrain.operator.jobs.fabrics import ADDABLE_CAPABILITIES as ADDABLE_CAPABILITIES
+from kubetrain.operator.jobs.fabrics import FABRICS as FABRICS
+from kubetrain.operator.jobs.fabrics import POD_SECURITY_LEVELS as POD_SECURITY_LEVELS
+from kubetrain.operator.jobs.fabrics import FabricProfile
+from kubetrain.operator.jobs.fabrics import pod_security_level as pod_security_level
+from kubetrain.operator.runtime.settings import WorkerSettings
 
 GPU_RESOURCE = "nvidia.com/gpu"
 CHECKPOINT_MOUNT = contract.CHECKPOINT_MOUNT
@@ -51,14 +52,10 @@ GENERATION_MOUNT = contract.GENERATION_MOUNT
 RAN_FILE = f"{OUTPUT_MOUNT}/ran-generation"
 """contract.RAN_FILE in a pod: in kubetrain's own emptyDir, which outlives a restarted container and which,
 unlike /dev/shm, no podTemplate replaces with a host directory that other pods on the node share."""
-SIGTERM_CHECKPOINT_GRACE = 300
 TRAINER_GID = 1000
 """The trainer image's group (trainer-image/Dockerfile: USER 1000:1000): fsGroup of the checkpoint claim."""
 VOLCANO_SCHEDULER = "volcano"
 """The scheduler name Volcano's scheduler serves (its chart's default)."""
-COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
-"""The scheduler name of scheduler-plugins installed as a second scheduler (its as-a-second-scheduler chart's
-default), the one that runs the Coscheduling plugin."""
 
 
 @dataclass(frozen=True)
@@ -88,17 +85,6 @@ GANGS: dict[str, Gang] = {
                        per_generation=True),
 }
 """scheduling.gang values other than none, by name."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Operator-wide settings (from the Deployment's env / Helm values)."""
-
-    trainer_image: str = "ghcr.io/kubetrain/trainer:0.1.0"
-    image_pull_policy: str = "IfNotPresent"
-    termination_grace_seconds: int = SIGTERM_CHECKPOINT_GRACE
-    coscheduling_scheduler: str = COSCHEDULING_SCHEDULER
-    """The schedulerName of `gang: coscheduling` pods: the scheduler that runs the Coscheduling plugin."""
 
 
 def worker_name(job: str, index: int) -> str:
@@ -143,17 +129,6 @@ def worker_service_account(job: TrainingJob) -> str:
     """The ServiceAccount the worker pods run as: podTemplate.spec.serviceAccountName, else "default"."""
     spec = (job.spec.pod_template or {}).get("spec") or {}
     return str(spec.get("serviceAccountName") or spec.get("serviceAccount") or "default")
-
-
-def owner_reference(obj: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": obj["metadata"]["name"],
-        "uid": obj["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
 
 
 def _meta(job: TrainingJob, name: str, owner: dict[str, Any] | None, **labels: str) -> dict[str, Any]:
@@ -353,7 +328,7 @@ def restart_policy(spec: TrainingJobSpec) -> str:
 
 
 def worker_pod(
-    job: TrainingJob, index: int, generation: int, settings: Settings, owner: dict[str, Any] | None = None
+    job: TrainingJob, index: int, generation: int, settings: WorkerSettings, owner: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     spec, name = job.spec, job.metadata.name
     labels = {LABEL_INDEX: str(index), LABEL_GENERATION: str(generation), LABEL_ROLE: "worker"}
@@ -400,7 +375,7 @@ def worker_pod(
     return pod
 
 
-def scheduler_name(spec: TrainingJobSpec, settings: Settings) -> str | None:
+def scheduler_name(spec: TrainingJobSpec, settings: WorkerSettings) -> str | None:
     """scheduling.schedulerName, else the gang scheduler's name, else None (the default scheduler)."""
     sched = spec.scheduling
     if sched.scheduler_name:
@@ -456,7 +431,7 @@ def _worker_volumes(job: TrainingJob, claim: str | None) -> list[dict[str, Any]]
     return volumes
 
 
-def _worker_container(job: TrainingJob, index: int, generation: int, settings: Settings,
+def _worker_container(job: TrainingJob, index: int, generation: int, settings: WorkerSettings,
                       fabric: FabricProfile) -> dict[str, Any]:
     spec = job.spec
     container: dict[str, Any] = {
@@ -534,7 +509,7 @@ def scale_quantity(quantity: str, factor: int) -> str:
 def worker_requests(job: TrainingJob) -> dict[str, str]:
     """What one worker pod requests of a node: its containers' and native sidecars' requests (limits where
     a request is unset, as the API server defaults them), podTemplate included."""
-    spec = worker_pod(job, 0, 0, Settings())["spec"]
+    spec = worker_pod(job, 0, 0, WorkerSettings())["spec"]
     sidecars = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
     total: dict[str, str] = {}
     for container in [*spec["containers"], *sidecars]:

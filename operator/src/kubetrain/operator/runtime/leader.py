@@ -40,7 +40,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kubetrain.core import contract
-from kubetrain.operator.settings import LeaderElection
+from kubetrain.operator.runtime.settings import LeaderElection
 
 log = logging.getLogger("kubetrain.operator")
 

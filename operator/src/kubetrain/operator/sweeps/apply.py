@@ -23,10 +23,10 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from kubetrain.core import api, contract
-from kubetrain.operator.apply import Applier, api_message, create_refused, namespace_terminating
-from kubetrain.operator.sweep_cache import SweepCache
-from kubetrain.operator.sweeps import CREATE_REJECTED_REASON, FOREIGN_REASON, SweepPlan, foreign_message
-from kubetrain.operator.watch_cache import Key, owned_by, resource_version, uid_of
+from kubetrain.operator.jobs.apply import Applier, api_message, create_refused, namespace_terminating
+from kubetrain.operator.runtime.objects import Key, owned_by, resource_version, uid_of
+from kubetrain.operator.sweeps.cache import SweepCache
+from kubetrain.operator.sweeps.plan import CREATE_REJECTED_REASON, FOREIGN_REASON, SweepPlan, foreign_message
 
 log = logging.getLogger("kubetrain.operator")
 

@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kubetrain.operator.sweeps import trial_key
-from kubetrain.operator.watch_cache import DELETED, Key, resource_version, uid_of
+from kubetrain.operator.runtime.objects import DELETED, Key, resource_version, uid_of
+from kubetrain.operator.sweeps.plan import trial_key
 
 
 @dataclass

@@ -37,22 +37,15 @@ from kubernetes.client.rest import ApiException
 
 from kubetrain.core import api, contract
 from kubetrain.core.api import TrainingJobStatus
-from kubetrain.operator import metrics
-from kubetrain.operator.builders import GANGS
-from kubetrain.operator.conditions import gang_missing, is_gang_missing
-from kubetrain.operator.pod_patches import PodPatches
-from kubetrain.operator.watch_cache import (
-    DELETED,
-    Key,
-    WatchCache,
-    node_not_ready_since,
-    owned_by,
-    resource_version,
-    uid_of,
-)
+from kubetrain.operator.jobs.builders import GANGS
+from kubetrain.operator.jobs.cache import WatchCache, node_not_ready_since
+from kubetrain.operator.jobs.conditions import gang_missing, is_gang_missing
+from kubetrain.operator.jobs.pod_patches import PodPatches
+from kubetrain.operator.runtime import metrics
+from kubetrain.operator.runtime.objects import DELETED, Key, foreign_message, owned_by, resource_version, uid_of
 
 if TYPE_CHECKING:
-    from kubetrain.operator.reconcile import Plan
+    from kubetrain.operator.jobs.plan import Plan
 
 log = logging.getLogger("kubetrain.operator")
 T = TypeVar("T")
@@ -214,12 +207,6 @@ def api_message(exc: ApiException) -> str:
 def create_refused(exc: ApiException) -> bool:
     """The API server will not create this object as it is (quota, admission, validation): a 4xx."""
     return exc.status is not None and 400 <= exc.status < 500 and exc.status not in NOT_REFUSALS
-
-
-def foreign_message(kind: str, name: str, existing: dict[str, Any]) -> str:
-    why = "waiting until it is deleted" if (existing.get("metadata") or {}).get("deletionTimestamp") \
-        else "delete or rename it"
-    return f"{kind} {name} exists and is not owned by this TrainingJob: not adopting it; {why}"
 
 
 def gang_not_created(job: dict[str, Any], status: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -1,6 +1,7 @@
 """One reconcile, as pure functions: observe the pods -> lifecycle.step -> a Plan of API calls.
 
-`plan(job_body, pods, nodes, now, settings, progress, claim_phase)` returns a Plan: objects to create,
+`plan(seen, settings)` takes one Observation (the job, its pods, nodes, the claim, refusals, Kueue's view,
+the time) and returns a Plan: objects to create,
 pods to delete, the ONE status to write, Events to record, and when to look again. The lifecycle
 (kubetrain.core.lifecycle.step) decides and keeps the status; this module only turns pods into
 observations and effects into Kubernetes objects. The I/O layer carries the Plan out; nothing here
@@ -9,7 +10,8 @@ talks to the API server or reads a clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,9 +35,8 @@ from kubetrain.core.lifecycle import (
 )
 from kubetrain.core.progress import Progress
 from kubetrain.core.validate import stored_object
-from kubetrain.operator import builders as b
-from kubetrain.operator import kueue
-from kubetrain.operator.conditions import (
+from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs.conditions import (
     announce,
     blocked_pods,
     checkpoints_durable,
@@ -44,9 +45,11 @@ from kubetrain.operator.conditions import (
     waits_for_volume,
     workers_blocked,
 )
-from kubetrain.operator.pod_facts import container_exit_code, disrupted, facts
+from kubetrain.operator.jobs.pod_facts import container_exit_code, disrupted, facts
+from kubetrain.operator.kueue import plan as kueue
+from kubetrain.operator.runtime.objects import owner_reference
 
-__all__ = ["Plan", "claim_to_check", "container_exit_code", "deletion_overdue", "plan", "set_condition"]
+__all__ = ["Observation", "Plan", "claim_to_check", "container_exit_code", "deletion_overdue", "plan", "set_condition"]
 
 OVERDUE_DELETION_SECONDS = 10.0
 """A pod still cached this long past its deletionTimestamp (when the kubelet must have ended it) is read
@@ -81,7 +84,7 @@ def _pod_labels(pod: dict[str, Any]) -> dict[str, str]:
     return pod.get("metadata", {}).get("labels") or {}
 
 
-def worker_state(index: int, pod: dict[str, Any], nodes: dict[str, datetime | None]) -> WorkerState:
+def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime | None]) -> WorkerState:
     """A Pod as the lifecycle sees it (pod_facts)."""
     f = facts(pod)
     node_not_ready_since = nodes.get(f.node or "") if nodes else None
@@ -95,7 +98,7 @@ def worker_state(index: int, pod: dict[str, Any], nodes: dict[str, datetime | No
 
 def observe(
     spec: TrainingJobSpec, status: TrainingJobStatus, pods: list[dict[str, Any]],
-    nodes: dict[str, datetime | None], progress: Progress | None, gone: Sequence[dict[str, Any]] = (),
+    nodes: Mapping[str, datetime | None], progress: Progress | None, gone: Sequence[dict[str, Any]] = (),
     progress_refused: bool = False,
 ) -> Observed:
     """`gone`: the last copies of this job's deleted pods that were disrupted (the cache keeps them), so a
@@ -134,43 +137,57 @@ def _status_of(body: dict[str, Any]) -> TrainingJobStatus:
         return TrainingJobStatus()
 
 
-def plan(
-    body: dict[str, Any],
-    pods: list[dict[str, Any]],
-    nodes: dict[str, datetime | None],
-    now: datetime,
-    settings: b.Settings,
-    progress: Progress | None = None,
-    claim_phase: str | None = None,
-    gone: Sequence[dict[str, Any]] = (),
-    progress_refused: bool = False,
-    create_refused: str | None = None,
-    foreign: str | None = None,
-    queue: kueue.QueueView | None = None,
-) -> Plan:
-    """One reconcile. `claim_phase`: the checkpoint claim's phase ("Missing" if absent), when the caller
-    looked it up because pods wait for a volume (claim_to_check); None otherwise. `gone`: see observe().
-    `progress_refused`: the API refused the job's progress Role or RoleBinding. `create_refused`: the API's
-    message when it refused a worker pod; `foreign`: a child's name held by an object this job does not own.
-    `queue`: Kueue's view of a job with a LocalQueue (its Workload, flavors, priority)."""
-    old, view = _status_of(body), queue or kueue.QueueView()
+@dataclass(frozen=True)
+class Observation:
+    """What one reconcile of a job observed, as one value: the controller builds it (JobController._plan)
+    and plan() reads nothing else. A new fact is one field here and its use."""
+
+    body: dict[str, Any]
+    """The TrainingJob as the API server stores it."""
+    pods: list[dict[str, Any]]
+    """Its worker pods, every generation, as the cache holds them (with the patches in flight applied)."""
+    nodes: Mapping[str, datetime | None]
+    """Node name -> since when it is not Ready (None: Ready)."""
+    now: datetime
+    progress: Progress | None = None
+    """Rank 0's newest progress record."""
+    claim_phase: str | None = None
+    """The checkpoint claim's phase ("Missing" if absent), when it was looked up because pods wait for a
+    volume (claim_to_check); None otherwise."""
+    gone: Sequence[dict[str, Any]] = ()
+    """The last copies of the job's deleted pods that were disrupted (see observe())."""
+    progress_refused: bool = False
+    """The API refused the job's progress Role or RoleBinding."""
+    create_refused: str | None = None
+    """The API server's message when it refused a worker pod."""
+    foreign: str | None = None
+    """A child's name held by an object this job does not own."""
+    queue: kueue.QueueView = field(default_factory=kueue.QueueView)
+    """Kueue's view of a job with a LocalQueue (its Workload, flavors, priority)."""
+
+
+def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
+    """One reconcile of the job `seen` observed."""
+    body, now, view = seen.body, seen.now, seen.queue
+    old = _status_of(body)
     job, problems = _job_model(body)
     if job is None:
         return _invalid(old, problems, now, kueue.plan_invalid(view, now))
-    ours = [p for p in pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
+    ours = [p for p in seen.pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
     gang_gone = not any(facts(p).running for p in ours)
-    q = kueue.plan_queue(job, body, view, gang_gone, old.phase, settings, now)
+    template = functools.partial(b.worker_pod, job, 0, 0, settings)  # a queued job's Workload template
+    q = kueue.plan_queue(job, body, view, gang_gone, old.phase, template, now)
     if job.spec.managed_by not in (None, contract.MANAGED_BY_OPERATOR):
         return Plan(queue=q)  # another controller (MultiKueue) runs it: only its Workload is ours
     if kueue.kueue_queue(job) is not None:  # spec.suspend belongs to Kueue's admission: what it says holds now
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": q.hold})})
-    observed = observe(job.spec, old, ours, nodes, progress, gone, progress_refused)
+    observed = observe(job.spec, old, ours, seen.nodes, seen.progress, seen.gone, seen.progress_refused)
     t = step(job.spec, old, observed, now)
     if t.status.phase in FINISHED_PHASES and old.phase not in FINISHED_PHASES:
         # The job ends in this plan: its Workload is finished with it, not on whatever event comes next
         # (the echo of this plan's own status write re-plans nothing).
-        q = kueue.plan_queue(job, body, view, gang_gone, t.status.phase, settings, now)
-    lost = set(_lost(job.spec, ours, nodes, now))
+        q = kueue.plan_queue(job, body, view, gang_gone, t.status.phase, template, now)
+    lost = set(_lost(job.spec, ours, seen.nodes, now))
     out = Plan(requeue_after=t.requeue_after, decision=t.decision, queue=q)
     if q.condition is not None and q.condition[1] in kueue.LOOK_AGAIN:  # no event says when it is installed
         out.requeue_after = min(out.requeue_after or kueue.LOOK_AGAIN_SECONDS, kueue.LOOK_AGAIN_SECONDS)
@@ -179,7 +196,7 @@ def plan(
     for name, notes in profile_request(body, ours, t.status.restart_generation).items():
         _patch(out, name, "annotations", notes)
     if t.decision is not None:
-        status = _presented(job, body, ours, t, Blocked(claim_phase, create_refused, foreign), now, out)
+        status = _presented(job, body, ours, t, Blocked(seen.claim_phase, seen.create_refused, seen.foreign), now, out)
         if status != old.dump():
             out.status = status
     return out
@@ -213,12 +230,12 @@ def _invalid(old: TrainingJobStatus, problems: list[str], now: datetime, queue: 
 
 def _translate(
     effect: lc.Effect, job: TrainingJob, body: dict[str, Any], ours: list[dict[str, Any]], t: lc.Transition,
-    settings: b.Settings, out: Plan, lost: set[str],
+    settings: b.WorkerSettings, out: Plan, lost: set[str],
 ) -> None:
     """One lifecycle effect as Kubernetes objects to create or delete. `lost`: pods on a lost node,
     deleted at once (grace 0) even when already Terminating."""
     if isinstance(effect, lc.CreateWorkers):
-        owner = b.owner_reference(body)
+        owner = owner_reference(body)
         out.create.extend(_shared_children(job, owner, effect.generation))
         out.create.extend(kueue.place(b.worker_pod(job, i, effect.generation, settings, owner), out.queue.placement)
                           for i in effect.indices)
@@ -331,7 +348,7 @@ def _shared_children(job: TrainingJob, owner: dict[str, Any], generation: int) -
     return objs
 
 
-def _lost(spec: TrainingJobSpec, pods: list[dict[str, Any]], nodes: dict[str, datetime | None],
+def _lost(spec: TrainingJobSpec, pods: list[dict[str, Any]], nodes: Mapping[str, datetime | None],
           now: datetime) -> list[str]:
     """Pods of the job that are going away (or must) on a node NotReady past its grace: they would stay
     Terminating forever and hold the next generation back, as the node lifecycle controller's pod GC

@@ -1,0 +1,311 @@
+"""The TrainingJob controller: wires the watch cache, the work queue and the applier around plan().
+
+kopf delivers the watch events of jobs, nodes and Workloads (kubetrain.operator.handlers), the PodWatch
+those of worker pods (jobs/pod_watch.py); they update the WatchCache and queue the job's key.
+The WorkQueue hands keys to a few workers (never the same key to two at once); a worker plans
+from the cache (pure) and the Applier carries the plan out. Deleting a job forgets it everywhere.
+TrainingSweeps are reconciled beside the jobs, under the same leadership, by the Controller that
+extends this one (kubetrain.operator.controller): jobs know nothing of sweeps.
+
+A plan reads every pod of its job, and a starting gang's pods send an event each as they are
+scheduled, start and turn ready: a 1024-worker gang was planned after nearly every one of them.
+An event that only moves a worker on towards running is paced (`pace`): its job is looked at again
+after a pause in proportion to what planning that job last cost. Any other event (a worker that
+failed, finished or went missing, a pod deleted) is looked at at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+
+from kubetrain.core import api, contract
+from kubetrain.core.lifecycle import Action, FailureKind, WorkerPhase
+from kubetrain.operator.jobs.apply import Apis, Applier
+from kubetrain.operator.jobs.cache import WatchCache
+from kubetrain.operator.jobs.plan import Observation, Plan, claim_to_check, deletion_overdue, plan
+from kubetrain.operator.jobs.pod_facts import facts
+from kubetrain.operator.jobs.pod_patches import overlay
+from kubetrain.operator.jobs.pod_watch import Event, PodList, PodWatch
+from kubetrain.operator.kueue.io import KueueIO
+from kubetrain.operator.kueue.plan import QueueView
+from kubetrain.operator.runtime import metrics
+from kubetrain.operator.runtime.objects import DELETED, Key, resource_version, uid_of
+from kubetrain.operator.runtime.settings import OperatorSettings
+from kubetrain.operator.runtime.workqueue import WorkQueue
+
+__all__ = ["CONFIRM_LIVE", "JobController"]
+
+# Failures judged from what the caches LACK (a pod, a progress update, a Ready node): confirmed by
+# a live read before a gang is restarted over them. A cache can lag: the watch of an operator that
+# just started, took the Lease over, or reconnected has not replayed everything yet. Pods the cache
+# still holds well past their deletion are read live too (reconcile.deletion_overdue).
+CONFIRM_LIVE = frozenset({FailureKind.DELETED, FailureKind.NO_PROGRESS, FailureKind.NODE_LOST})
+GANG_GOING = frozenset({Action.RESTART_GANG, Action.SUSPEND, Action.FAIL, Action.SUCCEED})
+"""Decisions that take the gang away: what its creates met (a refusal, a foreign object) no longer holds."""
+GAUGE_PERIOD = 5.0
+"""Seconds between two refreshes of the jobs-by-phase gauge."""
+PACE_FACTOR = 20.0
+"""A paced pod event waits this many times the last plan of its job: planning takes at most about
+1/20 of the operator's time while a gang starts (a 2-worker job's pause is a few milliseconds)."""
+PACE_MAX = 1.0
+"""Seconds: the longest pause of a paced pod event, however large the job."""
+STARTING = frozenset({WorkerPhase.PENDING, WorkerPhase.RUNNING})
+
+
+def pace(plan_seconds: float) -> float:
+    """How long a pod event that only moves a worker on towards running waits, given what the last
+    plan of its job cost."""
+    return min(PACE_MAX, PACE_FACTOR * plan_seconds)
+
+
+def paced(kind: str | None, pod: dict[str, Any]) -> bool:
+    """The event only moves a worker on towards running (created, scheduled, started, ready)."""
+    return kind != DELETED and facts(pod).phase in STARTING
+
+
+def _known_version(cached: dict[str, Any] | None, body: dict[str, Any]) -> bool:
+    """The cache holds this version of the job, or a newer one: the watch's echo of the operator's own
+    status write (whose response the applier cached), which would only plan the same again."""
+    return cached is not None and uid_of(cached) == uid_of(body) and \
+        resource_version(cached) >= resource_version(body) > 0
+
+
+class JobController:
+    def __init__(self, api_client: client.ApiClient, settings: OperatorSettings,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
+        self.api_client = api_client
+        self.settings = settings
+        self.clock = clock
+        self.cache = WatchCache()
+        self.queue: WorkQueue[Key] = WorkQueue()
+        self.applier = Applier(Apis.of(api_client), self.cache, settings.create_parallelism, clock,
+                               patch_failed=self.queue.add)  # planned again from the pod as it is
+        self.kueue = KueueIO(self.applier.io, self.applier.apis.custom, self.cache, self.applier.cache_job)
+        self.first_running: set[Key] = set()
+        """Jobs whose first time Running was observed (kubetrain_operator_time_to_running_seconds)."""
+        self.first_step: set[Key] = set()
+        """Jobs whose first step was observed (kubetrain_operator_time_to_first_step_seconds)."""
+        self.paces: dict[Key, float] = {}
+        """Per job, the pause of its paced pod events (`pace` of its last plan)."""
+        self.tasks: list[asyncio.Task[None]] = []
+        self.pod_watch = PodWatch(api_client, settings.namespace, self.pod_events, self.pods_listed)
+
+    # ------------------------------------------------------------------ watch events
+
+    def job_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        known = self.cache.job((body["metadata"]["namespace"], body["metadata"]["name"]))
+        key = self.cache.job_event(kind, body)
+        if kind == DELETED:
+            self.forget(key)
+        elif not _known_version(known, body):
+            self.queue.add(key)
+
+    def pod_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        key = self.cache.pod_event(kind, body)
+        if key is None:
+            return
+        if paced(kind, body):
+            self.queue.add_after(key, self.paces.get(key, 0.0))
+        else:
+            self.queue.add(key)
+
+    def pod_events(self, events: list[Event]) -> None:
+        for kind, body in events:
+            self.pod_event(kind, body)
+
+    def pods_listed(self, listed: PodList) -> None:
+        """A LIST of every worker pod: each pod as it is, and each cached pod the list lacks (one no newer
+        than the list) as deleted: its DELETED event fell in a gap of the watch."""
+        for gone in self.cache.missing_from(listed.pods, listed.resource_version):
+            self.pod_event(DELETED, gone)
+        for pod in listed.pods:
+            self.pod_event(None, pod)
+
+    def workload_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        """A Kueue Workload of a job (admitted, evicted, ...): its job is planned again."""
+        key = self.cache.workload_event(kind, body)
+        if key is not None:
+            self.queue.add(key)
+
+    def node_event(self, kind: str | None, body: dict[str, Any]) -> None:
+        for key in self.cache.node_event(kind, body, self.clock()):
+            self.queue.add(key)
+
+    def forget(self, key: Key) -> None:
+        """A deleted job: nothing kept for it anywhere."""
+        self.cache.forget(key)
+        self.queue.forget(key)
+        self.applier.patches.forget(key)
+        self.first_running.discard(key)
+        self.first_step.discard(key)
+        self.paces.pop(key, None)
+        for kind in ("productive", "lost"):
+            with contextlib.suppress(KeyError):
+                metrics.JOB_GOODPUT_SECONDS.remove(*key, kind)
+        with contextlib.suppress(KeyError):
+            metrics.JOB_STEPS_LOST.remove(*key)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Fill the caches and start the workers; they reconcile at once without leader election,
+        else only after start_leading()."""
+        listed = await self._fill_cache()
+        self.pod_watch.start(asyncio.get_running_loop(), listed.resource_version)
+        self.tasks = [asyncio.create_task(self.queue.serve(self.settings.reconcile_workers, self.reconcile)),
+                      asyncio.create_task(self._gauges())]
+        if self.settings.leader_election is None:
+            self._lead(True)
+
+    async def start_leading(self) -> None:
+        """This replica got the Lease: re-read everything (a standby's caches may lag), then act."""
+        await self._fill_cache()
+        self._lead(True)
+
+    def stop_leading(self) -> None:
+        self._lead(False)
+
+    async def stop(self) -> None:
+        self.pod_watch.stop()
+        for t in self.tasks:
+            t.cancel()
+        for t in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self.applier.close()
+
+    def _lead(self, leading: bool) -> None:
+        self.queue.set_leading(leading)
+        metrics.LEADER.set(int(leading))
+
+    async def _fill_cache(self) -> PodList:
+        """LIST jobs, pods, nodes and Workloads, so that no decision is taken on a half-filled cache (a pod not
+        yet seen would look deleted); watch events keep them fresh after. Jobs first: the cache
+        keeps pods only under a job it knows. The pods' list (the pod watch starts from its version)."""
+        snapshot = await self.applier.io(self.applier.list_all, self.settings.namespace)
+        for job in snapshot.jobs:
+            self.job_event(None, job)
+        listed = await self.applier.io(self.pod_watch.list)
+        self.pods_listed(listed)
+        for node in snapshot.nodes:
+            self.node_event(None, node)
+        for wl in await self.applier.io(self.kueue.list_workloads, self.settings.namespace):
+            self.workload_event(None, wl)
+        return listed
+
+    async def _gauges(self) -> None:
+        while True:
+            self.count_phases()
+            await asyncio.sleep(GAUGE_PERIOD)
+
+    # ------------------------------------------------------------------ reconcile
+
+    async def reconcile(self, key: Key) -> float | None:
+        """One job: plan from the caches, confirm a failure seen as an absence, carry the plan out.
+        Returns when to look again (None: on its next event)."""
+        body = self.cache.job(key)
+        if body is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            claim_phase = await self._claim_phase(key, body)
+            queue = await self.kueue.view(key, body)
+            p = self._plan(key, body, claim_phase, queue)
+            confirm = (p.decision is not None and p.decision.failure_kind in CONFIRM_LIVE) or \
+                deletion_overdue(self.cache.pods(key), self.clock(), self.cache.read_live(key))
+            if confirm and await self.applier.refresh(key):
+                p = self._plan(key, body, claim_phase, queue)
+            carried_out = await self.applier.execute(key, body, p)
+            if carried_out:
+                await self.kueue.carry_out(key, body, p.queue)
+        except Exception as exc:
+            metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
+            raise  # the work queue logs it and retries with backoff
+        if not carried_out:
+            return 0.0  # the job changed since it was read: plan again, at once, from the fresh copy
+        self._observe(key, body, p)
+        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - t0)
+        return self._requeue_after(key, p)
+
+    def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None, queue: QueueView) -> Plan:
+        cache = self.cache
+        t0 = time.perf_counter()
+        seen = Observation(
+            body, overlay(cache.pods(key), self.applier.patches.pending(key)), cache.nodes, self.clock(),
+            progress=cache.progress(key), claim_phase=claim_phase, gone=cache.disrupted(key),
+            progress_refused=cache.progress_refused(key), create_refused=cache.create_refused(key),
+            foreign=cache.foreign(key), queue=queue)
+        p = plan(seen, self.settings.builders)
+        self.paces[key] = pace(time.perf_counter() - t0)
+        return p
+
+    def _requeue_after(self, key: Key, p: Plan) -> float | None:
+        """The plan's time to look again; with a pod create refused or a child's name taken, the backoff's
+        instead (2 s doubling to 60 s; the plan's own, a recheck of the pods just created, would retry the
+        create every 2 s): no event the operator watches says when a quota is raised or a namespace
+        relabelled. The backoff starts over once the job's creates succeed, or once its gang goes away
+        (a restart, a suspension, the end): what the creates met then no longer holds."""
+        d = p.decision
+        if d is None or d.action in GANG_GOING or d.phase in (api.Phase.SUSPENDED, *api.FINISHED_PHASES):
+            self.cache.set_create_refused(key, None)
+            self.cache.set_foreign(key, None)
+        if self.cache.create_refused(key) is None and self.cache.foreign(key) is None:
+            self.queue.reset(key)
+            return p.requeue_after
+        return self.queue.backoff(key)
+
+    async def _claim_phase(self, key: Key, body: dict[str, Any]) -> str | None:
+        """The checkpoint claim's phase, read live only while the scheduler says the job's pods wait
+        for a volume (claims are not watched: one GET per such reconcile)."""
+        name = claim_to_check(body, self.cache.pods(key), self.clock())
+        return None if name is None else await self.applier.claim_phase(key[0], name)
+
+    def _observe(self, key: Key, body: dict[str, Any], p: Plan) -> None:
+        """Metrics of the transition the plan's status makes."""
+        d, new = p.decision, p.status
+        if d is None or new is None:
+            return
+        old = body.get("status") or {}
+        now = self.clock()
+        if d.action == Action.RESTART_GANG:
+            metrics.GANG_RESTARTS.labels(d.reason).inc()
+        phase, was = new.get("phase"), old.get("phase")
+        if phase == api.Phase.RUNNING and was != api.Phase.RUNNING:
+            created = contract.parse_time(body["metadata"].get("creationTimestamp"))
+            failed = contract.parse_time(old.get("lastFailureTime"))
+            if failed is not None:
+                metrics.RECOVERY_SECONDS.observe((now - failed).total_seconds())
+            elif created is not None and key not in self.first_running:
+                self.first_running.add(key)
+                metrics.TIME_TO_RUNNING.observe((now - created).total_seconds())
+        if phase in api.FINISHED_PHASES and was != phase:
+            metrics.JOBS_FINISHED.labels(phase, new.get("reason", "")).inc()
+        self._observe_goodput(key, body, new, now)
+
+    def _observe_goodput(self, key: Key, body: dict[str, Any], new: dict[str, Any], now: datetime) -> None:
+        """Time to the first step (once per job) and the job's goodput gauges."""
+        created = contract.parse_time(body["metadata"].get("creationTimestamp"))
+        if new.get("currentStep") and key not in self.first_step and created is not None:
+            self.first_step.add(key)
+            if not (body.get("status") or {}).get("currentStep"):  # not an operator restart mid-job
+                metrics.TIME_TO_FIRST_STEP.observe((now - created).total_seconds())
+        g = new.get("goodput") or {}
+        metrics.JOB_GOODPUT_SECONDS.labels(*key, "productive").set(g.get("productiveSeconds", 0.0))
+        metrics.JOB_GOODPUT_SECONDS.labels(*key, "lost").set(g.get("lostSeconds", 0.0))
+        metrics.JOB_STEPS_LOST.labels(*key).set(g.get("stepsLost", 0))
+
+    def count_phases(self) -> None:
+        """Refresh the jobs-by-phase gauge (periodically, not per reconcile; 0 on a standby
+        replica, so that sums over replicas count each job once)."""
+        jobs = self.cache.jobs() if self.queue.leading else iter(())
+        counts = Counter((body.get("status") or {}).get("phase", api.Phase.PENDING) for body in jobs)
+        for phase in api.Phase:
+            metrics.JOBS.labels(phase).set(counts.get(phase, 0))

@@ -1,0 +1,63 @@
+"""What every controller of the operator reads or writes on any API object: keys, versions,
+owners, and the one message for a child whose name another object holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubetrain.core.api import API_VERSION, KIND
+
+Key = tuple[str, str]
+"""(namespace, name) of an object: a TrainingJob, a TrainingSweep."""
+DELETED = "DELETED"
+"""The watch event type of a deletion (other types, and None for a LIST, all mean "as it is now")."""
+
+
+def version_number(version: str | None) -> int:
+    """A resourceVersion as a number (0 when absent or not one): which of two is newer."""
+    try:
+        return int(version or 0)
+    except ValueError:
+        return 0
+
+
+def resource_version(obj: dict[str, Any]) -> int:
+    """metadata.resourceVersion as a number (0 when absent): which of two copies is newer."""
+    return version_number(obj.get("metadata", {}).get("resourceVersion"))
+
+
+def slim(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without metadata.managedFields, which the operator never reads: with a thousand jobs'
+    pods, the field managers' bookkeeping was a good part of the operator's memory. In place: the
+    cache owns what it is given."""
+    (obj.get("metadata") or {}).pop("managedFields", None)
+    return obj
+
+
+def uid_of(obj: dict[str, Any]) -> str | None:
+    return (obj.get("metadata") or {}).get("uid")
+
+
+def owned_by(obj: dict[str, Any], uid: str | None) -> bool:
+    """Whether `obj`'s ownerReferences name the owner with that uid (True when the uid is unknown)."""
+    if not uid:
+        return True
+    return any(ref.get("uid") == uid for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def owner_reference(obj: dict[str, Any]) -> dict[str, Any]:
+    """The controller reference of a TrainingJob's children (pods, Service, claim, Workload) to it."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def foreign_message(kind: str, name: str, existing: dict[str, Any]) -> str:
+    why = "waiting until it is deleted" if (existing.get("metadata") or {}).get("deletionTimestamp") \
+        else "delete or rename it"
+    return f"{kind} {name} exists and is not owned by this TrainingJob: not adopting it; {why}"
