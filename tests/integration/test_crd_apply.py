@@ -10,11 +10,11 @@ import pytest
 import yaml
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
-from support.paths import CRD_FILE, QUICKSTART, REPO_ROOT
+from support.paths import CRD_FILE, QUICKSTART, REPO_ROOT, SWEEP_CRD_FILE
 from support.resources import FIELD_MANAGER, apply, wait_established
 from support.waiting import wait_for
 
-from kubetrain.core.api import GROUP, PLURAL, VERSION
+from kubetrain.core.api import GROUP, PLURAL, SWEEP_PLURAL, VERSION
 from kubetrain.core.validate import load_documents, problems_of
 
 pytestmark = pytest.mark.integration
@@ -126,3 +126,35 @@ def test_an_immutable_field_cannot_be_edited_but_workers_can(
     edited = trainingjobs.patch(body={"spec": {"workers": 3, "suspend": True}}, name=name, namespace=namespace,
                                 content_type="application/merge-patch+json")
     assert (edited.spec.workers, edited.spec.suspend) == (3, True)
+
+
+def grid_sweep(name: str, sampler: str, high: float) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingSweep", "metadata": {"name": name},
+            "spec": {"template": {"spec": {"maxSteps": 10}}, "sampler": {"type": sampler},
+                     "parameters": [{"path": "maxSteps", "type": "int", "low": 1, "high": high, "step": 1},
+                                    {"path": "model.nLayers", "type": "int", "low": 1, "high": 2, "step": 1}]}}
+
+
+@pytest.mark.parametrize(("sampler", "high", "refused"), [
+    ("grid", 1e9, True),  # two billion combinations: one object could exhaust the operator's memory
+    ("grid", 5001, True),  # 10002: the product of the parameters' values counts, not each alone
+    ("grid", 5000, False),  # exactly 10000
+    ("random", 1e9, False),  # sampling never lists the range
+])
+def test_the_api_server_bounds_a_grid_sweep_as_validate_does(
+    admin_api: client.ApiClient, namespace: str, sampler: str, high: float, refused: bool,
+) -> None:
+    crd = load(SWEEP_CRD_FILE)
+    apply(admin_api, crd, FIELD_MANAGER)
+    wait_established(admin_api, [crd["metadata"]["name"]])
+    doc = grid_sweep(f"grid-{sampler}-{int(high)}", sampler, high)
+    assert bool(problems_of(doc)) == refused
+    custom = client.CustomObjectsApi(admin_api)
+    if not refused:
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, SWEEP_PLURAL, doc, field_validation="Strict")
+        return
+    with pytest.raises(ApiException) as rejected:
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, SWEEP_PLURAL, doc, field_validation="Strict")
+    assert rejected.value.status == 422, rejected.value.body
+    assert "spec.parameters" in rejected.value.body
+    assert "the grid sampler tries every combination of the parameters' values" in rejected.value.body

@@ -5,8 +5,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kubetrain.core.api import Phase, SweepPhase, SweepReason, TrainingSweepSpec, TrainingSweepStatus, TrialState
-from kubetrain.core.sweep import policy
+from kubetrain.core.api import (
+    GRID_TOO_LARGE,
+    Phase,
+    SweepPhase,
+    SweepReason,
+    TrainingSweepSpec,
+    TrainingSweepStatus,
+    TrialState,
+)
+from kubetrain.core.sweep import policy, space
 from kubetrain.core.sweep.model import StartTrial, StopTrial, SweepEvent, TrialObservation
 
 NOW = datetime(2025, 5, 1, 12, 0, tzinfo=UTC)
@@ -352,3 +360,41 @@ def test_the_grid_sampler_tries_each_point_once_then_the_sweep_ends():
         (1, "bf16"), (1, "fp32"), (2, "bf16"), (2, "fp32")]
     assert (t.status.phase, t.status.trials_summary) == (SweepPhase.SUCCEEDED, "4/4")
     assert t.status.best_params == {"model.nLayers": 1, "precision": "fp32"}
+
+
+HOSTILE_GRID = {"path": "maxSteps", "type": "int", "low": 1, "high": 1e9, "step": 1}
+"""A billion grid points: a stored sweep that bypassed the API server's rule must cost nothing to refuse."""
+
+
+def test_a_grid_beyond_the_bound_fails_the_sweep_without_building_it(monkeypatch):
+    monkeypatch.setattr(space, "grid_values", lambda p: pytest.fail("the grid's values were listed"))
+    spec = sweep_spec(HOSTILE_GRID, sampler={"type": "grid"})
+    t = step(spec)
+    assert (t.status.phase, t.status.reason, t.status.trials) == (SweepPhase.FAILED, SweepReason.INVALID_SPEC, [])
+    assert t.status.message == (
+        "invalid search space: spec.parameters: the grid sampler tries every combination of the parameters' values: "
+        "at most 10000 (use sampler random or tpe for a larger space, or coarser steps)")
+
+
+def test_a_grid_of_many_small_parameters_is_bounded_by_its_product():
+    two = [{"path": p, "type": "categorical", "values": [1, 2]} for p in ("microBatchSize", "evalEverySteps")]
+    ints = [{"path": f"checkpoint.{f}", "type": "int", "low": 1, "high": 100, "step": 1} for f in ("keep", "everySteps")]
+    assert space.grid_size(sweep_spec(*two, *ints[:1], sampler={"type": "grid"})) == 400
+    assert step(sweep_spec(*two, *ints[:1], sampler={"type": "grid"})).status.phase == SweepPhase.RUNNING
+    failed = step(sweep_spec(*two, *ints, sampler={"type": "grid"})).status  # 40000
+    assert (failed.phase, failed.message) == (SweepPhase.FAILED, "invalid search space: spec.parameters: " +
+                                              GRID_TOO_LARGE)
+
+
+def test_categorical_values_count_in_the_grid_though_the_api_server_sees_only_the_ranges():
+    many = [{"path": p, "type": "categorical", "values": list(range(1, 101))} for p in ("microBatchSize", "evalEverySteps")]
+    spec = sweep_spec(*many, {"path": "model.nLayers", "type": "int", "low": 1, "high": 2, "step": 1},
+                      sampler={"type": "grid"})  # 100 x 100 x 2
+    assert [path for path, _ in spec.rule_violations()] == ["parameters"]
+    assert step(spec).status.message == "invalid search space: spec.parameters: " + GRID_TOO_LARGE
+
+
+def test_random_sampling_over_the_same_range_never_lists_it(monkeypatch):
+    monkeypatch.setattr(space, "grid_values", lambda p: pytest.fail("the grid's values were listed"))
+    t = step(sweep_spec(HOSTILE_GRID, sampler={"type": "random"}, parallelism=2))
+    assert len(of(StartTrial, t)) == 2 and all(1 <= e.params["maxSteps"] <= 1e9 for e in of(StartTrial, t))

@@ -58,6 +58,13 @@ BROKEN = [
     ({"spec__samplr": {"type": "grid"}}, ["spec.samplr: unknown field"]),
     ({"spec__sampler": {"type": "grid"}},
      ["spec.sampler.type: the grid sampler needs values or step on every parameter"]),
+    ({"spec__sampler": {"type": "grid"},
+      "spec__parameters__0": {"path": "maxSteps", "type": "int", "low": 1, "high": 1e9, "step": 1}},
+     ["spec.parameters: the grid sampler tries every combination of the parameters' values: at most 10000 (use "
+      "sampler random or tpe for a larger space, or coarser steps)"]),
+    ({"spec__parameters__0": {"path": "checkpoint.dir", "type": "categorical", "values": ["/a", "/b"]}},
+     ["spec.parameters[0].path: checkpoint.dir names where a job keeps its checkpoints, not a hyperparameter: "
+      "every trial keeps its own"]),
     ({"spec__maxTrials": 501}, ["spec.maxTrials: must be <= 500"]),
     ({"metadata__name": "s" * 47}, ["metadata.name: must have at most 46 characters"]),
     ({"spec": None}, ["spec: required"]),

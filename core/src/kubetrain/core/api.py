@@ -16,6 +16,7 @@ import enum
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
@@ -580,7 +581,7 @@ SPEC_RULES: list[Rule] = [
 
 
 Fabric = Literal["none", "infiniband", "roce", "efa", "tcpx", "tcpxo", "aks-infiniband"]
-"""spec.fabric: the network fabric profiles (kubetrain.operator.fabrics renders them)."""
+"""spec.fabric: the network fabric profiles (kubetrain.operator.jobs.fabrics renders them)."""
 EXTENDED_RESOURCE_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 """A domain-prefixed extended resource name (`rdma/ib`, `rdma/shared_ib`, `nvidia.com/mlnxnics`)."""
 EFA_INSTANCE_TYPES: Final[dict[str, int]] = {"p4d.24xlarge": 4, "p4de.24xlarge": 4, "p5.48xlarge": 32, "p5e.48xlarge": 32}
@@ -898,6 +899,10 @@ MAX_SWEEP_NAME: Final = 46
 MAX_TRIAL_MESSAGE: Final = 512
 """Characters of a trial's message kept in status (a failed job's message can be long)."""
 MAX_INTERMEDIATE_VALUES: Final = 20
+MAX_SWEEP_PARAMETERS: Final = 32
+MAX_GRID_POINTS: Final = 10_000
+"""The most combinations a grid sampler may hold: the sampler builds every one of them at each sweep step (a
+grid larger than maxTrials, at most 500, runs only a seeded sample of it). Larger spaces take random or tpe."""
 """Intermediate values kept per trial: the pruner's interval is widened so that maxSteps fits in this many."""
 SWEEP_MUTABLE_SPEC_FIELDS = ("maxTrials", "parallelism")
 """Spec fields a sweep takes edits of once it exists; the API server refuses an edit of any other field."""
@@ -981,6 +986,44 @@ class SweepParameter(_Model):
     """The choices of a categorical parameter."""
 
 
+def grid_points(param: SweepParameter) -> int:
+    """How many values the grid sampler tries for one parameter: its values, or low, low + step, ..., high
+    (step 1 for an int parameter without one), counted, never listed."""
+    if param.values is not None:
+        return len(param.values)
+    if param.low is None or param.high is None or param.high < param.low:
+        return 1  # refused by another rule
+    span = Decimal(str(param.high)) - Decimal(str(param.low))
+    return int(span / Decimal(str(param.step or 1))) + 1
+
+
+def grid_size(parameters: list[SweepParameter], limit: int = MAX_GRID_POINTS, ranges_only: bool = False) -> int:
+    """The number of grid combinations, or the first partial product above `limit` (enough to refuse).
+    `ranges_only`: count a categorical parameter as one value, as the API server must (CEL does not see
+    `values`, whose items are untyped)."""
+    total = 1
+    for param in parameters:
+        total *= 1 if ranges_only and param.values is not None else grid_points(param)
+        if total > limit:
+            break
+    return total
+
+
+def _grid_points_cel(i: int) -> str:
+    """CEL for the number of values parameters[i] spans from low to high (1.0 for a categorical parameter, or
+    where parameters[i] does not exist), as a double."""
+    p = f"self.parameters[{i}]"
+    count = (f"({p}.type != 'categorical' && has({p}.low) && has({p}.high) ? "
+             f"({p}.high - {p}.low) / (has({p}.step) ? {p}.step : 1.0) + 1.0 : 1.0)")
+    return f"(size(self.parameters) > {i} ? {count} : 1.0)"
+
+
+GRID_RANGES_CEL = (f"self.sampler.type != 'grid' || "
+                   f"{' * '.join(_grid_points_cel(i) for i in range(MAX_SWEEP_PARAMETERS))} <= {float(MAX_GRID_POINTS)}")
+GRID_TOO_LARGE = (f"the grid sampler tries every combination of the parameters' values: at most {MAX_GRID_POINTS} "
+                  "(use sampler random or tpe for a larger space, or coarser steps)")
+
+
 PARAMETER_RULES: list[Rule] = [
     Rule(
         "values",
@@ -1061,7 +1104,7 @@ class TrainingSweepSpec(_Model):
 
     template: TrainingJobTemplate
     """The TrainingJob each trial runs, with the trial's parameters set."""
-    parameters: list[SweepParameter] = Field(..., min_length=1, max_length=32)
+    parameters: list[SweepParameter] = Field(..., min_length=1, max_length=MAX_SWEEP_PARAMETERS)
     """The search space: the spec fields to tune and their ranges. At most 32."""
     objective: SweepObjective = Field(default_factory=SweepObjective)
     """What is minimised."""
@@ -1098,6 +1141,19 @@ SWEEP_RULES: list[Rule] = [
         None,
         "the grid sampler needs values or step on every parameter",
         lambda s: s.sampler.type != "grid" or all(p.values is not None or p.step is not None for p in s.parameters),
+    ),
+    Rule(
+        "parameters",
+        GRID_RANGES_CEL,
+        GRID_TOO_LARGE,
+        lambda s: s.sampler.type != "grid" or grid_size(s.parameters, ranges_only=True) <= MAX_GRID_POINTS,
+    ),
+    Rule(  # the categorical values too, which CEL cannot count; said once, where the ranges alone fit
+        "parameters",
+        None,
+        GRID_TOO_LARGE,
+        lambda s: s.sampler.type != "grid" or grid_size(s.parameters, ranges_only=True) > MAX_GRID_POINTS
+        or grid_size(s.parameters) <= MAX_GRID_POINTS,
     ),
     Rule(
         "template.spec.suspend",

@@ -12,7 +12,6 @@ import json
 import types
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
-from functools import reduce
 from typing import Any, Literal, Union, get_args, get_origin
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
@@ -27,6 +26,7 @@ from kubetrain.core.api import (
     TrainingJobTemplate,
     TrainingSweepSpec,
 )
+from kubetrain.core.api import grid_size as api_grid_size
 from kubetrain.core.contract import LABEL_SWEEP, LABEL_TRIAL
 
 SpecProblem = tuple[str, str]
@@ -266,10 +266,11 @@ def grid_values(param: SweepParameter) -> list[Any]:
 
 
 def grid_size(spec: TrainingSweepSpec) -> int | None:
-    """How many trials the grid has (None unless the sampler is grid)."""
+    """How many trials the grid has (None unless the sampler is grid), counted without listing them; above
+    MAX_GRID_POINTS, some product above it (such a spec is refused before any grid is built)."""
     if spec.sampler.type != "grid":
         return None
-    return reduce(lambda n, p: n * len(grid_values(p)), spec.parameters, 1)
+    return api_grid_size(spec.parameters)
 
 
 # --------------------------------------------------------------------------- manifests
