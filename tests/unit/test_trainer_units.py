@@ -246,3 +246,25 @@ def test_a_standby_rank_runs_the_generation_its_launcher_hands_it_or_none(monkey
     monkeypatch.setenv(contract.STANDBY, "1")
     monkeypatch.setattr("sys.stdin", io.StringIO(""))  # the launcher went another way
     assert not await_generation()
+
+
+def test_a_local_runs_metrics_listen_on_loopback_only(tmp_path: Path) -> None:
+    """`kubetrain run` prints http://127.0.0.1:PORT: the endpoint must not be on every interface of a laptop."""
+    import psutil  # noqa: PLC0415
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+    from support.ports import free_port  # noqa: PLC0415
+
+    from kubetrain.core.api import TrainingJob  # noqa: PLC0415
+    from kubetrain.core.local import LocalRun, RunOptions  # noqa: PLC0415
+    from kubetrain.trainer.metrics import Metrics  # noqa: PLC0415
+
+    job = TrainingJob.model_validate({"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
+                                      "metadata": {"name": "t"}, "spec": {}})
+    env = LocalRun(job, tmp_path, RunOptions(output_dir=tmp_path / "out"))._worker_env(0, 0, free_port())
+    env[contract.CONFIG] = str(tmp_path / "config.json")
+    parsed = read_env(env)
+    assert parsed.metrics_addr == "127.0.0.1"
+    port = free_port()
+    Metrics("t", 0, port, CollectorRegistry(), addr=parsed.metrics_addr)
+    listening = {c.laddr for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    assert ("127.0.0.1", port) in listening and ("0.0.0.0", port) not in listening

@@ -44,6 +44,9 @@ OUTPUT_DIR = "KUBETRAIN_OUTPUT_DIR"
 """Where rank 0 writes progress.json and logs."""
 RESTART_GENERATION = "KUBETRAIN_RESTART_GENERATION"
 METRICS_PORT = "KUBETRAIN_METRICS_PORT"
+METRICS_ADDR = "KUBETRAIN_METRICS_ADDR"
+"""The address a worker's metrics endpoint binds: unset in a pod (every interface, for Prometheus), loopback in
+a local run (nothing on the network sees a laptop's training)."""
 FAIL_AT = "KUBETRAIN_FAIL_AT"
 """`RANK:STEP`: that rank exits with FAIL_AT_EXIT_CODE on reaching STEP in the first generation
 (KUBETRAIN_RESTART_GENERATION 0) only, so a drill set in a pod's env fails the gang once (failure drills)."""

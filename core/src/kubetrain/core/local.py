@@ -33,6 +33,8 @@ PYTHON_WORDS = ("python", "python3")
 STOP_GRACE_SECONDS = 120.0
 """How long Ctrl-C waits for workers to write their SIGTERM checkpoint."""
 MAX_PORT = 65535
+LOOPBACK = "127.0.0.1"
+"""Where a local run's workers serve metrics and meet (MASTER_ADDR): this machine only."""
 KILL_GRACE_SECONDS = 3.0
 """How long a gang being restarted gets between SIGTERM and SIGKILL."""
 
@@ -43,7 +45,7 @@ def now_utc() -> datetime:
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
 
 
@@ -287,7 +289,8 @@ class LocalRun:
         env = dict(os.environ)
         for var, value in contract.thread_env(os.cpu_count() or 1, spec.world_size).items():
             env.setdefault(var, value)  # every rank of every worker shares this machine's cores
-        env.update(contract.torch_env(contract.WorkerPlacement(node_rank, 0, spec.procs, spec.workers), "127.0.0.1", port))
+        env[contract.METRICS_ADDR] = LOOPBACK
+        env.update(contract.torch_env(contract.WorkerPlacement(node_rank, 0, spec.procs, spec.workers), LOOPBACK, port))
         env.update(
             contract.kubetrain_env(
                 job=self.name,
@@ -437,7 +440,7 @@ class LocalRun:
             self.line.say("checkpoint.ephemeral applies to pods only: local checkpoints survive restarts")
         self._check_bf16()
         ports = f"{spec.metrics_port}-{spec.metrics_port + spec.world_size - 1}"
-        self.line.say(f"metrics: http://127.0.0.1:{ports}/metrics (one port per rank, Prometheus format)")
+        self.line.say(f"metrics: http://{LOOPBACK}:{ports}/metrics (one port per rank, Prometheus format)")
 
     def _check_bf16(self) -> None:
         """A CPU run with precision bf16: how much slower bf16 is here, said before the first step."""

@@ -47,6 +47,8 @@ class Env:
     metrics_port: int | None
     fail_at: tuple[int, int] | None
     dist_timeout: timedelta
+    metrics_addr: str = "0.0.0.0"
+    """Where the metrics endpoint binds (contract.METRICS_ADDR; loopback in a local run)."""
 
 
 def _int_env(environ: dict[str, str] | os._Environ[str], name: str, default: int | None = None) -> int:
@@ -102,6 +104,7 @@ def read_env(environ: dict[str, str] | os._Environ[str] | None = None) -> Env:
         job=e.get(contract.JOB) or "",
         generation=_int_env(e, contract.RESTART_GENERATION, 0),
         metrics_port=int(port) if port and port.isdigit() and int(port) > 0 else None,
+        metrics_addr=e.get(contract.METRICS_ADDR) or "0.0.0.0",
         fail_at=parse_fail_at(e.get(contract.FAIL_AT)),
         dist_timeout=timedelta(seconds=timeout),
     )

@@ -412,7 +412,7 @@ def _train(
     env: Env, spec: TrainingJobSpec, stop: StopFlag, ckpt_root: Path, corpus: torch.Tensor, device: torch.device,
     transport: str | None = None, held: torch.Tensor | None = None,
 ) -> int:
-    metrics = Metrics(env.job, env.rank, env.metrics_port)
+    metrics = Metrics(env.job, env.rank, env.metrics_port, addr=env.metrics_addr)
     metrics.set_generation(env.generation)
     sampler = Sampler(corpus, spec.model.seq_len, spec.seed)
     model = build_model(spec.model, spec.activation_checkpointing, spec.seed)

@@ -48,7 +48,8 @@ _LABELS = ["job", "rank"]
 class Metrics:
     """Gauges, histogram and counters of one worker; served on ``port`` when it is free."""
 
-    def __init__(self, job: str, rank: int, port: int | None, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, job: str, rank: int, port: int | None, registry: CollectorRegistry | None = None,
+                 addr: str = "0.0.0.0") -> None:
         self.registry = registry or CollectorRegistry()
         self.labels = {"job": job, "rank": str(rank)}
         gauge, counter = self._gauge, self._counter
@@ -92,7 +93,7 @@ class Metrics:
         self.port: int | None = None
         if port:
             try:
-                start_http_server(port, registry=self.registry)
+                start_http_server(port, addr=addr, registry=self.registry)
                 self.port = port
             except OSError as exc:
                 log.warning("metrics port %d unavailable (%s); continuing without a metrics endpoint", port, exc)
