@@ -88,6 +88,8 @@ VALIDATE_ONLY = {
     "bad-infinite.yaml": "JSON has no infinity: kubectl cannot send it",
     "bad-not-utf8.yaml": "not a manifest kubectl can read",
     "bad-deep.yaml": "the API server nests further; `kubetrain validate` stops at 100 levels",
+    "bad-pod-template-owned.yaml": "podTemplate is untyped in the CRD: the operator fails such a job (InvalidSpec)",
+    "bad-pod-template-shape.yaml": "podTemplate is untyped in the CRD: the operator fails such a job (InvalidSpec)",
 }
 
 
@@ -158,3 +160,32 @@ def test_the_api_server_bounds_a_grid_sweep_as_validate_does(
     assert rejected.value.status == 422, rejected.value.body
     assert "spec.parameters" in rejected.value.body
     assert "the grid sampler tries every combination of the parameters' values" in rejected.value.body
+
+
+@pytest.mark.parametrize(("change", "refused"), [
+    ({"queue": "team-b"}, True),  # its Workload's quota stays reserved in team-a
+    ({"queue": None}, True),  # the operator would no longer finish that Workload
+    ({"queue": "team-a", "priorityClassName": "high"}, False),  # the rest of scheduling stays editable
+])
+def test_a_jobs_queue_holds_once_set(trainingjobs: Any, namespace: str, change: dict[str, Any], refused: bool) -> None:
+    name = "queued-" + "-".join(k.lower() for k in change)[:20] + ("-refused" if refused else "")
+    job = example_job(name)
+    job["spec"]["scheduling"] = {"queue": "team-a"}
+    trainingjobs.create(body=job, namespace=namespace)
+    patch = {"spec": {"scheduling": change}}
+    if not refused:
+        edited = trainingjobs.patch(body=patch, name=name, namespace=namespace,
+                                    content_type="application/merge-patch+json")
+        assert edited.spec.scheduling.priorityClassName == "high"
+        return
+    with pytest.raises(ApiException) as rejected:
+        trainingjobs.patch(body=patch, name=name, namespace=namespace, content_type="application/merge-patch+json")
+    assert rejected.value.status == 422
+    assert "spec.scheduling.queue cannot change or be removed once set" in rejected.value.body
+
+
+def test_a_queue_may_be_given_to_a_job_that_had_none(trainingjobs: Any, namespace: str) -> None:
+    trainingjobs.create(body=example_job("queue-later"), namespace=namespace)
+    edited = trainingjobs.patch(body={"spec": {"scheduling": {"queue": "team-a"}}}, name="queue-later",
+                                namespace=namespace, content_type="application/merge-patch+json")
+    assert edited.spec.scheduling.queue == "team-a"

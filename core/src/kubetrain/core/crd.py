@@ -150,6 +150,14 @@ def _name_rules(max_length: int, why: str) -> list[dict[str, str]]:
     ]
 
 
+QUEUE_HOLDS = {
+    "rule": "!has(oldSelf.queue) || (has(self.queue) && self.queue == oldSelf.queue)",
+    "message": "spec.scheduling.queue cannot change or be removed once set: the job's Kueue Workload holds its "
+               "quota in that queue; delete and recreate the job to move it",
+}
+"""A transition rule: a queued job keeps its queue (its Workload's quota would leak otherwise)."""
+
+
 def openapi_schema() -> dict[str, Any]:
     """The structural schema of the whole TrainingJob object."""
     schema = _resolved(api.TrainingJob)
@@ -157,6 +165,7 @@ def openapi_schema() -> dict[str, Any]:
     _object_defaults(spec, api.TrainingJobSpec)
     spec["x-kubernetes-validations"] = _cel(api.SPEC_RULES)
     _freeze(spec, _JOB_IMMUTABLE, api.MUTABLE_SPEC_FIELDS)
+    spec["properties"]["scheduling"].setdefault("x-kubernetes-validations", []).append(QUEUE_HOLDS)
     schema["x-kubernetes-validations"] = _name_rules(50, "worker hostnames append -worker-<i>")
     return schema
 
