@@ -68,7 +68,7 @@ def efa_job(jobs: TrainingJobs, name: str, node: str) -> None:
 def report(admin: client.ApiClient, ns: str, job: str, tmp: Path, step: int, transport: str) -> None:
     """Rank 0's progress record with its transport, on its own pod, with the workers' token."""
     token = tmp / "token"
-    token.write_text(token_for(admin, ns, "default"))
+    token.write_text(token_for(admin, ns, f"{job}-worker"))  # the job's own ServiceAccount
     cfg = admin.configuration
     env = {contract.POD_NAME: f"{job}-worker-0", contract.POD_NAMESPACE: ns, pp.API_SERVER_ENV: cfg.host,
            pp.TOKEN_FILE_ENV: str(token), pp.CA_FILE_ENV: str(cfg.ssl_ca_cert)}

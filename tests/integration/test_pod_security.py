@@ -62,7 +62,9 @@ def psa_namespace(core_v1: client.CoreV1Api) -> Iterator[NamespaceFactory]:
 def worker_pod(namespace: str, name: str, **spec: Any) -> dict[str, Any]:
     """Worker 0 of a kwok job as the operator would create it."""
     job = TrainingJob.model_validate(kwok_job(name, {"workers": 2, **spec}, namespace))
-    return b.worker_pod(job, 0, 0, b.WorkerSettings(trainer_image="kubetrain/trainer:test"))
+    pod = b.worker_pod(job, 0, 0, b.WorkerSettings(trainer_image="kubetrain/trainer:test"))
+    pod["spec"].pop("serviceAccountName")  # the operator creates the job's own with the job: none in a dry run
+    return pod
 
 
 def admission(core: client.CoreV1Api, namespace: str, pod: dict[str, Any]) -> str | None:

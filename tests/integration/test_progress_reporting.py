@@ -5,7 +5,7 @@ the API server's escalation check on the per-job Role `<job>-progress` is the re
 pods are kwok pods: no kubelet runs them, so the test plays worker 0's container. It runs the
 real trainer (and, for custom scripts, the real helper) as local processes with exactly what a
 pod would have: KUBETRAIN_POD_NAME/NAMESPACE, the API server's address and CA, and a TokenRequest
-token of the workers' ServiceAccount (the namespace's "default"). The status must show what they
+token of the job's own ServiceAccount (`<job>-worker`). The status must show what they
 report, and the same token must be refused everything but get/patch of <job>-worker-0.
 """
 
@@ -59,14 +59,20 @@ class Job:
         return self.wait(lambda s: s.get("phase") == "Running" and s.get("workersReady") == 2, 90, "Running")
 
 
-def pod_env(admin: client.ApiClient, ns: str, pod: str, tmp: Path, sa: str = "default") -> dict[str, str]:
-    """What a worker container has: its pod's identity, the API server, the ServiceAccount token and CA."""
+def pod_env(admin: client.ApiClient, ns: str, pod: str, tmp: Path, sa: str | None = None) -> dict[str, str]:
+    """What a worker container has: its pod's identity, the API server, the ServiceAccount token (of the job's
+    own ServiceAccount `<job>-worker`, unless `sa` names another) and CA."""
+    sa = sa or pod.rsplit("-", 1)[0]  # <job>-worker-<i> runs as <job>-worker
     token = tmp / f"token-{sa}"
     token.write_text(token_for(admin, ns, sa))
     cfg = admin.configuration
     assert cfg.host.startswith("https://") and cfg.ssl_ca_cert, "the test API server is HTTPS with its own CA"
     return {contract.POD_NAME: pod, contract.POD_NAMESPACE: ns, pp.API_SERVER_ENV: cfg.host,
             pp.TOKEN_FILE_ENV: str(token), pp.CA_FILE_ENV: str(cfg.ssl_ca_cert)}
+
+
+def worker0_sa(core: client.CoreV1Api, ns: str, pod: str) -> str:
+    return str(core.read_namespaced_pod(pod, ns).spec.service_account_name)
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -88,7 +94,8 @@ def test_trainer_progress_reaches_status_and_rbac_is_exact(
         role = rbac.read_namespaced_role("prog-progress", namespace)
         assert [(r.resources, r.resource_names, r.verbs) for r in role.rules] == [(["pods"], ["prog-worker-0"], ["get", "patch"])]
         binding = rbac.read_namespaced_role_binding("prog-progress", namespace)
-        assert [(s.kind, s.name, s.namespace) for s in binding.subjects] == [("ServiceAccount", "default", namespace)]
+        assert [(s.kind, s.name, s.namespace) for s in binding.subjects] == [("ServiceAccount", "prog-worker", namespace)]
+        assert worker0_sa(job.core, namespace, "prog-worker-0") == "prog-worker"
         uid = job.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "prog")["metadata"]["uid"]
         assert role.metadata.owner_references[0].uid == uid == binding.metadata.owner_references[0].uid
         worker0 = job.core.read_namespaced_pod("prog-worker-0", namespace)
@@ -135,6 +142,16 @@ def test_trainer_progress_reaches_status_and_rbac_is_exact(
                 call()
             assert err.value.status == 403, what
         assert "x" not in (job.core.read_namespaced_pod("prog-worker-1", namespace).metadata.labels or {})
+        # Another job's workers (their own ServiceAccount) and any other pod of the namespace (`default`) are
+        # refused this job's worker 0.
+        for other in ("other-worker", "default"):
+            if other != "default":
+                client.CoreV1Api(admin_api).create_namespaced_service_account(namespace, {"metadata": {"name": other}})
+            stranger = client.CoreV1Api(bearer_client(admin_api, token_for(admin_api, namespace, other)))
+            with pytest.raises(ApiException) as err:
+                stranger.patch_namespaced_pod("prog-worker-0", namespace, {"metadata": {"annotations": {
+                    contract.PROGRESS_ANNOTATION: '{"step": 999}'}}})
+            assert err.value.status == 403, other
 
         # Deleting the job garbage-collects its Role and RoleBinding with the rest.
         job.custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "prog")

@@ -273,3 +273,39 @@ def test_a_sidecar_that_never_exits_does_not_hold_the_job(jobs: RealJobs) -> Non
     # The sidecar still runs, so cleanPodPolicy (Running) deletes its pod (it ends after its grace period).
     wait_for(lambda: all(p.metadata.deletion_timestamp for p in jobs.pods(name)), 60,
              what="the sidecar's pod deleted by cleanPodPolicy")
+
+
+PATCH_ANOTHER_JOB = """
+import json, os, ssl, sys, urllib.error, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+host = "https://%s:%s" % (os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"])
+ns, token = open(sa + "namespace").read(), open(sa + "token").read()
+def patch(pod, key, value):
+    body = json.dumps({"metadata": {"annotations": {key: value}}}).encode()
+    req = urllib.request.Request(host + "/api/v1/namespaces/%s/pods/%s" % (ns, pod), body, method="PATCH",
+        headers={"Authorization": "Bearer " + token, "Content-Type": "application/merge-patch+json"})
+    try:
+        return urllib.request.urlopen(req, context=ssl.create_default_context(cafile=sa + "ca.crt")).status
+    except urllib.error.HTTPError as err:
+        return err.code
+codes = {"victim": patch(sys.argv[1], "kubetrain.io/progress", '{"step": 999999}'),
+         "own": patch(os.environ["KUBETRAIN_POD_NAME"], "example.com/probe", "1")}
+print("patch codes", json.dumps(codes, sort_keys=True), flush=True)
+sys.exit(0 if codes == {"own": 200, "victim": 403} else 3)
+"""
+
+
+def test_another_jobs_worker_cannot_patch_this_jobs_worker_0(jobs: RealJobs) -> None:
+    """Each job's pods run as its own ServiceAccount: a worker of job `intruder` holds the right to patch its
+    own worker 0 (its progress) and is refused `victim`'s, with the token the kubelet mounted in its pod."""
+    victim = jobs.create(quickstart(workers=1, command=["python", "-c", "import time; time.sleep(600)"]),
+                         name="victim")
+    wait_for(lambda: [p for p in jobs.pods(victim) if p.status.phase == "Running"], 180, what="victim's worker Running")
+    intruder = jobs.create(quickstart(workers=1, command=["python", "-c", PATCH_ANOTHER_JOB, f"{victim}-worker-0"]),
+                           name="intruder")
+    st = jobs.wait_phase(intruder, "Succeeded", timeout=180)
+    assert st["reason"] == "Succeeded", jobs.explain(intruder)
+    assert 'patch codes {"own": 200, "victim": 403}' in jobs.log(f"{intruder}-worker-0")
+    pod = jobs.core.read_namespaced_pod(f"{victim}-worker-0", jobs.ns)
+    assert pod.spec.service_account_name == f"{victim}-worker"
+    assert "999999" not in (pod.metadata.annotations or {}).get("kubetrain.io/progress", "")

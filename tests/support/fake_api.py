@@ -57,6 +57,7 @@ def metadata_answer(ns: str, obj: dict[str, Any]) -> Unparsed:
 
 POSTED = {"Pod": ("core", "create_namespaced_pod"), "Service": ("core", "create_namespaced_service"),
           "ConfigMap": ("core", "create_namespaced_config_map"),
+          "ServiceAccount": ("core", "create_namespaced_service_account"),
           "PersistentVolumeClaim": ("core", "create_namespaced_persistent_volume_claim"),
           "Role": ("rbac", "create_namespaced_role"), "RoleBinding": ("rbac", "create_namespaced_role_binding"),
           "Event": ("core", "create_namespaced_event")}

@@ -100,7 +100,8 @@ def methods(fake: SimpleNamespace) -> list[str]:
 
 
 def test_each_kind_is_created_by_its_own_call() -> None:
-    assert set(CREATE) == {"Pod", "Service", "ConfigMap", "PersistentVolumeClaim", "PodGroup", "Role", "RoleBinding"}
+    assert set(CREATE) == {"Pod", "Service", "ConfigMap", "PersistentVolumeClaim", "PodGroup", "Role", "RoleBinding",
+                           "ServiceAccount"}
 
 
 def test_a_plan_creates_every_child_with_the_call_for_its_kind(fake: SimpleNamespace) -> None:
@@ -660,3 +661,16 @@ def test_a_resize_that_met_the_first_status_write_restarts_the_gang_at_its_new_s
         assert ctl.cache.job(KEY)["status"]["restartGeneration"] == 1
     finally:
         ctl.applier.close()
+
+
+def test_the_jobs_service_account_exists_before_any_pod_and_a_refused_one_holds_the_pods(fake: SimpleNamespace) -> None:
+    """A pod naming a ServiceAccount that does not exist yet is refused by the API server's admission."""
+    plan = Plan(create=[child("Pod", "a-worker-0"), child("ServiceAccount", "a-worker"), child("Service", "a")])
+    run(fake, plan)
+    creates = [m for m in methods(fake) if m.startswith("create_")]
+    assert creates.index("create_namespaced_service_account") < creates.index("create_namespaced_pod")
+    fake.calls.clear()
+    fake.core.fail["create_namespaced_service_account"] = api_error(403, {"message": "serviceaccounts is forbidden"})
+    cache = run(fake, plan)  # an operator whose RBAC predates the job's ServiceAccount: said, not crashed on
+    assert "create_namespaced_pod" not in methods(fake) and "create_namespaced_service" in methods(fake)
+    assert cache.create_refused(KEY) == "serviceaccounts is forbidden"

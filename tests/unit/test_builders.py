@@ -346,15 +346,22 @@ def test_progress_role_grants_get_patch_of_worker_0_only():
     assert b.progress_role(job(progressReporting=False)) is None
 
 
-def test_progress_role_binding_names_the_workers_service_account():
+def test_progress_role_binding_names_the_jobs_own_service_account():
+    """Only this job's pods run as `<job>-worker`: no other pod of the namespace may patch its worker 0."""
     rb = b.progress_role_binding(job(), OWNER)
     assert rb["kind"] == "RoleBinding" and rb["metadata"]["name"] == "llm-progress"
     assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "llm-progress"}
-    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "default", "namespace": "team-a"}]
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": "llm-worker", "namespace": "team-a"}]
     assert rb["metadata"]["ownerReferences"] == [OWNER]
-    own = job(podTemplate={"spec": {"serviceAccountName": "trainer"}})
+    assert b.worker_pod(job(), 0, 0, b.WorkerSettings())["spec"]["serviceAccountName"] == "llm-worker"
+    sa = b.service_account(job(), OWNER)
+    assert (sa["kind"], sa["metadata"]["name"], sa["automountServiceAccountToken"]) == ("ServiceAccount", "llm-worker", True)
+    assert sa["metadata"]["ownerReferences"] == [OWNER]
+    assert b.service_account(job(progressReporting=False))["automountServiceAccountToken"] is False  # no API call
+    own = job(podTemplate={"spec": {"serviceAccountName": "trainer"}})  # where the PodPolicy allows it
     assert b.progress_role_binding(own)["subjects"][0]["name"] == "trainer"
     assert b.worker_pod(own, 0, 0, b.WorkerSettings())["spec"]["serviceAccountName"] == "trainer"
+    assert b.service_account(own) is None
     assert b.progress_role_binding(job(progressReporting=False)) is None
 
 

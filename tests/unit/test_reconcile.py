@@ -48,7 +48,8 @@ def pod(i, gen=0, phase="Running", ready=True, exit_code=None, node="n1", deleti
 def test_new_job_creates_service_config_and_all_pods_and_writes_status():
     p = plan(Observation(body(), [], {}, T0), S)
     kinds = [o["kind"] for o in p.create]
-    assert kinds == ["Service", "ConfigMap", "PersistentVolumeClaim", "Role", "RoleBinding", "Pod", "Pod"]
+    assert kinds == ["Service", "ConfigMap", "ServiceAccount", "PersistentVolumeClaim", "Role", "RoleBinding", "Pod",
+                     "Pod"]
     assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == ["j-worker-0", "j-worker-1"]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for o in p.create)
     assert p.status["phase"] == "Created" and p.status["gangCreated"] is True
@@ -130,7 +131,8 @@ def test_progress_flows_into_status():
 
 def test_progress_reporting_off_creates_no_rbac():
     p = plan(Observation(body(progressReporting=False), [], {}, T0), S)
-    assert [o["kind"] for o in p.create] == ["Service", "ConfigMap", "PersistentVolumeClaim", "Pod", "Pod"]
+    assert [o["kind"] for o in p.create] == ["Service", "ConfigMap", "ServiceAccount", "PersistentVolumeClaim", "Pod",
+                                             "Pod"]
 
 
 def test_progress_rbac_is_created_again_with_every_new_gang():

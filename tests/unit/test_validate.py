@@ -65,6 +65,11 @@ EXPECTED = {
     "bad-checkpoint-dir-dotdot.yaml": [
         "spec.checkpoint.dir: checkpoint.dir must be a normal path: no '.' or '..' segments and no '//'"],
     "bad-checkpoint-dir-root.yaml": [SYSTEM_DIR_LINE],
+    "bad-pod-template-owned.yaml": [
+        "spec.podTemplate.metadata.annotations[kubetrain.io/progress]: kubetrain.io/ annotations are kubetrain's own",
+        "spec.podTemplate.spec.nodeName: would bypass the scheduler and any queue: use scheduling.nodeSelector or "
+        "podTemplate.spec.affinity"],
+    "bad-pod-template-shape.yaml": ["spec.podTemplate.spec: must be a mapping"],
     "bad-checkpoint-dir-etc.yaml": [SYSTEM_DIR_LINE],
 }
 

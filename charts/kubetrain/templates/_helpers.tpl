@@ -67,8 +67,9 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# serviceaccounts: per job <job>-worker, which only that job's pods run as (the progress Role's subject).
 - apiGroups: [""]
-  resources: ["services", "persistentvolumeclaims"]
+  resources: ["services", "persistentvolumeclaims", "serviceaccounts"]
   verbs: ["get", "create"]
 - apiGroups: [""]
   resources: ["configmaps"]

@@ -23,7 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from kubetrain.core import contract
+from kubetrain.core import contract, pod_template
 
 GROUP: Final = "kubetrain.io"
 VERSION: Final = "v1alpha1"
@@ -732,8 +732,13 @@ class TrainingJobSpec(_Model):
         return not self.command or self.procs > 1 or self.restarts_in_place
 
     def rule_violations(self) -> list[tuple[str, str]]:
-        """(spec-relative path, message) for every cross-field rule this spec breaks."""
-        return [(r.path, r.message) for r in SPEC_RULES if not r.check(self)]
+        """(spec-relative path, message) for every cross-field rule this spec breaks, and what its podTemplate
+        may not hold in any cluster (kubetrain.core.pod_template: shape and the fields kubetrain owns)."""
+        found = [(r.path, r.message) for r in SPEC_RULES if not r.check(self)]
+        if self.pod_template is not None:
+            shape = pod_template.shape_problems(self.pod_template)
+            found += shape or pod_template.owned_problems(self.pod_template)
+        return found
 
 
 class Condition(_Model):

@@ -56,6 +56,9 @@ CLAIM_PENDING = "Pending"
 """A claim without a status yet, as the API server would report it."""
 ORDERED = ("Role", "RoleBinding")
 """Kinds created one after the other: a RoleBinding is refused (404) while its Role does not exist."""
+BEFORE_PODS = ("PodGroup", "ServiceAccount")
+"""Kinds the pods need first: pods made without their PodGroup would be scheduled one by one, bypassing the
+gang; a pod whose ServiceAccount does not exist yet is refused."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,7 @@ PATHS = {
     "Pod": "/api/v1/namespaces/{namespace}/pods",
     "Service": "/api/v1/namespaces/{namespace}/services",
     "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps",
+    "ServiceAccount": "/api/v1/namespaces/{namespace}/serviceaccounts",
     "PersistentVolumeClaim": "/api/v1/namespaces/{namespace}/persistentvolumeclaims",
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
@@ -185,6 +189,7 @@ READ: dict[str, Callable[[Apis, str, dict[str, Any]], Any]] = {
     "Pod": lambda apis, ns, obj: apis.core.read_namespaced_pod(obj["metadata"]["name"], ns),
     "Service": lambda apis, ns, obj: apis.core.read_namespaced_service(obj["metadata"]["name"], ns),
     "ConfigMap": lambda apis, ns, obj: apis.core.read_namespaced_config_map(obj["metadata"]["name"], ns),
+    "ServiceAccount": lambda apis, ns, obj: apis.core.read_namespaced_service_account(obj["metadata"]["name"], ns),
     "PersistentVolumeClaim": lambda apis, ns, obj: apis.core.read_namespaced_persistent_volume_claim(
         obj["metadata"]["name"], ns),
     "PodGroup": _read_pod_group,
@@ -390,12 +395,11 @@ class Applier:
         goes into the cache, replacing the last plan's, with one Warning Event each time it changes
         (not one per retry)."""
         seen = Creation()
-        groups = [o for o in objs if o["kind"] == "PodGroup"]
-        # The PodGroup first: pods made without it would be scheduled one by one, bypassing the gang.
-        if groups and not all(await asyncio.gather(*(self.create(key[0], o, body, seen) for o in groups))):
+        first = [o for o in objs if o["kind"] in BEFORE_PODS]
+        if first and not all(await asyncio.gather(*(self.create(key[0], o, body, seen) for o in first))):
             objs = [o for o in objs if o["kind"] != "Pod"]
         ordered = [o for o in objs if o["kind"] in ORDERED]
-        rest = [self.create(key[0], o, body, seen) for o in objs if o["kind"] not in ORDERED + ("PodGroup",)]
+        rest = [self.create(key[0], o, body, seen) for o in objs if o["kind"] not in ORDERED + BEFORE_PODS]
         await asyncio.gather(self._create_in_order(key[0], ordered, body, seen), *rest)
         refused, foreign = seen.first(objs)
         if refused is not None and refused != self.cache.create_refused(key):
@@ -485,9 +489,10 @@ class Applier:
         if kind == "PodGroup" and exc.status == 404:  # the API server does not serve the gang scheduler's kind
             seen.refused[(kind, name)] = gang_missing(obj["apiVersion"])
             return False
-        if kind == "Pod" and create_refused(exc):
-            # Quota, Pod Security, an invalid field: the job says so (status, one Event) and is retried
-            # with backoff, since a raised quota or a relabelled namespace admits the pod unchanged.
+        if kind in ("Pod", "ServiceAccount") and create_refused(exc):
+            # Quota, Pod Security, an invalid field, an operator whose RBAC predates the job's ServiceAccount:
+            # the job says so (status, one Event) and is retried with backoff, since a raised quota or a
+            # relabelled namespace admits the pod unchanged.
             metrics.CREATES_REFUSED.labels(str(exc.status)).inc()
             seen.refused[(kind, name)] = api_message(exc)
             return False

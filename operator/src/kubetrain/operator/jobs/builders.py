@@ -125,10 +125,31 @@ def progress_rbac_name(job: str) -> str:
     return f"{job}-progress"
 
 
-def worker_service_account(job: TrainingJob) -> str:
-    """The ServiceAccount the worker pods run as: podTemplate.spec.serviceAccountName, else "default"."""
+def own_service_account_name(job: str) -> str:
+    return f"{job}-worker"
+
+
+def _named_service_account(job: TrainingJob) -> str | None:
+    """podTemplate.spec.serviceAccountName (or its old name), where the operator's PodPolicy let the job set one."""
     spec = (job.spec.pod_template or {}).get("spec") or {}
-    return str(spec.get("serviceAccountName") or spec.get("serviceAccount") or "default")
+    named = spec.get("serviceAccountName") or spec.get("serviceAccount") if isinstance(spec, dict) else None
+    return str(named) if named else None
+
+
+def worker_service_account(job: TrainingJob) -> str:
+    """The ServiceAccount the worker pods run as: the podTemplate's, else the job's own `<job>-worker`, which
+    only this job's pods hold (the progress Role is bound to it: no other pod may patch this job's worker 0)."""
+    return _named_service_account(job) or own_service_account_name(job.metadata.name)
+
+
+def service_account(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The job's own ServiceAccount, unless its podTemplate names another. It holds no token unless rank 0
+    reports progress (the only API call a worker makes)."""
+    if _named_service_account(job) is not None:
+        return None
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": _meta(job, own_service_account_name(job.metadata.name), owner),
+            "automountServiceAccountToken": job.spec.progress_reporting}
 
 
 def _meta(job: TrainingJob, name: str, owner: dict[str, Any] | None, **labels: str) -> dict[str, Any]:
@@ -339,6 +360,7 @@ def worker_pod(
         "hostname": worker_name(name, index),
         "subdomain": service_name(name),
         "terminationGracePeriodSeconds": settings.termination_grace_seconds,
+        "serviceAccountName": worker_service_account(job),
         "containers": [_worker_container(job, index, generation, settings, fabric)],
         "volumes": _worker_volumes(job, claim) + [dict(v) for v in fabric.volumes],
         # glibc sends a name's A and AAAA queries at once from one socket; where conntrack drops one of

@@ -73,9 +73,12 @@ class FabricProfile:
         """
         if any("hostPath" in v for v in self.volumes):
             return POD_SECURITY_LEVELS[-1]
-        added = self.capabilities + tuple(
+        return pod_security_level(tuple(sorted(self.all_capabilities())))
+
+    def all_capabilities(self) -> frozenset[str]:
+        """The capabilities this profile adds, the trainer's and its sidecars': a podTemplate may restate them."""
+        return frozenset(self.capabilities).union(
             cap for s in self.sidecars for cap in s.get("securityContext", {}).get("capabilities", {}).get("add", []))
-        return pod_security_level(added)
 
 
 def _rdma_env(opts: FabricOptions) -> dict[str, str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubetrain.core import contract
+from kubetrain.core import contract, pod_template
 from kubetrain.core import lifecycle as lc
 from kubetrain.core.api import FINISHED_PHASES, Condition, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
 from kubetrain.core.contract import format_time
@@ -36,6 +36,7 @@ from kubetrain.core.lifecycle import (
 from kubetrain.core.progress import Progress
 from kubetrain.core.validate import stored_object
 from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs import fabrics
 from kubetrain.operator.jobs.conditions import (
     announce,
     blocked_pods,
@@ -173,6 +174,9 @@ def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     job, problems = _job_model(body)
     if job is None:
         return _invalid(old, problems, now, kueue.plan_invalid(view, now))
+    refused = pod_policy_problems(job, old, settings)
+    if refused:
+        return _invalid(old, refused, now, kueue.plan_invalid(view, now))
     ours = [p for p in seen.pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
     gang_gone = not any(facts(p).running for p in ours)
     template = functools.partial(b.worker_pod, job, 0, 0, settings)  # a queued job's Workload template
@@ -200,6 +204,16 @@ def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
         if status != old.dump():
             out.status = status
     return out
+
+
+def pod_policy_problems(job: TrainingJob, old: TrainingJobStatus, settings: b.WorkerSettings) -> list[str]:
+    """The podTemplate's host-level fields this operator's PodPolicy refuses, for a job that has not started:
+    a job that already ran keeps running when the policy is tightened (an upgrade never fails a running job)."""
+    if job.spec.pod_template is None or old.phase not in (Phase.PENDING, None) or old.restart_count:
+        return []
+    caps = fabrics.profile(job.spec).all_capabilities()
+    return [f"spec.{path}: {reason}" for path, reason in
+            pod_template.host_problems(job.spec.pod_template, settings.pod_policy, caps)]
 
 
 def profile_request(body: dict[str, Any], pods: list[dict[str, Any]], generation: int) -> dict[str, dict[str, str]]:
@@ -341,7 +355,7 @@ def claim_to_check(body: dict[str, Any], pods: list[dict[str, Any]], now: dateti
 
 def _shared_children(job: TrainingJob, owner: dict[str, Any], generation: int) -> list[dict[str, Any]]:
     objs = [b.headless_service(job, owner), b.config_map(job, owner)]
-    for optional in (b.checkpoint_claim(job, owner), b.pod_group(job, owner, generation),
+    for optional in (b.service_account(job, owner), b.checkpoint_claim(job, owner), b.pod_group(job, owner, generation),
                      b.progress_role(job, owner), b.progress_role_binding(job, owner)):
         if optional is not None:
             objs.append(optional)

@@ -9,10 +9,13 @@ once, as a field default.
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from kubetrain.core.pod_template import PodPolicy
 
 # The operator's own environment (the chart's Deployment sets these; workers never see them).
 ENV_TRAINER_IMAGE = "KUBETRAIN_TRAINER_IMAGE"
@@ -24,6 +27,11 @@ ENV_LIVENESS = "KUBETRAIN_LIVENESS"
 ENV_LEADER_ID = "KUBETRAIN_LEADER_ID"
 ENV_COSCHEDULING_SCHEDULER = "KUBETRAIN_COSCHEDULING_SCHEDULER"
 """The schedulerName of `gang: coscheduling` pods (COSCHEDULING_SCHEDULER by default)."""
+ENV_POD_POLICY = "KUBETRAIN_POD_POLICY"
+"""JSON: the chart's podPolicy values (allowPrivileged, allowHostPath, allowHostNamespaces, allowedCapabilities,
+allowServiceAccount), kubetrain.core.pod_template.PodPolicy."""
+POD_POLICY_KEYS = {"allowPrivileged": "allow_privileged", "allowHostPath": "allow_host_path",
+                   "allowHostNamespaces": "allow_host_namespaces", "allowServiceAccount": "allow_service_account"}
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 """The operator pod's own namespace (Downward API): where its Lease lives by default."""
 
@@ -44,6 +52,8 @@ class WorkerSettings:
     termination_grace_seconds: int = SIGTERM_CHECKPOINT_GRACE
     coscheduling_scheduler: str = COSCHEDULING_SCHEDULER
     """The schedulerName of `gang: coscheduling` pods: the scheduler that runs the Coscheduling plugin."""
+    pod_policy: PodPolicy = field(default_factory=PodPolicy)
+    """The host-level fields a job's podTemplate may set (KUBETRAIN_POD_POLICY); none by default."""
 
 
 
@@ -125,6 +135,28 @@ def _env_int(p: argparse.ArgumentParser, env: Mapping[str, str], name: str, defa
         p.error(f"{name} must be an integer, not {raw!r}")
 
 
+def pod_policy(raw: str | None) -> PodPolicy:
+    """KUBETRAIN_POD_POLICY as a PodPolicy; ValueError naming the key that is wrong."""
+    if not raw:
+        return PodPolicy()
+    try:
+        given = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{ENV_POD_POLICY} is not JSON: {exc}") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"{ENV_POD_POLICY} must be a JSON object")
+    flags, caps = {}, given.get("allowedCapabilities") or []
+    for key, value in given.items():
+        if key in POD_POLICY_KEYS and isinstance(value, bool):
+            flags[POD_POLICY_KEYS[key]] = value
+        elif key != "allowedCapabilities":
+            raise ValueError(f"{ENV_POD_POLICY}: {key!r} is not a boolean podPolicy setting "
+                             f"({', '.join([*POD_POLICY_KEYS, 'allowedCapabilities'])})")
+    if not isinstance(caps, list) or not all(isinstance(c, str) and c for c in caps):
+        raise ValueError(f"{ENV_POD_POLICY}: allowedCapabilities must be a list of capability names")
+    return PodPolicy(**flags, allowed_capabilities=frozenset(c.upper().removeprefix("CAP_") for c in caps))
+
+
 def _leader_election(args: argparse.Namespace, env: Mapping[str, str]) -> LeaderElection | None:
     if not args.leader_elect:
         return None
@@ -143,6 +175,7 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operat
             builders=WorkerSettings(
                 trainer_image=env.get(ENV_TRAINER_IMAGE) or DEFAULTS.builders.trainer_image,
                 coscheduling_scheduler=env.get(ENV_COSCHEDULING_SCHEDULER) or DEFAULTS.builders.coscheduling_scheduler,
+                pod_policy=pod_policy(env.get(ENV_POD_POLICY)),
             ),
             namespace=args.namespace,
             metrics_port=_env_int(p, env, ENV_METRICS_PORT, DEFAULTS.metrics_port),
