@@ -128,3 +128,15 @@ def test_an_owned_field_fails_the_job_whatever_the_policy():
              b.WorkerSettings(pod_policy=PodPolicy(allow_host_namespaces=True)))
     assert p.status is not None and p.status["reason"] == "InvalidSpec" and "spec.podTemplate.spec.nodeName" in (
         p.status["message"])
+
+
+def test_a_template_nested_beyond_any_pod_is_refused_before_the_builder_recurses_over_it():
+    deep: dict = {}
+    node = deep
+    for _ in range(5000):  # the API server stores deeper objects than Python's recursion limit allows
+        node["x"] = {}
+        node = node["x"]
+    assert shape_problems({"spec": {"containers": [{"name": "trainer", "env": [deep]}]}}) == [
+        ("podTemplate", "nested more than 100 levels deep")]
+    p = plan(Observation(body({"spec": {"affinity": deep}}), [], {}, NOW), b.WorkerSettings())
+    assert p.create == [] and p.status["message"] == "invalid spec: spec.podTemplate: nested more than 100 levels deep"

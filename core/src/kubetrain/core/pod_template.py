@@ -37,6 +37,8 @@ BASELINE_CAPABILITIES = frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWN
                                    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"})
 """Capabilities the Pod Security `baseline` profile lets a container add: never host-level."""
 HOST_NAMESPACES = ("hostNetwork", "hostPID", "hostIPC")
+MAX_DEPTH = 100
+"""Nesting deeper than any pod template needs: the pod builder's merge recurses over it."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,22 @@ def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def _too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether mappings and lists nest deeper than `limit` (walked without recursion: the object may be hostile)."""
+    level: list[Any] = [value]
+    for _ in range(limit + 1):
+        level = [x for v in level for x in (v.values() if _is_map(v) else v if isinstance(v, list) else ())]
+        if not level:
+            return False
+    return True
+
+
 def shape_problems(template: Any) -> list[Problem]:
     """Values of the wrong kind: where the API has an object or a list of objects, nothing else."""
     if not _is_map(template):
         return [("podTemplate", "must be a mapping: a partial PodTemplateSpec (metadata, spec)")]
+    if _too_deep(template):
+        return [("podTemplate", f"nested more than {MAX_DEPTH} levels deep")]
     found = [(f"podTemplate.{k}", "unknown field: a PodTemplateSpec has metadata and spec") for k in template
              if k not in ("metadata", "spec")]
     for part in ("metadata", "spec"):

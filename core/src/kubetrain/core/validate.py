@@ -22,12 +22,11 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from kubetrain.core.api import API_VERSION, KIND, OWN_ERROR, PATTERN_REASONS, SWEEP_KIND, TrainingJob, TrainingSweep
+from kubetrain.core.pod_template import MAX_DEPTH
 from kubetrain.core.sweep import space
 
 MAX_MANIFEST_BYTES = 1_572_864
 """1.5 MiB, etcd's default limit for one object: a bigger manifest cannot be stored anyway."""
-MAX_DEPTH = 100
-"""Nesting deeper than any pod template needs (and than a self-referencing YAML alias can get)."""
 MAX_VALUES = 1_000_000
 """Values in one document once YAML aliases are expanded (an alias "bomb" expands to billions)."""
 INT64 = 2**63
