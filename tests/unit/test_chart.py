@@ -276,3 +276,34 @@ def test_dashboard_gpu_row_joins_dcgm_to_the_jobs_worker_pods() -> None:
     for metric in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_XID_ERRORS"):
         assert any(metric in e and 'pod=~"($job)-worker-[0-9]+"' in e and "$namespace" in e for e in exprs), metric
     assert any("kubetrain_trainer_device_memory_bytes" in e for e in exprs)
+
+
+def _policy_messages(docs: list[dict[str, Any]]) -> str:
+    return " ".join(v["messageExpression"] for v in ht.find(docs, "ValidatingAdmissionPolicy")["spec"]["validations"])
+
+
+def test_the_pod_policy_reaches_the_operator_and_the_api_server_alike(helm_ok: None) -> None:
+    """podPolicy's allowances leave the admission policy's checks out exactly as the operator's env lets them."""
+    docs = ht.render()
+    env = {e["name"]: e.get("value") for e in ht.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert json.loads(env["KUBETRAIN_POD_POLICY"]) == {"allowPrivileged": False, "allowHostPath": False,
+                                                       "allowHostNamespaces": False, "allowedCapabilities": [],
+                                                       "allowServiceAccount": False}
+    every = _policy_messages(docs)
+    for setting in ("allowHostNamespaces", "allowHostPath", "allowPrivileged", "allowServiceAccount"):
+        assert f"podPolicy.{setting}" in every
+    binding = ht.find(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["validationActions"] == ["Deny"] and "matchResources" not in binding["spec"]
+    allowed = ht.render(set_values={"podPolicy.allowHostPath": True, "podPolicy.allowServiceAccount": True})
+    some = _policy_messages(allowed)
+    assert "podPolicy.allowHostPath" not in some and "podPolicy.allowServiceAccount" not in some
+    assert "podPolicy.allowPrivileged" in some and "nodeName" in some  # what kubetrain owns stays refused
+    queued = ht.render(set_values={"queues.requiredIn": ["team-a", "team-b"]})
+    assert "chart value queues.requiredIn" in _policy_messages(queued) and "queues.requiredIn" not in every
+    env = {e["name"]: e.get("value") for e in ht.find(queued, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["KUBETRAIN_QUEUE_REQUIRED_IN"] == "team-a,team-b"
+    off = ht.render(set_values={"podPolicy.admission": False})
+    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    namespaced = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespace": "team-a"})
+    selector = ht.find(namespaced, "ValidatingAdmissionPolicyBinding")["spec"]["matchResources"]["namespaceSelector"]
+    assert selector == {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}

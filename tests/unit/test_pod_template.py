@@ -140,3 +140,13 @@ def test_a_template_nested_beyond_any_pod_is_refused_before_the_builder_recurses
         ("podTemplate", "nested more than 100 levels deep")]
     p = plan(Observation(body({"spec": {"affinity": deep}}), [], {}, NOW), b.WorkerSettings())
     assert p.create == [] and p.status["message"] == "invalid spec: spec.podTemplate: nested more than 100 levels deep"
+
+
+def test_a_namespace_may_require_a_queue_of_its_new_jobs():
+    settings = b.WorkerSettings(queue_required_in=frozenset({"ns"}))
+    p = plan(Observation(body({}), [], {}, NOW), settings)
+    assert p.create == [] and p.status["message"] == (
+        "invalid spec: spec.scheduling.queue: required in namespace ns (chart value queues.requiredIn)")
+    queued = body({}) | {"spec": {"workers": 2, "scheduling": {"queue": "team"}}}
+    assert plan(Observation(queued, [], {}, NOW), settings).status["phase"] != "Failed"
+    assert parse_settings([], {"KUBETRAIN_QUEUE_REQUIRED_IN": "a, b,"}).builders.queue_required_in == {"a", "b"}

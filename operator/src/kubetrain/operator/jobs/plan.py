@@ -174,7 +174,7 @@ def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     job, problems = _job_model(body)
     if job is None:
         return _invalid(old, problems, now, kueue.plan_invalid(view, now))
-    refused = pod_policy_problems(job, old, settings)
+    refused = admission_problems(job, old, settings)
     if refused:
         return _invalid(old, refused, now, kueue.plan_invalid(view, now))
     ours = [p for p in seen.pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
@@ -206,14 +206,21 @@ def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     return out
 
 
-def pod_policy_problems(job: TrainingJob, old: TrainingJobStatus, settings: b.WorkerSettings) -> list[str]:
-    """The podTemplate's host-level fields this operator's PodPolicy refuses, for a job that has not started:
-    a job that already ran keeps running when the policy is tightened (an upgrade never fails a running job)."""
-    if job.spec.pod_template is None or old.phase not in (Phase.PENDING, None) or old.restart_count:
+def admission_problems(job: TrainingJob, old: TrainingJobStatus, settings: b.WorkerSettings) -> list[str]:
+    """What this operator's settings refuse of a job that has not started (its podTemplate's host-level fields,
+    a missing queue): a job that already ran keeps running when they are tightened (an upgrade never fails a
+    running job)."""
+    if old.phase not in (Phase.PENDING, None) or old.restart_count:
         return []
-    caps = fabrics.profile(job.spec).all_capabilities()
-    return [f"spec.{path}: {reason}" for path, reason in
-            pod_template.host_problems(job.spec.pod_template, settings.pod_policy, caps)]
+    found = []
+    ns = job.metadata.namespace or ""
+    if ns in settings.queue_required_in and job.spec.scheduling.queue is None:
+        found.append(f"spec.scheduling.queue: required in namespace {ns} (chart value queues.requiredIn)")
+    if job.spec.pod_template is not None:
+        caps = fabrics.profile(job.spec).all_capabilities()
+        found += [f"spec.{path}: {reason}" for path, reason in
+                  pod_template.host_problems(job.spec.pod_template, settings.pod_policy, caps)]
+    return found
 
 
 def profile_request(body: dict[str, Any], pods: list[dict[str, Any]], generation: int) -> dict[str, dict[str, str]]:

@@ -32,6 +32,8 @@ ENV_POD_POLICY = "KUBETRAIN_POD_POLICY"
 allowServiceAccount), kubetrain.core.pod_template.PodPolicy."""
 POD_POLICY_KEYS = {"allowPrivileged": "allow_privileged", "allowHostPath": "allow_host_path",
                    "allowHostNamespaces": "allow_host_namespaces", "allowServiceAccount": "allow_service_account"}
+ENV_QUEUE_REQUIRED_IN = "KUBETRAIN_QUEUE_REQUIRED_IN"
+"""Comma-separated namespaces whose TrainingJobs must set spec.scheduling.queue (the chart's queues.requiredIn)."""
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 """The operator pod's own namespace (Downward API): where its Lease lives by default."""
 
@@ -45,7 +47,8 @@ default), the one that runs the Coscheduling plugin."""
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """What the operator puts into every worker pod (from the Deployment's env / Helm values)."""
+    """What the operator puts into every worker pod, and what it admits of a job's (from the Deployment's env /
+    Helm values)."""
 
     trainer_image: str = "ghcr.io/kubetrain/trainer:0.1.0"
     image_pull_policy: str = "IfNotPresent"
@@ -54,6 +57,8 @@ class WorkerSettings:
     """The schedulerName of `gang: coscheduling` pods: the scheduler that runs the Coscheduling plugin."""
     pod_policy: PodPolicy = field(default_factory=PodPolicy)
     """The host-level fields a job's podTemplate may set (KUBETRAIN_POD_POLICY); none by default."""
+    queue_required_in: frozenset[str] = frozenset()
+    """Namespaces whose jobs must name a Kueue queue (KUBETRAIN_QUEUE_REQUIRED_IN, comma-separated)."""
 
 
 
@@ -176,6 +181,8 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operat
                 trainer_image=env.get(ENV_TRAINER_IMAGE) or DEFAULTS.builders.trainer_image,
                 coscheduling_scheduler=env.get(ENV_COSCHEDULING_SCHEDULER) or DEFAULTS.builders.coscheduling_scheduler,
                 pod_policy=pod_policy(env.get(ENV_POD_POLICY)),
+                queue_required_in=frozenset(n.strip() for n in (env.get(ENV_QUEUE_REQUIRED_IN) or "").split(",")
+                                            if n.strip()),
             ),
             namespace=args.namespace,
             metrics_port=_env_int(p, env, ENV_METRICS_PORT, DEFAULTS.metrics_port),

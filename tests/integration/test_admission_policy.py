@@ -1,0 +1,99 @@
+"""The chart's ValidatingAdmissionPolicy on the real API server: a TrainingJob whose podTemplate asks for
+the host (privileged, hostPath, nodeName, another ServiceAccount) is refused at create, naming the field
+and the chart value; with that value set, the same job is accepted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from support import helm_tool as ht
+from support.resources import apply
+from support.waiting import wait_for
+
+from kubetrain.core.api import GROUP, PLURAL, VERSION
+
+pytestmark = pytest.mark.integration
+
+HOSTILE = {
+    "privileged": ({"containers": [{"name": "trainer", "securityContext": {"privileged": True}}]},
+                   "spec.podTemplate.spec: a privileged container gets the whole node", "allowPrivileged"),
+    "hostpath": ({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]},
+                 "spec.podTemplate.spec.volumes: hostPath mounts a directory of the node", "allowHostPath"),
+    "nodename": ({"nodeName": "kwok-gpu-0"}, "spec.podTemplate.spec.nodeName: would bypass the scheduler", None),
+    "foreign-sa": ({"serviceAccountName": "cluster-admin-sa"},
+                   "spec.podTemplate.spec.serviceAccountName: runs the workers with another ServiceAccount",
+                   "allowServiceAccount"),
+}
+
+
+def policy_docs(queues_in: tuple[str, ...] = (), **allow: bool) -> list[dict[str, Any]]:
+    docs = ht.render(set_values={"queues.requiredIn": list(queues_in), **{f"podPolicy.{k}": v for k, v in allow.items()}})
+    return [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+@pytest.fixture
+def installed(admin_api: client.ApiClient, crd: None) -> Iterator[client.AdmissionregistrationV1Api]:
+    ht.require_helm()
+    adm = client.AdmissionregistrationV1Api(admin_api)
+    yield adm
+    for d in policy_docs():
+        name = d["metadata"]["name"]
+        if d["kind"] == "ValidatingAdmissionPolicy":
+            adm.delete_validating_admission_policy(name)
+        else:
+            adm.delete_validating_admission_policy_binding(name)
+
+
+def job(name: str, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob", "metadata": {"name": name},
+            "spec": {"podTemplate": {"spec": pod_spec}}}
+
+
+def refusal(custom: client.CustomObjectsApi, ns: str, body: dict[str, Any]) -> str | None:
+    """The API server's message when it refuses the create (dry run: nothing is stored), else None."""
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body, dry_run="All")
+    except ApiException as exc:
+        assert exc.status in (403, 422), exc.body
+        return str(exc.body)
+    return None
+
+
+def test_the_api_server_refuses_a_podtemplate_that_asks_for_the_host_unless_the_chart_allows_it(
+    admin_api: client.ApiClient, namespace: str, installed: client.AdmissionregistrationV1Api,
+) -> None:
+    custom = client.CustomObjectsApi(admin_api)
+    for d in policy_docs():
+        apply(admin_api, d)
+    # The API server compiles a new policy asynchronously: wait until it refuses the first case.
+    first = job("privileged", HOSTILE["privileged"][0])
+    wait_for(lambda: refusal(custom, namespace, first), 30, what="the admission policy in force")
+    for name, (pod_spec, message, _) in HOSTILE.items():
+        said = refusal(custom, namespace, job(name, pod_spec))
+        assert said is not None and message in said, (name, said)
+    assert refusal(custom, namespace, job("plain", {"containers": [{"name": "trainer", "env": [{"name": "A", "value": "1"}]}]})) is None
+
+    for d in policy_docs(allowPrivileged=True, allowHostPath=True, allowServiceAccount=True):
+        apply(admin_api, d)
+    hostpath = job("hostpath", HOSTILE["hostpath"][0])
+    wait_for(lambda: refusal(custom, namespace, hostpath) is None, 30, what="the relaxed policy in force")
+    for name, (pod_spec, _, setting) in HOSTILE.items():
+        said = refusal(custom, namespace, job(name, pod_spec))
+        assert (said is None) == (setting is not None), (name, said)  # nodeName stays kubetrain's own
+
+
+def test_a_namespace_that_requires_a_queue_refuses_a_job_without_one(
+    admin_api: client.ApiClient, namespace: str, installed: client.AdmissionregistrationV1Api,
+) -> None:
+    custom = client.CustomObjectsApi(admin_api)
+    for d in policy_docs(queues_in=(namespace,)):
+        apply(admin_api, d)
+    unqueued = job("unqueued", {})
+    said = wait_for(lambda: refusal(custom, namespace, unqueued), 30, what="the queue requirement in force")
+    assert f"spec.scheduling.queue: required in namespace {namespace} (chart value queues.requiredIn)" in said
+    queued = job("queued", {}) | {"spec": {"scheduling": {"queue": "team-a"}}}
+    assert refusal(custom, namespace, queued) is None
