@@ -90,6 +90,9 @@ VALIDATE_ONLY = {
     "bad-deep.yaml": "the API server nests further; `kubetrain validate` stops at 100 levels",
     "bad-pod-template-owned.yaml": "podTemplate is untyped in the CRD: the operator fails such a job (InvalidSpec)",
     "bad-pod-template-shape.yaml": "podTemplate is untyped in the CRD: the operator fails such a job (InvalidSpec)",
+    "bad-duplicate-key.yaml": "kubectl's strict YAML reading refuses the file: the API server, sent JSON, never sees it",
+    "bad-tag.yaml": "a YAML tag is the client's reading: kubectl would send !!binary's decoded bytes; validate refuses it",
+    "bad-list-item.yaml": "a List is split by kubectl, which sends each item alone (the bad item is bad-workers' case)",
 }
 
 

@@ -1,12 +1,16 @@
 """`kubetrain validate`: exit codes and one field-path message per problem."""
 
 import random
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
+from kubetrain.core import api
 from kubetrain.core.cli import main
-from kubetrain.core.validate import load_job
+from kubetrain.core.validate import load_job, problems_of
+from kubetrain.operator.jobs import fabrics
 
 MANIFESTS = Path(__file__).parent / "manifests"
 REPO = Path(__file__).resolve().parents[2]
@@ -14,6 +18,16 @@ REPO = Path(__file__).resolve().parents[2]
 SYSTEM_DIR_LINE = ("spec.checkpoint.dir: checkpoint.dir must not be / or in a system directory (/bin, /boot, /dev, "
                    "/etc, /lib, /lib32, /lib64, /libx32, /proc, /run, /sbin, /sys, /usr, /var/run): the checkpoint "
                    "volume would hide it, and kubetrain's own mounts are there")
+ARGS_LINE = "spec.command: args needs a non-empty command (custom script mode; the built-in trainer takes no args)"
+RESERVED_ENV_LINE = ("spec.env: env cannot set the variables kubetrain sets for every worker: MASTER_ADDR, MASTER_PORT, "
+                     "WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK, PET_NNODES, PET_NPROC_PER_NODE, "
+                     "PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT, KUBETRAIN_JOB, KUBETRAIN_NAMESPACE, "
+                     "KUBETRAIN_CONFIG, KUBETRAIN_CHECKPOINT_DIR, KUBETRAIN_OUTPUT_DIR, KUBETRAIN_RESTART_GENERATION, "
+                     "KUBETRAIN_METRICS_PORT, KUBETRAIN_METRICS_ADDR, KUBETRAIN_POD_NAME, KUBETRAIN_POD_NAMESPACE, "
+                     "KUBETRAIN_GENERATION_FILE, KUBETRAIN_IN_PLACE_WAIT_SECONDS, KUBETRAIN_STANDBY, "
+                     "KUBETRAIN_RAN_GENERATION_FILE")
+IMAGE_LINE = ("spec.image: must be an image reference, [registry[:port]/]repository[:tag][@digest]: a lowercase "
+              "repository, no spaces or shell characters")
 # file -> the exact line(s) `kubetrain validate` must print for it
 EXPECTED = {
     "bad-workers.yaml": ["spec.workers: must be >= 1"],
@@ -29,7 +43,8 @@ EXPECTED = {
     "bad-fp16-deepspeed-cpu.yaml": [
         "spec.precision: precision fp16 with strategy deepspeed needs GPUs (DeepSpeed has no fp16 on CPU); use bf16"
     ],
-    "bad-args-without-command.yaml": ["spec.command: args needs command (custom script mode)"],
+    "bad-args-without-command.yaml": [ARGS_LINE],
+    "bad-command-empty-with-args.yaml": [ARGS_LINE],
     "bad-ephemeral-with-claim.yaml": [
         "spec.checkpoint.ephemeral: checkpoint.ephemeral cannot be combined with checkpoint.claimName "
         "(a claim is durable storage): drop one"
@@ -71,6 +86,28 @@ EXPECTED = {
         "podTemplate.spec.affinity"],
     "bad-pod-template-shape.yaml": ["spec.podTemplate.spec: must be a mapping"],
     "bad-checkpoint-dir-etc.yaml": [SYSTEM_DIR_LINE],
+    "bad-sexagesimal.yaml": ["spec.workers: must be an integer"],
+    "bad-duplicate-key.yaml": [
+        "spec.workers: duplicate key (line 7): kubectl refuses a mapping that sets a key twice"],
+    "bad-tag.yaml": [
+        "spec.image: tag !!binary (line 5) is not one of YAML's core tags (!!str, !!int, !!float, !!bool, !!null, "
+        "!!map, !!seq): YAML readers disagree on what the others mean"],
+    "bad-list-item.yaml": ["items[1].spec.workers: must be >= 1"],
+    "bad-generate-name.yaml": [
+        "metadata.generateName: must start with a lowercase letter and hold only a-z, 0-9 and '-' (the API server "
+        "appends 5 random characters to make the name, a DNS-1035 label)"],
+    "bad-env-name.yaml": ["spec.env[0]: name 'A=B' is not a variable name: printable ASCII characters other than '='"],
+    "bad-env-reserved.yaml": [RESERVED_ENV_LINE],
+    "bad-image.yaml": [IMAGE_LINE],
+    "bad-labels.yaml": [
+        "metadata.labels: key 'cost center' must be a label key: an optional DNS subdomain and '/', then a name of "
+        "letters, digits, '-', '_' or '.' (at most 253 and 63 characters)"],
+    "bad-annotations-size.yaml": [
+        "metadata.annotations: must total at most 262144 bytes, keys and values (the API server's limit); these take "
+        "278841"],
+    "bad-gpu-in-extra.yaml": [
+        "spec.resources.extra: resources.extra cannot set nvidia.com/gpu: use resources.gpusPerWorker (it also sets "
+        "the processes per worker)"],
 }
 
 
@@ -187,3 +224,82 @@ def test_cpu_is_a_kubernetes_quantity(quantity, ok, tmp_path, capsys):
     f = tmp_path / "cpu.yaml"
     f.write_text(HEADER + f"spec: {{resources: {{cpu: '{quantity}', memory: '{quantity}'}}}}\n")
     assert main(["validate", str(f)]) == (0 if ok else 2)
+
+
+@pytest.mark.parametrize(("name", "ok"), [
+    ("NCCL_DEBUG", True), ("my.var-1", True), ("1ST", True), ("Logging:LogLevel", True), ("a b", True),
+    ("KUBETRAIN_FAIL_AT", True), ("KUBETRAIN_DIST_TIMEOUT_SECONDS", True), ("KUBETRAIN_PEAK_FLOPS", True),
+    ("A=B", False), ("=", False), ("tab\there", False), ("é", False),
+])
+def test_env_names_are_what_the_api_server_takes_in_a_pod(name, ok):
+    """Printable ASCII but '=' (Kubernetes >= 1.32); the knobs meant for spec.env stay open."""
+    doc = yaml.safe_load(HEADER + "spec: {}\n")
+    doc["spec"]["env"] = [{"name": name, "value": "1"}]
+    assert (problems_of(doc) == []) == ok
+
+
+@pytest.mark.parametrize("name", api.RESERVED_ENV)
+def test_the_worker_contracts_variables_are_kubetrains_own(name):
+    doc = yaml.safe_load(HEADER + "spec: {}\n")
+    doc["spec"]["env"] = [{"name": name, "value": "1"}]
+    assert [str(p) for p in problems_of(doc)] == [RESERVED_ENV_LINE]
+
+
+def test_env_holds_at_most_1000_variables():
+    doc = yaml.safe_load(HEADER + "spec: {}\n")
+    doc["spec"]["env"] = [{"name": f"V{i}", "value": "1"} for i in range(api.MAX_ENV_VARS + 1)]
+    assert [str(p) for p in problems_of(doc)] == ["spec.env: must have at most 1000 items"]
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize(("image", "ok"), [
+    ("ghcr.io/kubetrain/trainer:0.1.0", True), ("kubetrain/trainer:test", True), (f"localhost:5000/x@{DIGEST}", True),
+    (f"ghcr.io/kubetrain/trainer:0.1.0@{DIGEST}", True), ("trainer", True), ("pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime", True),
+    ("My.Registry.io:5000/team/a__b/c-d:Tag_1", True), ("[::1]:5000/x:1", True), ("2024-01-01", True),
+    ("Kubetrain/Trainer", False), ("trainer latest", False), ("trainer:latest; rm -rf /", False), ("$(id)", False),
+    ("trainer:", False), ("a//b", False), ("x@sha256:abc", False), (" trainer", False), ("", False),
+    ("a/" + "b" * 1030, False),
+])
+def test_images_are_oci_references(image, ok, tmp_path):
+    doc = yaml.safe_load(HEADER + "spec: {fabric: tcpx}\n")
+    doc["spec"]["image"] = image
+    doc["spec"]["fabricOptions"] = {"daemonImage": image}
+    problems = problems_of(doc)
+    assert [p.path for p in problems] == ([] if ok else ["spec.image", "spec.fabricOptions.daemonImage"])
+    if image and len(image) < 1024:
+        assert [str(p) for p in problems[:1]] == ([] if ok else [IMAGE_LINE])
+
+
+def test_the_daemon_images_kubetrain_defaults_to_are_references():
+    assert re.fullmatch(api.IMAGE_PATTERN, fabrics.TCPX_DAEMON_IMAGE)
+    assert re.fullmatch(api.IMAGE_PATTERN, fabrics.TCPXO_DAEMON_IMAGE)
+
+
+@pytest.mark.parametrize(("metadata", "line"), [
+    ({"labels": {"app.kubernetes.io/name": "x", "k": "", "v": "a" * 63}}, None),
+    ({"labels": {"a" * 253 + "/k": "v"}}, None),
+    ({"labels": {"a" * 254 + "/k": "v"}}, "metadata.labels: key '" + "a" * 254 + "/k' must be a label key"),
+    ({"labels": {"k" * 64: "v"}}, "metadata.labels: key '" + "k" * 64 + "' must be a label key"),
+    ({"labels": {"a/b/c": "v"}}, "metadata.labels: key 'a/b/c' must be a label key"),
+    ({"labels": {"k": "v" * 64}}, "metadata.labels: the value of 'k' must be empty or at most 63 characters"),
+    ({"labels": {"k": "-v"}}, "metadata.labels: the value of 'k' must be empty or at most 63 characters"),
+    ({"annotations": {"Example.COM/Note": "x" * (api.MAX_ANNOTATIONS_BYTES - 16)}}, None),  # keys in any case
+    ({"annotations": {"Example.COM/Note": "x" * (api.MAX_ANNOTATIONS_BYTES - 15)}},
+     "metadata.annotations: must total at most 262144 bytes"),
+    ({"annotations": {"note": "é" * (api.MAX_ANNOTATIONS_BYTES // 2)}}, "metadata.annotations: must total at most"),
+    ({"annotations": {"bad key": "x"}}, "metadata.annotations: key 'bad key' must be a label key"),
+])
+def test_labels_and_annotations_keep_the_api_servers_limits(metadata, line):
+    doc = yaml.safe_load(HEADER + "spec: {}\n")
+    doc["metadata"].update(metadata)
+    lines = [str(p) for p in problems_of(doc)]
+    assert lines == [] if line is None else (len(lines) == 1 and lines[0].startswith(line)), lines
+
+
+def test_an_empty_command_without_args_is_the_built_in_trainer(tmp_path):
+    f = tmp_path / "command.yaml"
+    f.write_text(HEADER + "spec: {command: []}\n")
+    spec = load_job(f).spec
+    assert spec.command == [] and spec.runs_launcher  # the built-in trainer runs its own launcher

@@ -65,6 +65,19 @@ LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                      r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 """A label key: an optional DNS-subdomain prefix and `/`, then a name of at most 63 characters."""
+MAX_LABEL_KEY_PREFIX: Final = 253
+"""A label (or annotation) key's prefix is a DNS subdomain: at most 253 characters (the pattern bounds the name only)."""
+MAX_LABEL_VALUE: Final = 63
+MAX_ANNOTATIONS_BYTES: Final = 262_144
+"""256 KiB: the most the API server takes for all of an object's annotations, keys and values together."""
+IMAGE_PATTERN = (r"^(([a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:.]+\])"
+                 r"(:[0-9]+)?/)?"
+                 r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*"
+                 r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@[a-z0-9]+([+._-][a-z0-9]+)*:[0-9a-fA-F]{32,})?$")
+"""An image reference as the OCI distribution grammar has it, loosely: `[registry[:port]/]path[:tag][@digest]`
+(`ghcr.io/kubetrain/trainer:0.1.0`, `localhost:5000/x@sha256:<hex>`). The kubelet refuses anything else
+(InvalidImageName), so the job is refused before it has pods: no spaces, no shell characters, and a lowercase
+repository (the registry's host name may have capitals)."""
 ABSOLUTE_PATH_PATTERN = r"^/"
 SYSTEM_DIRS: Final = ("bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin", "sys",
                       "usr", "var/run")
@@ -81,6 +94,8 @@ PATTERN_REASONS: Final = {
     DNS_SUBDOMAIN_PATTERN: "must be a lowercase DNS subdomain (a-z, 0-9, '-', '.')",
     LABEL_VALUE_PATTERN: "must be a label value: letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
     LABEL_KEY_PATTERN: "must be a label key: an optional DNS subdomain and '/', then a name of letters, digits, '-', '_' or '.'",
+    IMAGE_PATTERN: "must be an image reference, [registry[:port]/]repository[:tag][@digest]: a lowercase repository, "
+                   "no spaces or shell characters",
 }
 """How `kubetrain validate` words a value that does not match one of these patterns."""
 OWN_ERROR: Final = "kubetrain"
@@ -303,6 +318,10 @@ class CheckpointSpec(_Model):
     """Keep checkpoints in a per-pod emptyDir, no claim: they are lost whenever the worker pods are deleted, so every gang restart starts over from step 0 (the job's CheckpointsDurable condition is False). For clusters without storage and for tests. `kubetrain run` ignores it: local checkpoints always survive restarts."""
 
 
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+"""The extended resource resources.gpusPerWorker requests."""
+
+
 class ResourcesSpec(_Model):
     """Per-worker-pod resources."""
 
@@ -315,7 +334,7 @@ class ResourcesSpec(_Model):
     shm_size: str = Field("16Gi", pattern=QUANTITY_PATTERN)
     """Size of the in-memory /dev/shm volume."""
     extra: dict[str, Annotated[str, Field(pattern=QUANTITY_PATTERN)]] | None = None
-    """Extra extended resources per worker pod (e.g. `rdma/ib: "1"`). Merged over those the fabric profile adds; yours win."""
+    """Extra extended resources per worker pod (e.g. `rdma/ib: "1"`). Merged over those the fabric profile adds; yours win. Not `nvidia.com/gpu`: gpusPerWorker sets it."""
 
 
 FailureAction = Literal["FailJob", "RestartGang", "RestartGangAndIgnore"]
@@ -380,12 +399,31 @@ class SchedulingSpec(_Model):
 
 
 ENV_VAR_KEYS: Final = ("name", "value", "valueFrom")
+ENV_NAME_PATTERN = r"^[ -<>-~]+$"
+"""An environment variable's name as the API server takes it in a pod: printable ASCII other than '=' (Kubernetes
+1.32 and later; 1.30 and 1.31 take only `[-._a-zA-Z][-._a-zA-Z0-9]*` and refuse the pod, which WorkersBlocked says)."""
+MAX_ENV_VARS: Final = 1000
+"""Bounds the cost of the env rule's CEL, which the API server must be able to bound; far more than any job sets."""
+RESERVED_ENV: Final = (
+    contract.MASTER_ADDR, contract.MASTER_PORT, contract.WORLD_SIZE, contract.RANK, contract.LOCAL_RANK,
+    contract.LOCAL_WORLD_SIZE, contract.NODE_RANK, contract.PET_NNODES, contract.PET_NPROC_PER_NODE,
+    contract.PET_NODE_RANK, contract.PET_MASTER_ADDR, contract.PET_MASTER_PORT, contract.JOB, contract.NAMESPACE,
+    contract.CONFIG, contract.CHECKPOINT_DIR, contract.OUTPUT_DIR, contract.RESTART_GENERATION, contract.METRICS_PORT,
+    contract.METRICS_ADDR, contract.POD_NAME, contract.POD_NAMESPACE, contract.GENERATION_FILE, contract.IN_PLACE_WAIT,
+    contract.STANDBY, contract.RAN_FILE,
+)
+"""The worker contract's variables that kubetrain sets for every worker (contract.torch_env, kubetrain_env, and the
+in-place and progress ones): one set by spec.env would break the gang's rendezvous or kubetrain's own bookkeeping.
+The knobs meant for spec.env stay open: KUBETRAIN_FAIL_AT, KUBETRAIN_DIST_TIMEOUT_SECONDS and the trainer's own."""
 
 
 def _env_var(entry: dict[str, Any]) -> dict[str, Any]:
     """A core/v1 EnvVar, kept a plain dict (it is copied into pods as it is)."""
     if not isinstance(entry.get("name"), str) or not entry["name"]:
         raise PydanticCustomError(OWN_ERROR, "needs a name (a non-empty string)")
+    if not re.fullmatch(ENV_NAME_PATTERN, entry["name"]):  # `A=B` would set A (to "B=...") in the process
+        raise PydanticCustomError(OWN_ERROR, "name {name} is not a variable name: printable ASCII characters "
+                                  "other than '='", {"name": repr(entry["name"])})
     unknown = sorted(set(entry) - set(ENV_VAR_KEYS))
     if unknown:
         raise PydanticCustomError(OWN_ERROR, "unknown field {field} (an EnvVar has name, value and valueFrom)",
@@ -405,7 +443,8 @@ EnvVar = Annotated[
         "description": "A core/v1 EnvVar.",
         "required": ["name"],
         "properties": {
-            "name": {"type": "string", "minLength": 1, "description": "Name of the variable."},
+            "name": {"type": "string", "minLength": 1, "pattern": ENV_NAME_PATTERN,
+                     "description": "Name of the variable: printable ASCII characters other than '='."},
             "value": {"type": "string", "description": "Its value."},
             "valueFrom": {"type": "object", "description": "Where its value comes from (core/v1 EnvVarSource)."},
         },
@@ -501,11 +540,23 @@ SPEC_RULES: list[Rule] = [
         "every restartPolicy rule needs onExitCodes or onFailures",
         lambda s: all(r.on_exit_codes or r.on_failures for r in s.restart_policy.rules or []),
     ),
-    Rule(
+    Rule(  # an empty command runs the built-in trainer (as an empty one runs a container's entrypoint): args would be lost
         "command",
-        "!has(self.args) || has(self.command)",
-        "args needs command (custom script mode)",
-        lambda s: s.args is None or s.command is not None,
+        "!has(self.args) || (has(self.command) && size(self.command) > 0)",
+        "args needs a non-empty command (custom script mode; the built-in trainer takes no args)",
+        lambda s: s.args is None or bool(s.command),
+    ),
+    Rule(
+        "env",
+        "!has(self.env) || self.env.all(e, !(e.name in [" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "]))",
+        "env cannot set the variables kubetrain sets for every worker: " + ", ".join(RESERVED_ENV),
+        lambda s: not any(e["name"] in RESERVED_ENV for e in s.env or []),
+    ),
+    Rule(
+        "resources.extra",
+        f"!has(self.resources.extra) || !('{GPU_RESOURCE}' in self.resources.extra)",
+        f"resources.extra cannot set {GPU_RESOURCE}: use resources.gpusPerWorker (it also sets the processes per worker)",
+        lambda s: GPU_RESOURCE not in (s.resources.extra or {}),
     ),
     Rule(
         "checkpoint.ephemeral",
@@ -618,7 +669,7 @@ class FabricOptions(_Model):
     """infiniband, roce, aks-infiniband, tcpx, tcpxo: NCCL_SOCKET_IFNAME, the pod interface for NCCL's bootstrap and control traffic."""
     instance_type: Literal["p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge"] | None = None
     """efa: the EC2 instance type of the GPU nodes. Requests every EFA device it has (4 on p4d/p4de, 32 on p5/p5e) and selects nodes of that type (`node.kubernetes.io/instance-type`). Unset: 32 EFA devices (p5.48xlarge, the EKS guide's example) and no node selector; other types: set `resources.extra` `vpc.amazonaws.com/efa`."""
-    daemon_image: str | None = Field(None, min_length=1, max_length=1024)
+    daemon_image: str | None = Field(None, min_length=1, max_length=1024, pattern=IMAGE_PATTERN)
     """tcpx, tcpxo: image of the receive-datapath manager sidecar (`tcpx-daemon` / `tcpxo-daemon`). Default: the image GKE's manifests publish. Its version must match the NCCL plugin the cluster's nccl-tcpx(o)-installer DaemonSet installed."""
     gpu_networks: list[Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]] | None = Field(
         None, min_length=4, max_length=8)
@@ -634,14 +685,14 @@ class TrainingJobSpec(_Model):
     """Number of worker pods (nodes). Every worker runs procsPerWorker processes. At most 10000 (so that pod hostnames `<job>-worker-<i>` fit in 63 characters)."""
     procs_per_worker: int | None = Field(None, ge=1, le=MAX_PROCS_PER_WORKER)
     """Processes per worker (one per GPU). Default: resources.gpusPerWorker, or 1 without GPUs. At most 256."""
-    image: str | None = None
-    """Worker container image. Default: the operator's trainer image."""
+    image: str | None = Field(None, max_length=1024, pattern=IMAGE_PATTERN)
+    """Worker container image (`[registry[:port]/]repository[:tag][@digest]`). Default: the operator's trainer image."""
     command: list[str] | None = None
     """Custom script mode: run this command in every worker instead of the built-in trainer. It receives the same environment contract (MASTER_ADDR, RANK, KUBETRAIN_CHECKPOINT_DIR, ...)."""
     args: list[str] | None = None
     """Arguments for command."""
-    env: list[EnvVar] | None = None
-    """Extra environment variables for every worker container (core/v1 EnvVar objects). They override kubetrain's."""
+    env: list[EnvVar] | None = Field(None, max_length=MAX_ENV_VARS)
+    """Extra environment variables for every worker container (core/v1 EnvVar objects; at most 1000). They override the fabric's and kubetrain's defaults (OMP_NUM_THREADS, NCCL_*, ...), but not the worker contract's variables (MASTER_ADDR, RANK, WORLD_SIZE, PET_*, KUBETRAIN_JOB, KUBETRAIN_CHECKPOINT_DIR, ...), which kubetrain sets itself."""
     strategy: Strategy = "ddp"
     """Parallelism strategy: `ddp` (DistributedDataParallel), `fsdp` (FSDP2 fully_shard) or `deepspeed` (ZeRO)."""
     ddp: DDPSpec | None = None
@@ -873,6 +924,37 @@ class ObjectMeta(_Model):
         if not name[:1].isalpha():  # the pattern, checked before, allows a-z and 0-9 only
             raise PydanticCustomError(OWN_ERROR, JOB_NAME_START_REASON)
         return name
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        """The API server's rules for any object's labels, said before it refuses the object."""
+        for key, value in (labels or {}).items():
+            _check_key(key, key)
+            if value and (len(value) > MAX_LABEL_VALUE or not re.fullmatch(LABEL_VALUE_PATTERN, value)):
+                raise PydanticCustomError(OWN_ERROR, "the value of {key} must be empty or at most {max} characters: "
+                                          + PATTERN_REASONS[LABEL_VALUE_PATTERN].removeprefix("must be "),
+                                          {"key": repr(key), "max": MAX_LABEL_VALUE})
+        return labels
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations(cls, annotations: dict[str, str] | None) -> dict[str, str] | None:
+        """The API server's rules for any object's annotations: keys as label keys (in any case), and a total size."""
+        for key in annotations or {}:
+            _check_key(key, key.lower())
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in (annotations or {}).items())
+        if size > MAX_ANNOTATIONS_BYTES:
+            raise PydanticCustomError(OWN_ERROR, "must total at most {max} bytes, keys and values (the API server's "
+                                      "limit); these take {size}", {"max": MAX_ANNOTATIONS_BYTES, "size": size})
+        return annotations
+
+
+def _check_key(key: str, checked: str) -> None:
+    """`key` as a label key, `checked` being the form the API server checks (annotation keys: lowercased)."""
+    if len(checked.rpartition("/")[0]) > MAX_LABEL_KEY_PREFIX or not re.fullmatch(LABEL_KEY_PATTERN, checked):
+        raise PydanticCustomError(OWN_ERROR, "key {key} " + PATTERN_REASONS[LABEL_KEY_PATTERN]
+                                  + " (at most {prefix} and 63 characters)", {"key": repr(key), "prefix": MAX_LABEL_KEY_PREFIX})
 
 
 class TrainingJob(_Model):

@@ -32,7 +32,7 @@ from kubetrain.core.sweep.local import (
     to_yaml,
 )
 from kubetrain.core.sweep.trials import TRIALS_DIR
-from kubetrain.core.validate import ManifestError, load_documents, load_job, load_sweep, problems_of
+from kubetrain.core.validate import ManifestError, judge, load_documents, load_job, load_sweep
 
 
 def _fail_at(value: str) -> tuple[int, int]:
@@ -58,7 +58,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     bad = 0
     for name in args.files:
         try:
-            docs = load_documents(Path(name))
+            verdicts = judge(load_documents(Path(name)))
         except ManifestError as exc:
             print(exc, file=sys.stderr)
             bad += 1
@@ -67,18 +67,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"{name}: cannot read: {exc.strerror}", file=sys.stderr)
             bad += 1
             continue
-        if not docs:
+        if not verdicts:
             print(f"{name}: (file): holds no TrainingJob", file=sys.stderr)
             bad += 1
-        for i, doc in enumerate(docs):
-            where = name if len(docs) == 1 else f"{name}[{i}]"
-            problems = problems_of(doc)
-            for p in problems:
-                print(f"{where}: {p}", file=sys.stderr)
-            if problems:
+        for verdict in verdicts:
+            for p in verdict.problems:
+                print(f"{verdict.source(name)}: {p}", file=sys.stderr)
+            if verdict.problems:
                 bad += 1
             else:
-                print(f"{where}: valid {doc['kind']} {doc['metadata']['name']!r}")
+                print(f"{verdict.source(name)}: {verdict.summary()}")
     return 2 if bad else 0
 
 

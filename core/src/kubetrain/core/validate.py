@@ -2,26 +2,38 @@
 
 Every problem names the field path as a user writes it (`spec.deepspeed.zeroStage`)
 and the reason (`must be <= 3`). A manifest is judged as the API server judges it:
-YAML read as kubectl reads it, values typed as JSON types them (no "yes" for true,
-no "5" for 5), nulls dropped as the API server prunes them, and the same cross-field
-rules the CRD enforces with CEL (see api.SPEC_RULES). No input makes this raise
-anything but ManifestError or OSError.
+YAML read as kubectl reads it (see plain_tag; a repeated key or a tag beyond YAML's core
+ones is refused), every document and every item of a List on its own, a generateName
+named first, values typed as JSON types them (no "true" for true, no "5" for 5), nulls
+dropped as the API server prunes them, and the same cross-field rules the CRD enforces
+with CEL (see api.SPEC_RULES). No input makes this raise anything but ManifestError or OSError.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from kubetrain.core.api import API_VERSION, KIND, OWN_ERROR, PATTERN_REASONS, SWEEP_KIND, TrainingJob, TrainingSweep
+from kubetrain.core.api import (
+    API_VERSION,
+    KIND,
+    OWN_ERROR,
+    PATTERN_REASONS,
+    SWEEP_KIND,
+    ObjectMeta,
+    SweepMeta,
+    TrainingJob,
+    TrainingSweep,
+)
 from kubetrain.core.pod_template import MAX_DEPTH
 from kubetrain.core.sweep import space
 
@@ -111,20 +123,111 @@ def _reason(err: ErrorDetails) -> str:
 # --------------------------------------------------------------------------- YAML as kubectl reads it
 
 
+_TAG = "tag:yaml.org,2002:"
+STR, INT, FLOAT, BOOL, NULL, MAP, SEQ, MERGE = (_TAG + t for t in ("str", "int", "float", "bool", "null", "map", "seq",
+                                                                   "merge"))
+CORE_TAGS: Final = (STR, INT, FLOAT, BOOL, NULL, MAP, SEQ)
+"""The only tags a manifest may carry: the others (`!!binary`, `!!timestamp`, `!!set`, `!!python/...`, local `!x`)
+mean different values to different YAML readers, or none."""
+_BOOLS = {**dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON"), True),
+          **dict.fromkeys(("n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF"), False)}
+_NULLS = ("", "~", "null", "Null", "NULL")
+_SPECIAL_FLOATS = {**dict.fromkeys((".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF"), math.inf),
+                   **dict.fromkeys(("-.inf", "-.Inf", "-.INF"), -math.inf),
+                   **dict.fromkeys((".nan", ".NaN", ".NAN"), math.nan)}
+_INT = re.compile(r"[-+]?(0[bB][01]+|0[oO][0-7]+|0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
+"""Go's strconv.ParseInt(s, 0, 64): binary, octal (`0o17`, and C's `017`), hex, decimal."""
+_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+
+
+def plain_tag(value: str) -> str:
+    """The tag kubectl's YAML reader gives an untagged plain scalar.
+
+    kubectl reads YAML with sigs.k8s.io/yaml, that is go-yaml v2: YAML 1.1's booleans (`yes`, `on`, `y`, `off`, ...)
+    and C's octal `0777` as PyYAML has them, but no base-60 numbers (`1:30` stays a string, where PyYAML reads 90),
+    Go's integers (`0o17`, `0x1F`, `0b101`, `1_000`), numbers with an exponent and no dot (`1e18`, a string to
+    PyYAML), and no timestamps (`2024-01-01` reaches the API server as a string)."""
+    if value in _NULLS:
+        return NULL
+    if value in _BOOLS:
+        return BOOL
+    if value in _SPECIAL_FLOATS:
+        return FLOAT
+    if value == "<<":
+        return MERGE
+    if value[:1] == ".":
+        return FLOAT if _FLOAT.fullmatch(value) else STR
+    if value[:1] in ("+", "-") or value[:1].isdigit():
+        plain = value.replace("_", "")  # go-yaml drops digit separators before it parses a number
+        if _INT.fullmatch(plain):
+            return INT
+        if _FLOAT.fullmatch(plain):
+            return FLOAT
+    return STR
+
+
+def _to_int(text: str) -> int:
+    """An integer as go-yaml reads one (its range is as_json's to judge)."""
+    plain = text.replace("_", "")
+    if not _INT.fullmatch(plain):
+        raise ValueError(text)
+    sign, digits = (-1 if plain[0] == "-" else 1), plain.lstrip("+-")
+    if digits[0] == "0" and digits[1:2].isdigit():  # `017`: Go reads a leading 0 as octal, Python refuses it
+        return sign * int(digits, 8)
+    return sign * int(digits, 0)
+
+
+def _to_float(text: str) -> float:
+    if text in _SPECIAL_FLOATS:
+        return _SPECIAL_FLOATS[text]
+    plain = text if text[:1] == "." else text.replace("_", "")
+    if _INT.fullmatch(plain):  # `!!float 0x10`
+        return float(_to_int(plain))
+    if not _FLOAT.fullmatch(plain):
+        raise ValueError(text)
+    return float(plain)
+
+
+def _to_bool(text: str) -> bool:
+    if text not in _BOOLS:
+        raise ValueError(text)
+    return _BOOLS[text]
+
+
+def _to_null(text: str) -> None:
+    if text not in _NULLS:
+        raise ValueError(text)
+
+
+_SCALARS: dict[str, Callable[[str], Any]] = {STR: str, INT: _to_int, FLOAT: _to_float, BOOL: _to_bool, NULL: _to_null}
+
+
+def _short(tag: str) -> str:
+    return "!!" + tag.removeprefix(_TAG) if tag.startswith(_TAG) else tag
+
+
+def _scalar_constructor(convert: Callable[[str], Any]) -> Callable[[yaml.SafeLoader, yaml.Node], Any]:
+    def construct(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+        try:
+            return convert(node.value)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {node.value!r} as {_short(node.tag)}", node.start_mark) from None
+    return construct
+
+
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, typed as kubectl's YAML reader types plain scalars: `1e18` and `3e-4` are
-    numbers (YAML 1.2; PyYAML alone makes them strings) and timestamps stay strings."""
+    """PyYAML's safe loader, reading plain scalars as kubectl does (plain_tag) and building YAML's core types only."""
+
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
+        if kind is yaml.ScalarNode and implicit[0]:
+            return plain_tag(value)
+        return str(super().resolve(kind, value, implicit))
 
 
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(  # after PyYAML's int and float: catches what they leave, `1e18`
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+$"),
-    list("-+.0123456789"),
-)
+_Loader.yaml_constructors = {tag: c for tag, c in yaml.SafeLoader.yaml_constructors.items() if tag in (MAP, SEQ, None)}
+for _tag, _convert in _SCALARS.items():
+    _Loader.add_constructor(_tag, _scalar_constructor(_convert))
 
 
 def _yaml_problem(exc: Exception) -> str:
@@ -137,20 +240,95 @@ def _yaml_problem(exc: Exception) -> str:
     return "not valid YAML: " + " ".join(str(exc).split())
 
 
-def load_documents(path: Path) -> list[Any]:
-    """The documents of a YAML file; ManifestError when it is too big, not UTF-8 or not YAML."""
+def _key_of(node: yaml.Node) -> tuple[str, Any]:
+    """A mapping key as go-yaml compares keys: by type and value (`1` and `"1"` differ, `yes` and `true` do not)."""
+    if isinstance(node, yaml.ScalarNode) and node.tag in _SCALARS:
+        try:
+            return node.tag, _SCALARS[node.tag](node.value)
+        except ValueError:
+            pass  # construction says why
+    return node.tag, id(node)
+
+
+def _node_problems(root: yaml.Node) -> list[tuple[yaml.Mark, Problem]]:
+    """Each tag beyond the core ones and each key a mapping repeats (kubectl refuses both), at its path; a node
+    reached again through an alias is seen once, and one deeper than MAX_DEPTH is as_json's to refuse."""
+    found: list[tuple[yaml.Mark, Problem]] = []
+    seen: set[int] = set()
+    todo: list[tuple[yaml.Node, tuple[int | str, ...]]] = [(root, ())]
+    while todo:
+        node, loc = todo.pop()
+        if id(node) in seen or len(loc) > MAX_DEPTH:
+            continue
+        seen.add(id(node))
+        if node.tag not in CORE_TAGS and not (node.tag == MERGE and isinstance(node, yaml.ScalarNode)):
+            found.append((node.start_mark, Problem(_path(loc), f"tag {_short(node.tag)} (line {node.start_mark.line + 1}) "
+                          "is not one of YAML's core tags (!!str, !!int, !!float, !!bool, !!null, !!map, !!seq): "
+                          "YAML readers disagree on what the others mean")))
+        elif isinstance(node, yaml.SequenceNode):
+            todo += [(item, (*loc, i)) for i, item in enumerate(node.value)]
+        elif isinstance(node, yaml.MappingNode):
+            found += _duplicates(node, loc)
+            for key, value in node.value:
+                at = loc if key.tag == MERGE else (*loc, _key(_key_of(key)[1]))  # merged keys are this mapping's
+                todo += [(key, at), (value, at)]
+    return found
+
+
+def _duplicates(node: yaml.MappingNode, loc: tuple[int | str, ...]) -> list[tuple[yaml.Mark, Problem]]:
+    found, keys = [], set()
+    for key, _ in node.value:
+        if key.tag == MERGE:
+            continue  # `<<: *base`: the keys written beside it win over the merged ones, as YAML means them to
+        identity = _key_of(key)
+        if identity in keys:
+            found.append((key.start_mark, Problem(_path((*loc, _key(identity[1]))),
+                                                  f"duplicate key (line {key.start_mark.line + 1}): kubectl refuses "
+                                                  "a mapping that sets a key twice")))
+        keys.add(identity)
+    return found
+
+
+def _read_text(path: Path) -> str:
     with Path(path).open("rb") as f:
         raw = f.read(MAX_MANIFEST_BYTES + 1)
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ManifestError(str(path), [Problem("(file)", "larger than 1.5 MiB, the most the API server stores")])
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ManifestError(str(path), [Problem("(file)", f"not UTF-8 text (byte {exc.start})")]) from None
+
+
+def _compose_and_construct(text: str) -> tuple[list[Any], list[tuple[yaml.Mark, Problem]]]:
+    """The documents, or what kubectl's YAML reader refuses in them (the whole file then, as kubectl applies none)."""
+    loader = _Loader(text)
     try:
-        return [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+        docs, found = [], []
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            problems = _node_problems(node)
+            found += problems
+            if not found:
+                docs.append(loader.construct_document(node))
+        return docs, found
+    finally:
+        loader.dispose()
+
+
+def load_documents(path: Path) -> list[Any]:
+    """The documents of a YAML file, read as kubectl reads them (see plain_tag); ManifestError when the file is too
+    big, not UTF-8, not YAML, or holds what kubectl's reader refuses (a repeated key) or misreads (other tags)."""
+    text = _read_text(path)
+    try:
+        docs, found = _compose_and_construct(text)
     except Exception as exc:  # noqa: BLE001 - PyYAML raises more than YAMLError on hostile input
         raise ManifestError(str(path), [Problem("(file)", _yaml_problem(exc))]) from None
+    if found:
+        raise ManifestError(str(path), [p for _, p in sorted(found, key=lambda mp: mp[0].index)])
+    return [d for d in docs if d is not None]
 
 
 # --------------------------------------------------------------------------- values as the API server has them
@@ -180,7 +358,7 @@ def _scalar(value: Any, loc: tuple[int | str, ...]) -> Any:
         return value
     if isinstance(value, float):  # the API server's decoder reads 5.0 as the integer 5
         return int(value) if value.is_integer() and abs(value) < INT64 else value
-    return str(value)  # dates and binaries from explicit tags: kubectl sends them as strings
+    return str(value)  # not reached: the loader builds YAML's core types only
 
 
 def as_json(doc: Any) -> Any:
@@ -220,9 +398,41 @@ def _as_submitted(doc: Any, kind: str) -> tuple[Any, list[Problem]]:
     if found:
         return None, found
     try:
-        return as_json(doc), []
+        plain = as_json(doc)
     except _Unacceptable as exc:
         return None, [exc.problem]
+    return plain, _name_from_generate_name(plain, _METADATA[kind])
+
+
+GENERATED_NAME_CHARACTERS: Final = 5
+"""The API server names an object that has metadata.generateName and no name: generateName + 5 random characters."""
+GENERATE_NAME_PATTERN = r"[a-z][-a-z0-9]*"
+"""A generateName whose name (with 5 random letters and digits after it) is a DNS-1035 label (api.JOB_NAME_PATTERN)."""
+_METADATA: dict[str, type[ObjectMeta]] = {KIND: ObjectMeta, SWEEP_KIND: SweepMeta}
+
+
+def _name_from_generate_name(plain: dict[str, Any], meta: type[ObjectMeta]) -> list[Problem]:
+    """Name an object that has generateName and no name, as the API server does before it validates one; here
+    the name is generateName without its last '-' (a local run of it keeps one output directory), so
+    generateName itself must leave room for the random characters. Problems with generateName, if any."""
+    metadata = plain.get("metadata")
+    if not isinstance(metadata, dict) or metadata.get("name") or not metadata.get("generateName"):
+        return []
+    prefix = metadata["generateName"]
+    longest = next(m.max_length for m in meta.model_fields["name"].metadata if getattr(m, "max_length", None))
+    room = longest - GENERATED_NAME_CHARACTERS
+    why = f"the API server appends {GENERATED_NAME_CHARACTERS} random characters to make the name"
+    if not isinstance(prefix, str):
+        reason = "must be a string"
+    elif len(prefix) > room:
+        reason = f"must have at most {room} characters ({why}, which has at most {longest})"
+    elif not re.fullmatch(GENERATE_NAME_PATTERN, prefix):
+        reason = f"must start with a lowercase letter and hold only a-z, 0-9 and '-' ({why}, a DNS-1035 label)"
+    else:
+        metadata["name"] = prefix.rstrip("-")
+        return []
+    metadata["name"] = "generated"  # a valid stand-in: the problem is generateName's, said once
+    return [Problem("metadata.generateName", reason)]
 
 
 def _errors(exc: ValidationError) -> list[Problem]:
@@ -256,8 +466,8 @@ def check_sweep(doc: Any) -> tuple[TrainingSweep | None, list[Problem]]:
     try:
         sweep = TrainingSweep.model_validate_json(json.dumps(plain), strict=True)
     except ValidationError as exc:
-        return None, _errors(exc)
-    found = [Problem(f"spec.{path}", reason) for path, reason in space.check_space(sweep.spec)]
+        return None, found + _errors(exc)
+    found += [Problem(f"spec.{path}", reason) for path, reason in space.check_space(sweep.spec)]
     return (None if found else sweep), found
 
 
@@ -288,11 +498,74 @@ def problems_of(doc: Any) -> list[Problem]:
     return check(doc)[1]
 
 
+# --------------------------------------------------------------------------- judging a file, as kubectl sends it
+
+
+KINDS: Final = (KIND, SWEEP_KIND)
+
+
+def _kind(doc: Any) -> Any:
+    return doc.get("kind") if isinstance(doc, dict) else None
+
+
+def is_list(doc: Any) -> bool:
+    """A `kind: List` (or `<Kind>List`) document: kubectl sends each of its items as an object of its own."""
+    return isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List") and isinstance(doc.get("items"), list)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What `kubetrain validate` says of one object of a file."""
+
+    document: int | None
+    """The index of its document, in a file of several."""
+    item: int | None
+    """Its index in a List."""
+    obj: Any
+    problems: list[Problem] = field(default_factory=list)
+    """Their paths start with items[<item>] in a List."""
+    checked: bool = True
+    """False: an object of another kind beside TrainingJobs or TrainingSweeps, left to its own API."""
+
+    def source(self, file: str) -> str:
+        return file if self.document is None else f"{file}[{self.document}]"
+
+    def summary(self) -> str:
+        """The line for an object without problems."""
+        where = "" if self.item is None else f"items[{self.item}]: "
+        meta = self.obj.get("metadata") or {}  # a mapping: the others have problems
+        name = repr(meta.get("name") or "") if meta.get("name") or not meta.get("generateName") \
+            else f"generateName {meta['generateName']!r}"
+        return f"{where}{'valid' if self.checked else 'not checked (not a kubetrain kind):'} {self.obj.get('kind')} {name}"
+
+
+def _inside(item: int | None, problems: list[Problem]) -> list[Problem]:
+    if item is None:
+        return problems
+    return [Problem(f"items[{item}]" + ("" if p.path == "(root)" else f".{p.path}"), p.reason) for p in problems]
+
+
+def judge(docs: list[Any]) -> list[Verdict]:
+    """Every object of a file's documents judged as the API server judges it, a List's items one by one (as kubectl
+    sends them). Beside a TrainingJob or TrainingSweep, objects of other kinds are not checked (kubectl sends them
+    to their own APIs); in a file with neither, each object is judged as a TrainingJob: its problems say why not."""
+    several = len(docs) > 1
+    found = [Verdict(i if several else None, j, obj) for i, doc in enumerate(docs)
+             for j, obj in (enumerate(doc["items"]) if is_list(doc) else [(None, doc)])]
+    ours = any(_kind(v.obj) in KINDS for v in found)
+    return [replace(v, checked=False) if ours and _kind(v.obj) and _kind(v.obj) not in KINDS
+            else replace(v, problems=_inside(v.item, problems_of(v.obj))) for v in found]
+
+
 def _single(path: Path, kind: str) -> Any:
+    """The one `kind` document of a file (a file of one other document: that one, judged as a `kind`)."""
     docs = load_documents(path)
-    found = [d for d in docs if isinstance(d, dict) and d.get("kind") == kind] or docs
+    found = [d for d in docs if _kind(d) == kind] or (docs if len(docs) == 1 else [])
     if len(found) != 1:
         raise ManifestError(str(path), [Problem("(file)", f"must hold exactly one {kind}, found {len(found)}")])
+    if is_list(found[0]):
+        raise ManifestError(str(path), [Problem("(file)", f"holds a {found[0]['kind']}: give the {kind} on its own "
+                                                          "(kubetrain validate checks every item of a List)")])
     return found[0]
 
 
