@@ -25,7 +25,7 @@ from importlib.resources import files
 from typing import Any
 
 from kubetrain.core import contract, launcher
-from kubetrain.core.api import TrainingJob, TrainingJobSpec
+from kubetrain.core.api import GPU_RESOURCE, TrainingJob, TrainingJobSpec
 from kubetrain.core.contract import (  # also read as builders.LABEL_JOB etc. by the operator's other modules
     CONTAINER,
     LABEL_GENERATION,
@@ -43,7 +43,6 @@ from kubetrain.operator.jobs.fabrics import FabricProfile
 from kubetrain.operator.jobs.fabrics import pod_security_level as pod_security_level
 from kubetrain.operator.runtime.settings import WorkerSettings
 
-GPU_RESOURCE = "nvidia.com/gpu"
 CHECKPOINT_MOUNT = contract.CHECKPOINT_MOUNT
 CONFIG_MOUNT = contract.CONFIG_MOUNT
 OUTPUT_MOUNT = contract.OUTPUT_MOUNT
