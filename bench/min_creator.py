@@ -93,9 +93,12 @@ def job_objects(manifest: dict[str, Any], settings: builders.WorkerSettings) -> 
     if job is None:
         raise ValueError(f"invalid TrainingJob {manifest['metadata']['name']}: {problems}")
     # owner None: see the module docstring. The operator's own call is builders.worker_pod(job, i, 0,
-    # settings, owner) for every index (reconcile._translate), with no Kueue placement here.
-    return [builders.headless_service(job), *(builders.worker_pod(job, i, 0, settings)
-                                              for i in range(job.spec.workers))]
+    # settings, owner) for every index (jobs/plan.py _translate), with no Kueue placement here. The pods run
+    # as the namespace's default ServiceAccount: the creator makes no per-job ServiceAccount (nor RBAC).
+    pods = [builders.worker_pod(job, i, 0, settings) for i in range(job.spec.workers)]
+    for pod in pods:
+        pod["spec"].pop("serviceAccountName", None)
+    return [builders.headless_service(job), *pods]
 
 
 def requests_for(sc: cl.Scenario, namespace: str, trainer_image: str) -> list[Request]:

@@ -107,6 +107,7 @@ def stranger(namespace: str, job: str, index: int) -> dict[str, Any]:
     model = TrainingJob.model_validate(kwok_job(job, {"workers": 2}, namespace))
     pod = b.worker_pod(model, index, 0, b.WorkerSettings(trainer_image="kubetrain/trainer:test"))
     pod["metadata"].pop("ownerReferences", None)
+    pod["spec"].pop("serviceAccountName")  # the job's own is created with the job, after this pod
     return pod
 
 
