@@ -137,6 +137,13 @@ def owned_problems(template: Mapping[str, Any]) -> list[Problem]:
     return found
 
 
+def service_account_key(template: Mapping[str, Any]) -> str | None:
+    """The field by which the podTemplate names the workers' ServiceAccount (`serviceAccountName`, or its old
+    name `serviceAccount`), None where it names none."""
+    spec = _map(template.get("spec"))
+    return next((k for k in ("serviceAccountName", "serviceAccount") if spec.get(k)), None)
+
+
 def host_problems(template: Mapping[str, Any], policy: PodPolicy, fabric_capabilities: frozenset[str]) -> list[Problem]:
     """Host-level fields the policy does not allow, each with the PodPolicy setting that would."""
     spec = _map(template.get("spec"))
@@ -147,8 +154,8 @@ def host_problems(template: Mapping[str, Any], policy: PodPolicy, fabric_capabil
     if not policy.allow_host_path:
         found += [(f"podTemplate.spec.volumes[{i}].hostPath", _refused("mounts a directory of the node", "allowHostPath"))
                   for i, v in enumerate(spec.get("volumes") or []) if _is_map(v) and "hostPath" in v]
-    if not policy.allow_service_account and (spec.get("serviceAccountName") or spec.get("serviceAccount")):
-        key = "serviceAccountName" if spec.get("serviceAccountName") else "serviceAccount"
+    key = service_account_key(template)
+    if not policy.allow_service_account and key is not None:
         found.append((f"podTemplate.spec.{key}", _refused("runs the workers with another ServiceAccount's rights",
                                                           "allowServiceAccount")))
     allowed = BASELINE_CAPABILITIES | fabric_capabilities | policy.allowed_capabilities

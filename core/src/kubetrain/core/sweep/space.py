@@ -25,6 +25,7 @@ from kubetrain.core.api import (
     TrainingJobSpec,
     TrainingJobTemplate,
     TrainingSweepSpec,
+    grid_points,
 )
 from kubetrain.core.api import grid_size as api_grid_size
 from kubetrain.core.contract import LABEL_SWEEP, LABEL_TRIAL
@@ -260,8 +261,7 @@ def grid_values(param: SweepParameter) -> list[Any]:
     if param.values is not None:
         return list(param.values)
     low, step = Decimal(str(param.low)), Decimal(str(param.step or 1))
-    count = int((Decimal(str(param.high)) - low) / step) + 1
-    values = [low + k * step for k in range(count)]
+    values = [low + k * step for k in range(grid_points(param))]
     return [int(v) for v in values] if param.type == "int" else [float(v) for v in values]
 
 

@@ -24,7 +24,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from kubetrain.core import contract, launcher
+from kubetrain.core import contract, launcher, pod_template
 from kubetrain.core.api import GPU_RESOURCE, TrainingJob, TrainingJobSpec
 from kubetrain.core.contract import (  # also read as builders.LABEL_JOB etc. by the operator's other modules
     CONTAINER,
@@ -130,9 +130,9 @@ def own_service_account_name(job: str) -> str:
 
 def _named_service_account(job: TrainingJob) -> str | None:
     """podTemplate.spec.serviceAccountName (or its old name), where the operator's PodPolicy let the job set one."""
-    spec = (job.spec.pod_template or {}).get("spec") or {}
-    named = spec.get("serviceAccountName") or spec.get("serviceAccount") if isinstance(spec, dict) else None
-    return str(named) if named else None
+    template = job.spec.pod_template or {}
+    key = pod_template.service_account_key(template)
+    return None if key is None else str(template["spec"][key])
 
 
 def worker_service_account(job: TrainingJob) -> str:
