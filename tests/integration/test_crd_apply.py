@@ -88,8 +88,8 @@ VALIDATE_ONLY = {
     "bad-infinite.yaml": "JSON has no infinity: kubectl cannot send it",
     "bad-not-utf8.yaml": "not a manifest kubectl can read",
     "bad-deep.yaml": "the API server nests further; `kubetrain validate` stops at 100 levels",
-    "bad-pod-template-owned.yaml": "podTemplate is untyped in the CRD: the operator fails such a job (InvalidSpec)",
-    "bad-pod-template-shape.yaml": "podTemplate is untyped in the CRD: the operator fails such a job (InvalidSpec)",
+    "bad-pod-template-owned.yaml": "the CRD types podTemplate, kubetrain's own fields are the operator's (and the "
+                                   "chart's admission policy's) to refuse",
     "bad-duplicate-key.yaml": "kubectl's strict YAML reading refuses the file: the API server, sent JSON, never sees it",
     "bad-tag.yaml": "a YAML tag is the client's reading: kubectl would send !!binary's decoded bytes; validate refuses it",
     "bad-list-item.yaml": "a List is split by kubectl, which sends each item alone (the bad item is bad-workers' case)",
@@ -119,6 +119,7 @@ def test_the_api_server_refuses_what_validate_refuses(
     ({"strategy": "ddp"}, "spec.strategy"),
     ({"model": {"dModel": 512}}, "spec.model"),
     ({"command": ["python", "train.py"]}, "spec.command"),  # an optional field set afterwards
+    ({"podTemplate": {"spec": {"nodeSelector": {"pool": "a"}}}}, "spec.podTemplate"),
 ])
 def test_an_immutable_field_cannot_be_edited_but_workers_can(
     trainingjobs: Any, namespace: str, patch: dict[str, Any], field: str,
@@ -131,6 +132,35 @@ def test_an_immutable_field_cannot_be_edited_but_workers_can(
     edited = trainingjobs.patch(body={"spec": {"workers": 3, "suspend": True}}, name=name, namespace=namespace,
                                 content_type="application/merge-patch+json")
     assert (edited.spec.workers, edited.spec.suspend) == (3, True)
+
+
+@pytest.mark.parametrize(("pod_template", "field"), [
+    ({"spec": {"containers": [{"name": "trainer", "securityContext": {"privileged": "yes"}}]}},
+     "spec.podTemplate.spec.containers[0].securityContext.privileged"),
+    ({"spec": [1]}, "spec.podTemplate.spec"),
+    ({"spec": {"containers": [{"image": "busybox"}]}}, "spec.podTemplate.spec.containers[0].name"),
+    ({"spec": {"containers": [{"name": "trainer", "resources": {"limits": {"memory": "lots"}}}]}},
+     "spec.podTemplate.spec.containers[0].resources.limits.memory"),
+])
+def test_the_api_server_types_a_pod_template_as_a_pod(
+    trainingjobs: Any, namespace: str, pod_template: dict[str, Any], field: str,
+) -> None:
+    job = example_job("typed") | {"spec": example_job("typed")["spec"] | {"podTemplate": pod_template}}
+    with pytest.raises(ApiException) as refused:
+        trainingjobs.create(body=job, namespace=namespace, dry_run="All")
+    assert refused.value.status == 422 and field in refused.value.body, refused.value.body
+
+
+def test_a_well_typed_pod_template_is_accepted_as_written(trainingjobs: Any, namespace: str) -> None:
+    pod_template = {"metadata": {"labels": {"team": "vision"}}, "spec": {
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{"name": "trainer",
+                        "resources": {"limits": {"cpu": "1500m", "memory": "4Gi", "nvidia.com/gpu": 1}},
+                        "env": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                        "ports": [{"name": "debug", "containerPort": 5678}]}]}}
+    job = example_job("typed-ok") | {"spec": example_job("typed-ok")["spec"] | {"podTemplate": pod_template}}
+    created = trainingjobs.create(body=job, namespace=namespace).to_dict()
+    assert created["spec"]["podTemplate"] == pod_template  # no default added, nothing pruned
 
 
 def grid_sweep(name: str, sampler: str, high: float) -> dict[str, Any]:

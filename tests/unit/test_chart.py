@@ -14,6 +14,9 @@ from support import helm_tool as ht
 from support.paths import CHART
 from support.paths import REPO_ROOT as REPO
 
+from kubetrain.core.pod_template import BASELINE_CAPABILITIES
+from kubetrain.operator.jobs.fabrics import FABRICS
+
 VALUES_SETS = [pytest.param([], id="defaults")] + [pytest.param([f], id=f"{f.parent.name}/{f.name}")
                                                     for f in ht.PRESETS + ht.CI_VALUES]
 
@@ -279,7 +282,8 @@ def test_dashboard_gpu_row_joins_dcgm_to_the_jobs_worker_pods() -> None:
 
 
 def _policy_messages(docs: list[dict[str, Any]]) -> str:
-    return " ".join(v["messageExpression"] for v in ht.find(docs, "ValidatingAdmissionPolicy")["spec"]["validations"])
+    policy = ht.find(docs, "ValidatingAdmissionPolicy", "kubetrain-admission")
+    return " ".join(v["messageExpression"] for v in policy["spec"]["validations"])
 
 
 def test_the_pod_policy_reaches_the_operator_and_the_api_server_alike(helm_ok: None) -> None:
@@ -292,7 +296,7 @@ def test_the_pod_policy_reaches_the_operator_and_the_api_server_alike(helm_ok: N
     every = _policy_messages(docs)
     for setting in ("allowHostNamespaces", "allowHostPath", "allowPrivileged", "allowServiceAccount"):
         assert f"podPolicy.{setting}" in every
-    binding = ht.find(docs, "ValidatingAdmissionPolicyBinding")
+    binding = ht.find(docs, "ValidatingAdmissionPolicyBinding", "kubetrain-admission")
     assert binding["spec"]["validationActions"] == ["Deny"] and "matchResources" not in binding["spec"]
     allowed = ht.render(set_values={"podPolicy.allowHostPath": True, "podPolicy.allowServiceAccount": True})
     some = _policy_messages(allowed)
@@ -305,5 +309,20 @@ def test_the_pod_policy_reaches_the_operator_and_the_api_server_alike(helm_ok: N
     off = ht.render(set_values={"podPolicy.admission": False})
     assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
     namespaced = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespace": "team-a"})
-    selector = ht.find(namespaced, "ValidatingAdmissionPolicyBinding")["spec"]["matchResources"]["namespaceSelector"]
-    assert selector == {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+    for name in ("kubetrain-admission", "kubetrain-worker-pods"):
+        binding = ht.find(namespaced, "ValidatingAdmissionPolicyBinding", name)
+        assert binding["spec"]["matchResources"]["namespaceSelector"] == {
+            "matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+
+
+def test_the_admission_policy_allows_each_fabric_the_capabilities_its_profile_adds(helm_ok: None) -> None:
+    """The chart's CEL copy of what the operator allows a podTemplate to add (kubetrain.core.pod_template and
+    the fabric profiles): the API server and the operator judge a capability alike."""
+    policy = ht.find(ht.render(set_values={"podPolicy.allowedCapabilities": ["SYS_PTRACE"]}),
+                     "ValidatingAdmissionPolicy", "kubetrain-admission")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert json.loads(variables["fabricCapabilities"]) == {n: sorted(p.all_capabilities()) for n, p in FABRICS.items()}
+    baseline, allowed, _ = variables["allowedCapabilities"].split(" + ", 2)
+    assert (set(json.loads(baseline)), json.loads(allowed)) == (BASELINE_CAPABILITIES, ["SYS_PTRACE"])
+    worker = ht.find(ht.render(), "ValidatingAdmissionPolicy", "kubetrain-worker-pods")
+    assert worker["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["UPDATE"]

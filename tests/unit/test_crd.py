@@ -1,6 +1,8 @@
 """The CRD is generated from the models, structural, and in sync with crds/."""
 
+import json
 import re
+import runpy
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ from pydantic import ValidationError
 
 from kubetrain.core import api
 from kubetrain.core.cli import main
-from kubetrain.core.crd import crd, crd_yaml, sweep_crd
+from kubetrain.core.crd import crd, crd_yaml, pod_template_source, sweep_crd
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,7 +23,10 @@ def test_crds_dir_matches_models(capsys):
 
 
 def _walk(node, path="$"):
+    """Every node of kubetrain's own schema; a podTemplate's inside is core/v1's (see _walk_pod_template)."""
     yield path, node
+    if path.endswith(".podTemplate"):
+        return
     for key, sub in node.get("properties", {}).items():
         yield from _walk(sub, f"{path}.{key}")
     if isinstance(node.get("items"), dict):
@@ -47,6 +52,61 @@ def test_every_spec_field_is_documented():
     fields = [(p, n) for p, n in _walk(schema["properties"]["spec"], "spec") if not p.endswith(("[]", "{}"))]
     undocumented = [p for p, n in fields if not n.get("description")]
     assert undocumented == []
+
+
+def _walk_pod_template(node, path):
+    yield path, node
+    for key, sub in node.get("properties", {}).items():
+        yield from _walk_pod_template(sub, f"{path}.{key}")
+    for key, suffix in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(node.get(key), dict):
+            yield from _walk_pod_template(node[key], path + suffix)
+
+
+@pytest.mark.parametrize("where", ["job", "sweep"])
+def test_the_pod_template_is_core_v1s_pod_template_spec_structural(where):
+    """The API server types a podTemplate as it types a pod: every node typed (int-or-string and quantities
+    by their marker), list-map keys required, nothing required at the top (a podTemplate is partial)."""
+    spec = _spec_schema() if where == "job" else \
+        _sweep_schema()["properties"]["spec"]["properties"]["template"]["properties"]["spec"]
+    tpl = spec["properties"]["podTemplate"]
+    assert tpl["description"]
+    if where == "job":  # a sweep's whole template cannot change
+        assert any(r["rule"] == "self == oldSelf" for r in tpl["x-kubernetes-validations"])
+    nodes = dict(_walk_pod_template(tpl, "podTemplate"))
+    for path, node in nodes.items():
+        assert "type" in node or node.get("x-kubernetes-int-or-string") is True, f"{path} has no type"
+        for banned in ("$ref", "anyOf", "oneOf", "allOf", "default", "description", "format"):
+            assert banned not in node or path == "podTemplate", f"{path} has {banned}"
+        if node.get("properties"):
+            assert "additionalProperties" not in node, f"{path}: properties and additionalProperties"
+        if node.get("x-kubernetes-list-type") == "map":
+            assert set(node["x-kubernetes-list-map-keys"]) <= set(node["items"]["required"]), path
+    pod = tpl["properties"]["spec"]
+    assert "required" not in pod and "required" not in tpl
+    containers = pod["properties"]["containers"]
+    assert containers["type"] == "array" and containers["items"]["type"] == "object"
+    assert containers["items"]["required"] == ["name"] and containers["x-kubernetes-list-map-keys"] == ["name"]
+    container = containers["items"]["properties"]
+    assert container["securityContext"]["properties"]["privileged"] == {"type": "boolean"}
+    assert container["image"] == {"type": "string"}
+    assert container["resources"]["properties"]["limits"]["additionalProperties"]["x-kubernetes-int-or-string"]
+    assert nodes["podTemplate.spec.containers[].ports[].containerPort"]["type"] == "integer"
+    assert nodes["podTemplate.spec.containers[].livenessProbe.httpGet.port"] == {"x-kubernetes-int-or-string": True}
+    assert nodes["podTemplate.spec.tolerations[]"]["type"] == "object"
+    assert nodes["podTemplate.metadata.labels"] == {"type": "object", "additionalProperties": {"type": "string"}}
+    assert pod_template_source()["kubernetesVersion"].startswith("v1.")
+
+
+def test_the_committed_pod_template_schema_is_what_hack_writes_from_its_source():
+    script = runpy.run_path(str(REPO / "hack" / "podspec-schema.py"), run_name="podspec_schema")
+    source = script["default_source"](script["k8s_version"]())
+    if not source.exists():
+        pytest.skip(f"{source} is not in the Go module cache (hack/k8s builds it)")
+    schemas = json.loads(source.read_text())["components"]["schemas"]
+    assert script["pod_template_schema"](schemas) == pod_template_source()["schema"], \
+        "core/src/kubetrain/core/podspec_schema.json drifted: run hack/podspec-schema.py and `make crds`"
+    assert pod_template_source()["kubernetesVersion"] == script["k8s_version"]()
 
 
 def test_names_columns_status_and_defaults():

@@ -5,12 +5,17 @@ the API server wants a *structural* OpenAPI v3.0 schema: every node typed, no
 $ref, no anyOf-of-null, `exclusiveMinimum` as a boolean, free-form objects
 marked `x-kubernetes-preserve-unknown-fields`. This module does that
 translation, attaches the cross-field CEL rules (:data:`api.SPEC_RULES` and the sweep's),
-and adds printer columns, short names and the status subresource.
+and adds printer columns, short names and the status subresource. `spec.podTemplate` gets core/v1's own
+PodTemplateSpec schema (podspec_schema.json, written by hack/podspec-schema.py from Kubernetes' OpenAPI
+document), so that the API server types a podTemplate as it types a pod.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+from functools import cache
+from importlib import resources
 from typing import Any
 
 import yaml
@@ -39,6 +44,27 @@ def _freeze(spec: dict[str, Any], why: str, mutable: tuple[str, ...]) -> None:
             spec.setdefault("x-kubernetes-validations", []).append(
                 {**_immutable(name, why, mutable), "rule": f"has(self.{name}) == has(oldSelf.{name})",
                  "fieldPath": "." + name})
+
+
+@cache
+def pod_template_source() -> dict[str, Any]:
+    """podspec_schema.json: the structural PodTemplateSpec schema and the Kubernetes version it came from."""
+    data: dict[str, Any] = json.loads(resources.files("kubetrain.core").joinpath("podspec_schema.json").read_text())
+    return data
+
+
+def pod_template_schema() -> dict[str, Any]:
+    """core/v1 PodTemplateSpec as a structural schema (a fresh copy): what the CRD's podTemplate holds."""
+    return copy.deepcopy(pod_template_source()["schema"])
+
+
+def _type_pod_template(spec: dict[str, Any]) -> None:
+    """Give a spec schema's podTemplate (untyped in the model) the PodTemplateSpec schema, keeping its description."""
+    node = spec["properties"]["podTemplate"]
+    typed = pod_template_schema()
+    typed["description"] = node.get("description", "") + \
+        f" Typed as core/v1 PodTemplateSpec of Kubernetes {pod_template_source()['kubernetesVersion']}."
+    spec["properties"]["podTemplate"] = typed
 
 
 def _cel(rules: list[api.Rule]) -> list[dict[str, str]]:
@@ -163,6 +189,7 @@ def openapi_schema() -> dict[str, Any]:
     schema = _resolved(api.TrainingJob)
     spec = schema["properties"]["spec"]
     _object_defaults(spec, api.TrainingJobSpec)
+    _type_pod_template(spec)
     spec["x-kubernetes-validations"] = _cel(api.SPEC_RULES)
     _freeze(spec, _JOB_IMMUTABLE, api.MUTABLE_SPEC_FIELDS)
     spec["properties"]["scheduling"].setdefault("x-kubernetes-validations", []).append(QUEUE_HOLDS)
@@ -180,6 +207,7 @@ def sweep_openapi_schema() -> dict[str, Any]:
     template_spec = template["properties"]["spec"]
     template_spec.pop("default", None)
     _object_defaults(template_spec, api.TrainingJobSpec)
+    _type_pod_template(template_spec)
     template_spec["x-kubernetes-validations"] = _cel(api.SPEC_RULES)
     spec["properties"]["parameters"]["items"]["x-kubernetes-validations"] = _cel(api.PARAMETER_RULES)
     spec["x-kubernetes-validations"] = _cel(api.SWEEP_RULES)
