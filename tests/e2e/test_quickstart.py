@@ -57,3 +57,13 @@ def test_fail_at_restarts_once_resumes_from_step_20_and_resume_is_exact(runs):
     assert 0 < failed["goodput"]["steps_lost"] <= 10 and failed["goodput"]["lost_seconds"] > 0
     assert failed["goodput"]["productive_seconds"] > 0
     assert failed["final_loss"] == pytest.approx(clean["final_loss"], rel=1e-5)
+
+
+def test_every_generation_runs_the_preflight_and_the_summary_shows_it(runs):
+    (clean, _), (failed, _) = runs
+    pf = clean["preflight"]
+    assert (pf["generation"], pf["worldSize"], [r["rank"] for r in pf["ranks"]]) == (0, 2, [0, 1])
+    assert [r["worker"] for r in pf["ranks"]] == [0, 1] and all(r["node"] for r in pf["ranks"])
+    assert all(r["gflops"] > 0 and r["exchangeSeconds"] > 0 for r in pf["ranks"])
+    assert pf["busBandwidthGbps"] > 0 and pf["slowestRank"] in (0, 1) and 0 < pf["seconds"] < 10
+    assert failed["preflight"]["generation"] == 1  # the restarted gang ran its own

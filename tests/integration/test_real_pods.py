@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -32,12 +34,17 @@ from support.real_pods import (
     NODE_NAME,
     TRAINER_IMAGE,
     RealJobs,
+    claim_dir,
     elapsed,
     pod_monitor_targets,
     quickstart,
+    throttle_pod_cpu,
+    trainer_ranks,
     wait_step,
 )
 from support.waiting import wait_for
+
+from kubetrain.core import contract
 
 pytestmark = pytest.mark.integration
 
@@ -309,3 +316,70 @@ def test_another_jobs_worker_cannot_patch_this_jobs_worker_0(jobs: RealJobs) -> 
     pod = jobs.core.read_namespaced_pod(f"{victim}-worker-0", jobs.ns)
     assert pod.spec.service_account_name == f"{victim}-worker"
     assert "999999" not in (pod.metadata.annotations or {}).get("kubetrain.io/progress", "")
+
+
+def test_preflight_names_a_worker_throttled_to_a_quarter_cpu(jobs: RealJobs, real_namespace: str) -> None:
+    """Worker 1's pod cgroup is capped at 0.25 CPU as soon as the kubelet makes it, before its trainer starts:
+    the preflight before step 0 finds its compute below half the gang's median, and the job says so (both
+    workers share the one real node, so the verdict tells them apart by rank and worker)."""
+    start = time.monotonic()
+    name = jobs.create(quickstart(maxSteps=4, checkpoint={"everySteps": 4}), name="preflight")
+    pod = wait_for(lambda: {p.metadata.name: p for p in jobs.pods(name)}.get(f"{name}-worker-1"), 30,
+                   what="worker 1's pod")
+    throttle_pod_cpu(pod.metadata.uid, 0.25)
+    st = jobs.wait(name, lambda st: st.get("preflight"), 150, "status.preflight")
+    pf = st["preflight"]
+    [cond] = [c for c in st["conditions"] if c["type"] == "NodeDegraded"]
+    print(f"preflight after {elapsed(start)} s: {json.dumps(pf)}\nNodeDegraded: {cond['message']}")
+    assert (pf["worldSize"], pf["degradedRanks"], pf["slowestRank"]) == (2, [1], 1)
+    assert [(r["rank"], r["worker"], r["node"]) for r in pf["ranks"]] == [(0, 0, NODE_NAME), (1, 1, NODE_NAME)]
+    assert (cond["status"], cond["reason"]) == ("True", "RankDegraded")
+    assert f"rank 1 (worker 1, node {NODE_NAME}): compute" in cond["message"]
+    warned = wait_for(lambda: [e for e in jobs.events(name) if e.reason == "RankDegraded"], 30, what="the Event")
+    assert warned[0].type == "Warning" and warned[0].message == cond["message"]
+
+
+def test_a_rank_stopped_from_the_host_is_named_with_its_stacks_and_the_gang_resumes(
+        jobs: RealJobs, real_namespace: str) -> None:
+    """Worker 1's rank is SIGSTOPped from the host mid-run, defaults only (hangDetection on, in-place
+    restarts): both workers' launchers find the gang silent, save every rank's stacks on the claim and end
+    their ranks; the operator names rank 1 of worker 1 in status.lastHang and a Warning Event and restarts the
+    gang in place from the last checkpoint; the job succeeds."""
+    # Checkpoints every 20 steps and the rank stopped between two, as its own heartbeat says (read from the
+    # host through the process's root): a hang inside a checkpoint is given hangDetection.phaseSeconds instead.
+    name = jobs.create(quickstart(**{**RESUMABLE, "maxSteps": 160, "checkpoint": {"everySteps": 20, "keep": 3}}),
+                       name="hang")
+    jobs.wait(name, lambda st: st.get("currentStep", 0) >= 5, 300, "step >= 5")
+    uid = jobs.core.read_namespaced_pod(f"{name}-worker-1", real_namespace).metadata.uid
+    [rank] = trainer_ranks(uid)
+    # /var/run is a link to /run in the image, which the host would resolve against its own root.
+    beats = next(p for p in (f"/proc/{rank}/root{contract.OUTPUT_MOUNT}", f"/proc/{rank}/root/run/kubetrain")
+                 if Path(p, "hang-watch").is_dir())
+    beat = Path(beats, "hang-watch", "beats", "rank-1.beat")
+
+    def between_checkpoints() -> bool:
+        b = json.loads(beat.read_text())
+        return b["phase"] == "train" and b["step"] > 20 and 3 <= b["step"] % 20 <= 12
+
+    wait_for(between_checkpoints, 120, interval=0.05, what="rank 1 between two checkpoints")
+    os.kill(rank, signal.SIGSTOP)
+    stopped = time.monotonic()
+    st = jobs.wait(name, lambda s: s.get("lastHang"), 120, "status.lastHang")
+    detected = elapsed(stopped)
+    hang = st["lastHang"]
+    print(f"hang found {detected} s after SIGSTOP at step {hang['step']}: {json.dumps(hang, indent=1)}")
+    assert detected < 60, hang
+    assert [(s["rank"], s["worker"], s["pod"], s["node"], s["where"]) for s in hang["suspects"]] == [
+        (1, 1, f"{name}-worker-1", NODE_NAME, "stopped (SIGSTOP)")]
+    assert hang["message"].startswith(f"rank 1 on worker 1 (pod {name}-worker-1, node {NODE_NAME}) is stopped")
+    assert "rank 0 waits in" in hang["message"] and hang["dumps"].startswith("/checkpoints/hangs/gen-0")
+    [event] = [e for e in jobs.events(name) if e.reason == "NoProgress"]
+    print(f"Event {event.type} {event.reason}: {event.message}")
+    assert event.type == "Warning" and event.message.startswith(f"hung: {hang['message']}")
+    st = jobs.wait_phase(name, "Succeeded", timeout=600)
+    assert st["restartCount"] == 1 and st["failures"] == {"NoProgress": 1} and st["resumedFromStep"] >= 20
+    saved = claim_dir(jobs.core, real_namespace, f"{name}-checkpoints") / "hangs" / "gen-0"
+    stacks = {f.name: f.read_text() for f in sorted(saved.iterdir())}
+    print("\n".join(f"--- {n}\n" + "\n".join(t.splitlines()[:12]) for n, t in stacks.items()))
+    assert stacks["rank-1.txt"].startswith("rank 1: stopped (SIGSTOP) (step ")
+    assert stacks["rank-0.txt"].startswith("rank 0: in ") and 'File "' in stacks["rank-0.txt"]

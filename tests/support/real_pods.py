@@ -7,9 +7,11 @@ operator images are the chart's defaults, loaded into the node's containerd by h
 
 from __future__ import annotations
 
+import glob
 import json
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -19,6 +21,7 @@ from kubetrain.operator.jobs.builders import WorkerSettings, merge
 
 from .jobs import StatusCheck, TrainingJobs
 from .paths import HACK_DIR, QUICKSTART
+from .waiting import wait_for
 
 NODE_NAME = "kubetrain-node"
 TRAINER_IMAGE = WorkerSettings().trainer_image  # the chart's default, the name hack/images.sh loads
@@ -74,12 +77,13 @@ class RealJobs(TrainingJobs):
     def wait_phase(self, name: str, phase: str, timeout: float = 600) -> dict[str, Any]:
         return self.wait(name, lambda st: st.get("phase") == phase, timeout, f"phase {phase}")
 
-    def log(self, pod: str, tail: int | None = None) -> str:
-        """The pod's container log. Read again (up to 5 s) while it comes back empty: the kubelet once
-        answered '' for a container that had just finished and had written lines."""
+    def log(self, pod: str, tail: int | None = None, previous: bool = False) -> str:
+        """The pod's container log (`previous`: of its container before the kubelet restarted it). Read again
+        (up to 5 s) while it comes back empty: the kubelet once answered '' for a container that had just
+        finished and had written lines."""
         for _ in range(6):
             try:
-                text = str(self.core.read_namespaced_pod_log(pod, self.ns, tail_lines=tail))
+                text = str(self.core.read_namespaced_pod_log(pod, self.ns, tail_lines=tail, previous=previous))
             except client.ApiException as exc:
                 return f"(no log for {pod}: {exc.status} {exc.reason})"
             if text:
@@ -103,6 +107,54 @@ def wait_step(jobs: RealJobs, name: str, step: int, timeout: float = 300) -> dic
     """Until the job's last complete checkpoint is at `step` or later."""
     return jobs.wait(name, lambda st: ((st.get("lastCheckpoint") or {}).get("step") or 0) >= step, timeout,
                      f"a checkpoint at step >= {step}")
+
+
+POD_CGROUPS = ("/sys/fs/cgroup/cpu/kubepods/pod{uid}", "/sys/fs/cgroup/cpu/kubepods/*/pod{uid}",
+               "/sys/fs/cgroup/kubepods/pod{uid}", "/sys/fs/cgroup/kubepods/*/pod{uid}")
+"""Where the real node's kubelet (cgroupfs driver, hack/real-node.sh) puts a pod's cgroup: v1's cpu hierarchy, or v2's."""
+
+
+def throttle_pod_cpu(uid: str, cores: float, timeout: float = 60) -> Path:
+    """Cap a real-node pod at `cores` CPUs through its pod cgroup (found by the pod's UID, as soon as the kubelet
+    makes it, before its containers start): cgroup v1 cpu.cfs_quota_us, or v2 cpu.max. Its containers' cgroups
+    sit below it, so the cap holds for all of them. The cgroup's directory."""
+    where = wait_for(lambda: pod_cgroup(uid), timeout, interval=0.05, what=f"the cgroup of pod {uid}")
+    period = 100_000
+    if (where / "cpu.max").exists():
+        (where / "cpu.max").write_text(f"{int(cores * period)} {period}\n")
+    else:
+        (where / "cpu.cfs_period_us").write_text(f"{period}\n")
+        (where / "cpu.cfs_quota_us").write_text(f"{int(cores * period)}\n")
+    return where
+
+
+def pod_cgroup(uid: str) -> Path | None:
+    return next((Path(p) for pattern in POD_CGROUPS for p in glob.glob(pattern.format(uid=uid))), None)
+
+
+def trainer_ranks(uid: str) -> list[int]:
+    """The host PIDs of a real-node pod's trainer ranks: the `kubetrain.trainer` processes whose parent is one
+    too (the launcher), found through the pod's cgroup."""
+    where = pod_cgroup(uid)
+    pids = {int(x) for f in (where.rglob("cgroup.procs") if where else []) for x in f.read_text().split()}
+    def cmdline(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return ""
+    def parent(pid: int) -> int:
+        try:
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return 0
+    trainers = {p for p in pids if "kubetrain.trainer" in cmdline(p)}
+    return sorted(p for p in trainers if parent(p) in trainers)
+
+
+def claim_dir(core: client.CoreV1Api, namespace: str, claim: str) -> Path:
+    """Where a bound claim's volume lies on the real node (the local-path provisioner's hostPath)."""
+    pv = core.read_persistent_volume(core.read_namespaced_persistent_volume_claim(claim, namespace).spec.volume_name)
+    return Path((pv.spec.host_path or pv.spec.local).path)
 
 
 def elapsed(since: float) -> float:

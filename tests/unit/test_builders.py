@@ -331,9 +331,14 @@ def test_every_worker_knows_its_pod_through_the_downward_api():
         assert env_from(pod) == {
             contract.POD_NAME: {"fieldRef": {"fieldPath": "metadata.name"}},
             contract.POD_NAMESPACE: {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            contract.NODE_NAME: NODE_NAME_REF,
         }
-    # progressReporting off: no pod identity, so the trainer does not try to annotate
-    assert env_from(b.worker_pod(job(progressReporting=False), 0, 0, b.WorkerSettings())) == {}
+    # progressReporting off: no pod identity, so the trainer does not try to annotate; the node (preflight) stays
+    assert env_from(b.worker_pod(job(progressReporting=False), 0, 0, b.WorkerSettings())) == {
+        contract.NODE_NAME: NODE_NAME_REF}
+
+
+NODE_NAME_REF = {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 def test_progress_role_grants_get_patch_of_worker_0_only():

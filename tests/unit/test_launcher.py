@@ -357,3 +357,40 @@ def test_local_directories_exist_before_any_process_starts(tmp_path):
     ckpt, out = tmp_path / "a" / "checkpoints", tmp_path / "out"
     ensure_writable(ckpt, out)
     assert ckpt.is_dir() and out.is_dir()
+
+
+BEATING_RANK = """
+import json, os, sys, time
+where, rank = os.environ["KUBETRAIN_HEARTBEAT_DIR"], os.environ["RANK"]
+def beat(step):
+    with open(os.path.join(where, "rank-%s.beat.tmp" % rank), "w") as f:
+        f.write(json.dumps({"step": step, "phase": "train"}))
+    os.replace(os.path.join(where, "rank-%s.beat.tmp" % rank), os.path.join(where, "rank-%s.beat" % rank))
+def stuck_in_the_data_loader():
+    time.sleep(600)
+for step in range(1, 1000):
+    if rank == "1" and step == 4:
+        stuck_in_the_data_loader()
+    beat(step)
+    time.sleep(0.1)
+"""
+
+
+def test_the_configmap_launcher_finds_a_silent_rank_saves_every_stack_and_exits_124(configmap_dir, tmp_path):
+    """A custom command's ranks write heartbeats (JSON, no kubetrain); one stops at step 4. The launcher,
+    without kubetrain itself, declares the worker hung, asks each rank for its stack (the sitecustomize it
+    puts on their PYTHONPATH registered the dump), saves them and exits 124 naming where each rank is."""
+    hang = "min=1,factor=2,phase=5,start=5"
+    env = {"PET_NPROC_PER_NODE": "2", contract.HANG: hang, contract.OUTPUT_DIR: str(tmp_path / "out"),
+           contract.HANG_DIR: str(tmp_path / "hangs"), contract.RESTART_GENERATION: "2"}
+    t0 = time.monotonic()
+    p = pod_launcher(configmap_dir, sys.executable, "-c", BEATING_RANK, env=env)
+    _out, err = p.communicate(timeout=60)
+    assert p.returncode == contract.HUNG_EXIT_CODE, err
+    assert time.monotonic() - t0 < 30
+    lines = [line for line in err.splitlines() if "hang:" in line]
+    assert "rank 1 is in stuck_in_the_data_loader (<string>:9) at step 3" in lines[0], lines
+    assert lines[0].endswith("rank 0 waits in <module> (<string>:14)"), lines  # it kept beating: it is not odd
+    saved = tmp_path / "hangs" / "gen-2"
+    assert sorted(f.name for f in saved.iterdir()) == ["rank-0.txt", "rank-1.txt"]
+    assert 'line 9 in stuck_in_the_data_loader' in (saved / "rank-1.txt").read_text()

@@ -23,7 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from kubetrain.core import contract, pod_template
+from kubetrain.core import contract, hangs, pod_template
 
 GROUP: Final = "kubetrain.io"
 VERSION: Final = "v1alpha1"
@@ -127,6 +127,9 @@ job the sweep does not own); its trial waits Pending and the create is retried w
 FABRIC_DEGRADED = "FabricDegraded"
 """Condition: spec.fabric names a fabric, but NCCL on rank 0 chose another network transport (most often
 TCP sockets, which NCCL falls back to without a word when the fabric is not wired into the pods)."""
+NODE_DEGRADED = "NodeDegraded"
+"""Condition: the preflight before the current generation's first step found a rank whose compute or neighbour
+exchange is below spec.preflight.degradedFraction of the gang's median (the message names rank, worker and node)."""
 
 
 class ConditionReason(enum.StrEnum):
@@ -163,6 +166,10 @@ class ConditionReason(enum.StrEnum):
     """FabricDegraded: NCCL chose a network transport that is neither the fabric's nor sockets."""
     FABRIC_IN_USE = "FabricInUse"
     """FabricDegraded False: NCCL uses the fabric's transport (again)."""
+    RANK_DEGRADED = "RankDegraded"
+    """NodeDegraded: the preflight found a rank below spec.preflight.degradedFraction of the gang's median."""
+    PREFLIGHT_PASSED = "PreflightPassed"
+    """NodeDegraded False: a later generation's preflight found no degraded rank."""
     QUOTA_RESERVED = "QuotaReserved"
     """Admitted: Kueue admitted the Workload (quota reserved in its ClusterQueue, admission checks passed)."""
     QUEUED = "Queued"
@@ -353,6 +360,28 @@ class FailureRule(_Model):
     """Matches these failures: ExitCode (any other non-zero exit), Deleted, Disrupted (preempted, evicted through the API, drained: the pod's DisruptionTarget condition), Evicted (by the kubelet), OOMKilled, NodeLost, NoProgress, StartTimeout."""
 
 
+class HangDetectionSpec(_Model):
+    """Hang detection: every rank writes a heartbeat (kubetrain's trainer at every step; a custom script through `kubetrain.core.hangs.write_beat` or the same JSON file, see docs/trainer.md); the worker's launcher (or the local backend) declares the worker hung when a rank is silent past its limit, saves the Python stacks of every rank, names the odd one out in status.lastHang and an Event, and the gang restarts (failure NoProgress). A rank that never wrote a heartbeat is never judged."""
+
+    enabled: bool = True
+    """False turns hang detection off; progressDeadlineSeconds still applies."""
+    min_seconds: int = Field(30, ge=5, le=MAX_DEADLINE_SECONDS)
+    """The shortest silence taken for a hang between two training steps."""
+    step_time_factor: float = Field(10.0, ge=2, le=1000)
+    """Between two steps a rank may be silent this many times the longest of its last 20 step times (at least minSeconds). restartPolicy.progressDeadlineSeconds, where set, is the limit instead."""
+    phase_seconds: int = Field(300, ge=5, le=MAX_DEADLINE_SECONDS)
+    """A checkpoint save or an evaluation may take this long, or three times the longest one seen before."""
+    start_seconds: int = Field(900, ge=5, le=MAX_DEADLINE_SECONDS)
+    """From a rank's start to the end of its first step (imports, rendezvous, loading, compilation, the first step)."""
+
+    def limits(self, explicit: int | None) -> hangs.Limits | None:
+        """The launcher's limits (None: off)."""
+        if not self.enabled:
+            return None
+        return hangs.Limits(float(self.min_seconds), self.step_time_factor, float(self.phase_seconds),
+                            float(self.start_seconds), None if explicit is None else float(explicit))
+
+
 class RestartPolicySpec(_Model):
     """When and how the whole gang is restarted from the latest complete checkpoint."""
 
@@ -366,13 +395,17 @@ class RestartPolicySpec(_Model):
         contract.CONFIG_ERROR_EXIT_CODE, contract.COMMAND_NOT_EXECUTABLE_EXIT_CODE, contract.COMMAND_NOT_FOUND_EXIT_CODE])
     """Worker exit codes (1 to 255) that fail the job at once (configuration errors). Every other non-zero exit, signal, eviction or lost node restarts the gang."""
     progress_deadline_seconds: int | None = Field(None, ge=1, le=MAX_DEADLINE_SECONDS)
-    """Restart the gang when rank 0 reports no new step for this long (hang detection). Unset disables it. At most 31536000 (one year)."""
+    """Restart the gang when rank 0 reports no new step for this long (NoProgress). It is also the hang detector's limit between two steps of any rank, instead of the adaptive one (hangDetection). Unset: only hangDetection applies. At most 31536000 (one year)."""
     node_not_ready_grace_seconds: int = Field(60, ge=0, le=MAX_BACKOFF_SECONDS)
     """How long a worker's node may be NotReady before the gang is restarted. At most 86400 (one day)."""
+    avoid_degraded_nodes: bool = False
+    """Keep later generations off the nodes where the preflight found a degraded rank (the NodeDegraded condition): worker pods created after it get a required node affinity `kubernetes.io/hostname NotIn` those nodes (status.avoidedNodes, which remembers them for the job's life). A worker kept by an in-place restart stays where it runs. kubetrain taints no node."""
     start_timeout_seconds: int | None = Field(None, ge=1, le=31536000)
     """How long a gang may take from its creation until every worker runs (pods unschedulable, refused, pulling images). Past it the gang is released, so its scheduled pods give their GPUs back, and restarted as a counted failure (StartTimeout). Unset: the job waits, saying why in the WorkersBlocked condition."""
     rules: list[FailureRule] | None = Field(None, max_length=32)
     """Failure rules, tried in order before the defaults: permanentExitCodes fail the job; disruptions (Disrupted, Evicted) restart the gang without counting against backoffLimit; every other failure restarts it and counts."""
+    hang_detection: HangDetectionSpec = Field(default_factory=HangDetectionSpec)
+    """Hang detection, on by default (docs/operator.md#hangs)."""
     in_place: bool | None = None
     """Restart the gang in place: the workers still running are kept, their launcher stops their processes and starts the next generation from the latest checkpoint when the operator says so (through the pod's `kubetrain.io/restart-generation` annotation, read from a Downward API volume); only failed, deleted or lost workers' pods are recreated. A kept worker whose launcher gets no new generation within maxBackoffSeconds + 60 s exits 75 and its pod is recreated. Unset: on where it is safe, that is with durable checkpoints, without `gang: kubernetes`, and for workers that run the launcher anyway (the built-in trainer, or procsPerWorker > 1). `true` also runs a one-process command under the launcher (its image then needs python3); it needs durable checkpoints and no `gang: kubernetes`. The local backend restarts processes either way."""
 
@@ -410,7 +443,7 @@ RESERVED_ENV: Final = (
     contract.PET_NODE_RANK, contract.PET_MASTER_ADDR, contract.PET_MASTER_PORT, contract.JOB, contract.NAMESPACE,
     contract.CONFIG, contract.CHECKPOINT_DIR, contract.OUTPUT_DIR, contract.RESTART_GENERATION, contract.METRICS_PORT,
     contract.METRICS_ADDR, contract.POD_NAME, contract.POD_NAMESPACE, contract.GENERATION_FILE, contract.IN_PLACE_WAIT,
-    contract.STANDBY, contract.RAN_FILE,
+    contract.STANDBY, contract.RAN_FILE, contract.HEARTBEAT_DIR, contract.HANG, contract.HANG_DIR,
 )
 """The worker contract's variables that kubetrain sets for every worker (contract.torch_env, kubetrain_env, and the
 in-place and progress ones): one set by spec.env would break the gang's rendezvous or kubetrain's own bookkeeping.
@@ -678,6 +711,15 @@ class FabricOptions(_Model):
     """aks-infiniband: NCCL_TOPO_FILE, the ND-series topology file inside the image (Azure's HPC images: /opt/microsoft/ndv5/topo.xml for ND H100 v5). Empty: not set (NCCL detects the topology itself)."""
 
 
+class PreflightSpec(_Model):
+    """Checks every rank of the built-in trainer runs after joining the gang and before the first step of every generation (restarts too): a matmul benchmark, the gang's all-reduce bus bandwidth and a neighbour exchange (docs/trainer.md#preflight). A custom command runs none."""
+
+    enabled: bool = True
+    """Run the preflight (about a second per generation on CPU; status.preflight). False: skip it."""
+    degraded_fraction: float = Field(0.5, gt=0, lt=1)
+    """A rank whose compute (GFLOP/s) or neighbour exchange speed is below this fraction of the gang's median is degraded: the NodeDegraded condition and a Warning Event name it. Between 0 and 1, both excluded."""
+
+
 class TrainingJobSpec(_Model):
     """Desired state of a TrainingJob: what to train, on how many workers, and how to survive failures."""
 
@@ -741,6 +783,8 @@ class TrainingJobSpec(_Model):
     """What a fabric profile cannot know about your nodes (device plugin resource name, instance type, network names, daemon image); every field has the default the cloud's docs publish."""
     metrics_port: int = Field(9400, ge=1024, le=65535)
     """Port of every worker's Prometheus endpoint; a worker's processes use consecutive ports from it (local runs: every rank), so metricsPort + procsPerWorker - 1 must be at most 65535."""
+    preflight: PreflightSpec = Field(default_factory=PreflightSpec)
+    """The checks each rank runs before step 0 of every generation, and when a rank counts as degraded."""
     progress_reporting: bool = True
     """Rank 0 reports its progress (step, loss, last checkpoint) by annotating its own pod `kubetrain.io/progress`; the operator turns it into status and uses it for restartPolicy.progressDeadlineSeconds. The operator creates a Role and RoleBinding `<job>-progress` that let the workers' ServiceAccount get and patch only the pod `<job>-worker-0`. False creates neither and tells no worker its pod name: status then shows no progress unless something else writes the annotation."""
     suspend: bool = False
@@ -764,6 +808,12 @@ class TrainingJobSpec(_Model):
     @property
     def world_size(self) -> int:
         return self.workers * self.procs
+
+    @property
+    def hang_limits(self) -> hangs.Limits | None:
+        """restartPolicy.hangDetection as the workers' supervisor applies it (None: off)."""
+        policy = self.restart_policy
+        return policy.hang_detection.limits(policy.progress_deadline_seconds)
 
     @property
     def restarts_in_place(self) -> bool:
@@ -796,7 +846,7 @@ class Condition(_Model):
     """A standard Kubernetes condition."""
 
     type: str
-    """Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed, CheckpointsDurable, WorkersBlocked, FabricDegraded, Admitted."""
+    """Condition type: Created, Running, Restarting, Suspended, Succeeded, Failed, CheckpointsDurable, WorkersBlocked, FabricDegraded, NodeDegraded, Admitted."""
     status: Literal["True", "False", "Unknown"]
     """Whether the condition holds."""
     reason: str = ""
@@ -833,6 +883,82 @@ class CheckpointRef(_Model):
     """Where it is."""
     time: str | None = None
     """When it was committed (RFC 3339)."""
+
+
+class PreflightRank(_Model):
+    """One rank's preflight figures."""
+
+    model_config = ConfigDict(extra="ignore")  # a newer trainer's report must still be read (progress.Progress)
+    rank: int
+    """Global rank."""
+    worker: int
+    """Worker index (the pod `<job>-worker-<i>`; locally the node rank)."""
+    node: str = ""
+    """The node it ran on (the pod's spec.nodeName; locally the hostname); empty: not known."""
+    gflops: float
+    """Its matmul benchmark: GFLOP/s (fp32 on CPU, bf16 on GPU)."""
+    exchange_seconds: float | None = None
+    """Seconds to send a buffer to rank+1 and receive one from rank-1 (unset in a gang of one)."""
+
+
+class Preflight(_Model):
+    """The preflight of one generation: rank 0's report of every rank's figures, and the verdict."""
+
+    model_config = ConfigDict(extra="ignore")
+    generation: int = 0
+    """The generation it ran in."""
+    seconds: float = 0.0
+    """What it cost rank 0, from the first benchmark to the gathered report."""
+    world_size: int = 0
+    """Ranks in the gang."""
+    bus_bandwidth_gbps: float | None = None
+    """The gang's all-reduce bus bandwidth, GB/s (algorithm bandwidth x 2(n-1)/n; unset in a gang of one)."""
+    median_gflops: float = 0.0
+    """The gang's median compute."""
+    median_exchange_seconds: float | None = None
+    """The gang's median neighbour exchange time."""
+    slowest_rank: int | None = None
+    """The rank with the lowest compute."""
+    ranks: list[PreflightRank] = Field(default_factory=list)
+    """Every rank's figures, by rank (a gang of more than 256 ranks lists its 256 slowest)."""
+    degraded_ranks: list[int] = Field(default_factory=list)
+    """Ranks below spec.preflight.degradedFraction of the median (NodeDegraded says by how much)."""
+
+
+class HangSuspect(_Model):
+    """A rank named by a hang verdict."""
+
+    rank: int
+    """Global rank."""
+    worker: int
+    """Worker index (pod `<job>-worker-<i>`; locally the node rank)."""
+    pod: str | None = None
+    """The worker's pod (unset locally)."""
+    node: str | None = None
+    """The pod's node (unset locally or when not known)."""
+    where: str = ""
+    """What its stack or /proc showed: `stopped (SIGSTOP)`, `in the data loader`, `in step (train.py:42)`, ..."""
+
+
+class LastHang(_Model):
+    """The newest hang verdict (restartPolicy.hangDetection)."""
+
+    time: str
+    """When the gang restart it caused was decided (RFC 3339)."""
+    generation: int
+    """The generation that hung."""
+    step: int | None = None
+    """The newest step any rank had reached."""
+    silent_seconds: float = 0.0
+    """How long the first rank found silent had been, against its limit (limitSeconds)."""
+    limit_seconds: float = 0.0
+    """That rank's limit at the time."""
+    suspects: list[HangSuspect] = Field(default_factory=list, max_length=64)
+    """The odd ones out (empty: no rank stood out, e.g. every rank waited in the same collective)."""
+    message: str = ""
+    """The verdict in one sentence, as in the Event."""
+    dumps: str = ""
+    """Where the workers saved every rank's stacks (inside the pods: the checkpoint volume; locally the logs)."""
 
 
 class TrainingJobStatus(_Model):
@@ -896,6 +1022,12 @@ class TrainingJobStatus(_Model):
     """When rank 0 last reported a new step."""
     network_transport: str | None = None
     """The network transport NCCL chose, as rank 0 of the current generation reported it: IB, OFI (EFA), GPUDirectTCPX, FasTrak (TCPXO), Socket (TCP), P2P/SHM (one node, no network) or gloo (CPU). Unset until reported."""
+    preflight: Preflight | None = None
+    """The current generation's preflight, as rank 0 reported it (spec.preflight): per-rank compute and exchange, bus bandwidth, slowest and degraded ranks. Unset until reported."""
+    avoided_nodes: list[str] = Field(default_factory=list)
+    """Nodes where a preflight found a degraded rank, which later worker pods avoid (restartPolicy.avoidDegradedNodes)."""
+    last_hang: LastHang | None = None
+    """The newest hang verdict: when, the step, the suspect ranks with their pods and nodes, where the stacks are."""
     start_time: str | None = None
     """When the job first started running (RFC 3339)."""
     completion_time: str | None = None

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kubetrain.core import __version__, hardware, kube_cli
 from kubetrain.core.api import KIND, Phase, SweepPhase, TrialState
@@ -130,6 +130,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{summary.wall_seconds:.1f}s; checkpoints at {summary.checkpoints}"
         + (f"; transport {summary.network_transport}" if summary.network_transport else "")
     )
+    if summary.preflight:
+        print(f"  {preflight_line(summary.preflight)}")
     if summary.phase == Phase.FAILED:
         print(f"  {summary.message}", file=sys.stderr)
     native = None if summary.bf16_emulated is None else not summary.bf16_emulated
@@ -300,3 +302,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def preflight_line(p: dict[str, Any]) -> str:
+    """The summary's preflight line (status.preflight in wire form)."""
+    busbw = f", all-reduce {p['busBandwidthGbps']:.3f} GB/s" if p.get("busBandwidthGbps") is not None else ""
+    degraded = f", degraded ranks {p['degradedRanks']}" if p.get("degradedRanks") else ""
+    return (f"preflight: {p.get('worldSize')} rank(s), compute median {p.get('medianGflops', 0):.1f} GFLOP/s, "
+            f"slowest rank {p.get('slowestRank')}{busbw}{degraded}; {p.get('seconds', 0):.2f}s")

@@ -55,6 +55,9 @@ POD_NAME = "KUBETRAIN_POD_NAME"
 """This worker's pod (Downward API `metadata.name`); only in pods, never in local runs."""
 POD_NAMESPACE = "KUBETRAIN_POD_NAMESPACE"
 """This worker's namespace (Downward API `metadata.namespace`); only in pods."""
+NODE_NAME = "KUBETRAIN_NODE_NAME"
+"""This worker's node (Downward API `spec.nodeName`), named in the preflight's report; only in pods (a local
+run's ranks report the hostname)."""
 
 GENERATION_FILE = "KUBETRAIN_GENERATION_FILE"
 """In a pod that restarts in place: the file (Downward API, the pod's GENERATION_ANNOTATION) whose
@@ -72,6 +75,16 @@ RAN_FILE = "KUBETRAIN_RAN_GENERATION_FILE"
 where the launcher notes each generation it starts. The kubelet restarts a failed worker's container in
 its pod (restartPolicy OnFailure); the new launcher finds its generation there and waits for the next
 one instead of running the failed one again."""
+
+HEARTBEAT_DIR = "KUBETRAIN_HEARTBEAT_DIR"
+"""Where each rank writes its heartbeat (`rank-<RANK>.beat`) and registers its stack dump (`<pid>.stack`):
+set by whoever supervises the ranks (a pod's launcher, the local backend), fresh for every generation."""
+HANG = "KUBETRAIN_HANG"
+"""restartPolicy.hangDetection for the supervisor: `off`, or kubetrain.core.hangs.Limits.encode()."""
+HANG_DIR = "KUBETRAIN_HANG_DIR"
+"""Where a hung worker saves its ranks' stacks (`gen-<G>/rank-<R>.txt`); unset: `<checkpoint dir>/hangs`."""
+TERMINATION_LOG = "/dev/termination-log"
+"""A pod's termination message: a hung worker's report (hangs.HangReport) reaches the operator there."""
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -135,6 +148,8 @@ launchers and the lifecycle policy report any other failure before this one."""
 IN_PLACE_GAVE_UP_EXIT_CODE = 75
 """A launcher that waited IN_PLACE_WAIT seconds for a new generation and got none (EX_TEMPFAIL): its pod
 is recreated, and the restart it causes recreates every pod (the in-place path did not answer)."""
+HUNG_EXIT_CODE = 124
+"""A worker whose ranks stopped advancing (kubetrain.core.hangs): its supervisor saved their stacks and ended them."""
 COMMAND_NOT_FOUND_EXIT_CODE = 127
 """A worker command that is not there (as a shell exits): permanent by default (restartPolicy)."""
 COMMAND_NOT_EXECUTABLE_EXIT_CODE = 126
@@ -299,9 +314,11 @@ def kubetrain_env(
     output_dir: str,
     restart_generation: int,
     metrics_port: int,
+    hang: str = "off",
 ) -> dict[str, str]:
-    """kubetrain's own variables, the same for every process of a generation."""
+    """kubetrain's own variables, the same for every process of a generation. `hang`: HANG's value."""
     return {
+        HANG: hang,
         JOB: job,
         NAMESPACE: namespace,
         CONFIG: config_path,

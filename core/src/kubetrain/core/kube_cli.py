@@ -156,6 +156,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines.append(f"Checkpoint:  step {ckpt.get('step')} at {ckpt.get('path')} ({ckpt.get('time', '')})")
     if st.get("message"):
         lines.append(f"Message:     {st['message']}")
+    lines += _hang_lines(st.get("lastHang"))
     conds = st.get("conditions") or []
     if conds:
         lines.append("Conditions:")
@@ -165,6 +166,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines += ["  " + line for line in _table(rows).splitlines()]
     print("\n".join(lines))
     return 0
+
+
+def _hang_lines(hang: dict[str, Any] | None) -> list[str]:
+    """status.lastHang: the verdict, when and where the stacks are."""
+    if not hang:
+        return []
+    return [f"Last hang:   {hang.get('time', '')} generation {hang.get('generation')} step {hang.get('step')}: "
+            f"{hang.get('message', '')}",
+            f"             silent {hang.get('silentSeconds')}s (limit {hang.get('limitSeconds')}s); stacks in "
+            f"{hang.get('dumps') or '-'} (the checkpoint volume) and the workers' previous logs"]
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

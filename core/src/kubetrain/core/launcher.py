@@ -45,17 +45,18 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 if __package__:
-    from kubetrain.core import contract
-else:  # run as a file from the job's ConfigMap: contract.py lies beside it
+    from kubetrain.core import contract, hangs
+else:  # run as a file from the job's ConfigMap: contract.py and hangs.py lie beside it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import contract
+    import hangs
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from types import FrameType
 
 SCRIPT = "launcher.py"
-FILES = (SCRIPT, "contract.py")
+FILES = (SCRIPT, "contract.py", "hangs.py")
 """What a pod needs to run this file without kubetrain installed (kubetrain.core modules)."""
 TERMINATE_GRACE_SECONDS = 30.0
 PEER_LOST_GRACE_SECONDS = 5.0
@@ -63,6 +64,10 @@ POLL_SECONDS = 0.1
 KILL_WAIT_SECONDS = 30.0
 IN_PLACE_ONLY = (contract.GENERATION_FILE, contract.IN_PLACE_WAIT, contract.RAN_FILE)
 """The launcher's own variables, not passed on to the ranks."""
+HANG_CHECK_SECONDS = 1.0
+HANG_SETTLE_SECONDS = 5.0
+"""After saving its stacks, a hung worker waits this long before it ends its ranks: the other workers'
+launchers, which find the gang silent at about the same moment, capture theirs before peers vanish."""
 DEFAULT_IN_PLACE_WAIT_SECONDS = 360.0
 """Without IN_PLACE_WAIT: restartPolicy's default maxBackoffSeconds + IN_PLACE_WAIT_MARGIN_SECONDS."""
 
@@ -160,12 +165,70 @@ def start(
         return NotStarted(code)
 
 
+@dataclass
+class HangWatch:
+    """The worker's hang detection (kubetrain.core.hangs): its ranks' heartbeats, checked every second."""
+
+    limits: hangs.Limits
+    env: Mapping[str, str]
+    ranks: list[int]
+    beats: str = ""
+    guard: hangs.Guard | None = None
+    generation: int = 0
+    next_check: float = 0.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], envs: list[dict[str, str]]) -> HangWatch | None:
+        limits = hangs.Limits.decode(env.get(contract.HANG))
+        if limits is None:
+            return None
+        ranks = [_int(e, contract.RANK, default=i) for i, e in enumerate(envs)]
+        return cls(limits, env, ranks)
+
+    def child_env(self) -> dict[str, str]:
+        """The variables every rank gets: the heartbeat directory and the sitecustomize for stack dumps."""
+        base = os.path.join(self.env.get(contract.OUTPUT_DIR) or "/tmp", "hang-watch")
+        extra = hangs.prepare(base, self.env)
+        self.beats = extra[contract.HEARTBEAT_DIR]
+        return extra
+
+    def arm(self, generation: int) -> None:
+        hangs.clear_beats(self.beats)
+        dest = hangs.dump_dir(self.env, generation)
+        self.guard, self.generation, self.next_check = hangs.Guard(self.limits, self.beats, dest), generation, 0.0
+
+    def check(self, children: list[Any], now: float) -> bool:
+        """True when the worker is hung: its stacks are saved, its report written and printed."""
+        if self.guard is None or now < self.next_check:
+            return False
+        self.next_check = now + HANG_CHECK_SECONDS
+        pids = {self.ranks[i]: c.pid for i, c in enumerate(children) if c.poll() is None}
+        report = self.guard.hung(pids, now)
+        if report is None:
+            return False
+        report = self.guard.save(report)
+        for line in hangs.report_lines(report, hangs.verdict(report.ranks, self.ranks)):
+            _say(line)
+        if os.path.exists(contract.TERMINATION_LOG):  # in a pod (the kubelet made it); never create it elsewhere
+            try:
+                with open(contract.TERMINATION_LOG, "w") as f:
+                    f.write(report.encode())
+            except OSError:
+                pass  # the lines above are the report
+        time.sleep(HANG_SETTLE_SECONDS)
+        return True
+
+
 def launch(command: Sequence[str], env: Mapping[str, str] | None = None, standby: bool = False) -> int:
     """Run one child per local rank until all succeed, one fails, or a stop signal has been served; in a
     pod that restarts in place (GENERATION_FILE set), run them again for every newer generation.
     `standby`: the command understands contract.STANDBY (kubetrain's trainer)."""
     env = os.environ if env is None else env
     envs = child_envs(env)
+    watch = HangWatch.from_env(env, envs)
+    if watch is not None:
+        extra = watch.child_env()
+        envs = [{**e, **extra} for e in envs]
     children: list[Any] = []  # the current generation's, replaced in place so that `forward` sees them
     stop: list[int] = []  # the stop signal received, if any
 
@@ -179,10 +242,12 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None, standby
     signal.signal(signal.SIGINT, forward)
     path = env.get(contract.GENERATION_FILE)
     if not path:
-        return _start(command, envs, children, stop) or _supervise(children, stop).code or 0
+        if watch is not None:
+            watch.arm(_int(env, contract.RESTART_GENERATION, default=0))
+        return _start(command, envs, children, stop) or _supervise(children, stop, watch=watch).code or 0
     first = max(_int(env, contract.RESTART_GENERATION, default=0), read_generation(path) or 0)
     wait_s = float(env.get(contract.IN_PLACE_WAIT) or 0) or DEFAULT_IN_PLACE_WAIT_SECONDS
-    where = InPlace(path, first, wait_s, env.get(contract.RAN_FILE) or None, standby)
+    where = InPlace(path, first, wait_s, env.get(contract.RAN_FILE) or None, standby, watch=watch)
     return _in_place(command, envs, where, children, stop)
 
 
@@ -212,6 +277,7 @@ class InPlace:
     """The command can be started ahead of its generation (contract.STANDBY)."""
     ready: list[Any] = field(default_factory=list)
     """Standby ranks started for the next generation, one per local rank (empty: none)."""
+    watch: HangWatch | None = None
 
     def newer(self) -> int | None:
         g = read_generation(self.path)
@@ -257,9 +323,11 @@ def _in_place(command: Sequence[str], envs: list[dict[str, str]], where: InPlace
             return code
     while True:
         where.note_started()
+        if where.watch is not None:
+            where.watch.arm(where.generation)
         gen_envs = [_rank_env(e, {contract.RESTART_GENERATION: str(where.generation)}) for e in envs]
         code = None if _go(where, children) else _start(command, gen_envs, children, stop)
-        outcome = _supervise(children, stop, where) if code is None else Outcome(code)
+        outcome = _supervise(children, stop, where, where.watch) if code is None else Outcome(code)
         if outcome.code is not None:
             return outcome.code
         if outcome.newer is None:
@@ -348,7 +416,8 @@ class Outcome:
     newer: int | None = None
 
 
-def _supervise(children: list[Any], stop: list[int], in_place: InPlace | None = None) -> Outcome:
+def _supervise(children: list[Any], stop: list[int], in_place: InPlace | None = None,
+               watch: HangWatch | None = None) -> Outcome:
     failed: dict[int, int] = {}  # child index -> exit code, in the order the children were seen to fail
     first_failure_at = 0.0
     while True:
@@ -363,6 +432,9 @@ def _supervise(children: list[Any], stop: list[int], in_place: InPlace | None = 
             return Outcome(newer=newer) if _kill(children) else Outcome(contract.IN_PLACE_GAVE_UP_EXIT_CODE)
         if not any(c.poll() is None for c in children):
             return _ended(contract.root_cause(codes) or 0, stop, in_place)
+        if watch is not None and not stop and not codes and watch.check(children, time.monotonic()):
+            _kill(children)  # hung: what they hold is in the latest complete checkpoint
+            return Outcome(contract.HUNG_EXIT_CODE)
         # Stopping: every child got the signal and is writing its checkpoint; wait for all of them
         # (the pod's grace period bounds it). Otherwise a failure ends the worker, except that a rank
         # which lost its peer usually dies a moment before the rank that caused it: while that is all

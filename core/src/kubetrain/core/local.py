@@ -11,6 +11,7 @@ the latest checkpoint, succeed, fail, or end at once for a suspended job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -23,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from kubetrain.core import contract, hardware, launcher, owned_dirs
+from kubetrain.core import contract, hangs, hardware, launcher, owned_dirs
 from kubetrain.core import lifecycle as lc
 from kubetrain.core.api import FINISHED_PHASES, CheckpointRef, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
 from kubetrain.core.progress import Progress, complete_checkpoints, read_progress
@@ -69,6 +70,10 @@ class Generation:
     started_monotonic: float
     base_step: int
     """Step of the checkpoint this generation resumed from (0 for a fresh start)."""
+    guard: hangs.Guard | None = None
+    """Hang detection over every rank (restartPolicy.hangDetection), as a pod's launcher keeps over its own."""
+    hang: hangs.HangReport | None = None
+    """The ranks' report once the gang was found hung (its processes are then killed)."""
 
 
 @dataclass
@@ -113,6 +118,9 @@ class Summary:
     bf16_emulated: bool | None = None
     """A CPU run with precision bf16: whether /proc/cpuinfo lacks AVX512-BF16, AMX and Arm BF16; None: not
     such a run, or no /proc/cpuinfo."""
+    preflight: dict[str, Any] | None = None
+    """The last generation's preflight with its verdict (status.preflight: per-rank GFLOP/s and exchange time,
+    bus bandwidth, slowest and degraded ranks); None: not run (spec.preflight.enabled false, a custom command)."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2)
@@ -272,8 +280,12 @@ class LocalRun:
             self.resumed_from.append(base_step)
         command = worker_command(spec)
         procs = []
+        limits = spec.hang_limits
+        watch = hangs.prepare(str(self.out / "hang-watch"), os.environ) if limits is not None else {}
+        if watch:
+            hangs.clear_beats(watch[contract.HEARTBEAT_DIR])  # before any rank of this generation starts
         for node_rank in indices:
-            for child_env in launcher.child_envs(self._worker_env(node_rank, number, port)):
+            for child_env in launcher.child_envs({**self._worker_env(node_rank, number, port), **watch}):
                 rank = int(child_env[contract.RANK])
                 log = open(logs / f"rank-{rank}.log", "wb")  # noqa: SIM115 - closed in _stop_all
                 popen = launcher.start(  # a command that cannot start: exit 127/126 and one line in the log
@@ -282,6 +294,8 @@ class LocalRun:
                 )
                 procs.append(Proc(rank, node_rank, popen, log))
         self.gen = Generation(number, procs, now, time.monotonic(), base_step)
+        if limits is not None:
+            self.gen.guard = hangs.Guard(limits, watch[contract.HEARTBEAT_DIR], str(logs / "hang"))
 
     def _worker_env(self, node_rank: int, number: int, port: int) -> dict[str, str]:
         """One worker's environment, as a pod's: launcher.child_envs() makes each rank's from it."""
@@ -300,6 +314,7 @@ class LocalRun:
                 output_dir=str(self.out),
                 restart_generation=number,
                 metrics_port=spec.metrics_port + node_rank * spec.procs,  # one host: a port per rank
+                hang=hangs.setting(spec.hang_limits),
             )
         )
         for item in spec.env or []:
@@ -343,9 +358,29 @@ class LocalRun:
         done = complete_checkpoints(Path(self.spec.checkpoint.dir or ""))
         return CheckpointRef(step=done[-1][0], path=str(done[-1][1])) if done else None
 
+    def _watch_hangs(self) -> None:
+        """Hang detection over every rank: on a verdict, save their stacks, say so, and kill them."""
+        gen = self.gen
+        if gen is None or gen.guard is None or gen.hang is not None:
+            return
+        pids = {p.rank: p.popen.pid for p in gen.procs if p.popen.poll() is None}
+        report = gen.guard.hung(pids, time.monotonic()) if pids else None
+        if report is None:
+            return
+        gen.hang = gen.guard.save(report)
+        for line in hangs.report_lines(gen.hang, hangs.verdict(gen.hang.ranks, range(self.spec.world_size)))[1:]:
+            self.line.say(line)
+        self._signal_all(signal.SIGKILL)
+        self._wait_all(10.0)
+
     def _worker_state(self, node_rank: int) -> lc.WorkerState:
         """A process group as the lifecycle sees a pod: failed with the root cause, succeeded, or running."""
         group = [p for p in self.gen.procs if p.node_rank == node_rank] if self.gen else []
+        if self.gen is not None and self.gen.hang is not None:
+            ranks = {p.rank for p in group}
+            mine = tuple(r for r in self.gen.hang.ranks if r.rank in ranks)
+            return lc.WorkerState(node_rank, lc.WorkerPhase.FAILED, exit_code=contract.HUNG_EXIT_CODE,
+                                  hang=dataclasses.replace(self.gen.hang, ranks=mine))
         codes = [p.popen.poll() for p in group]
         failed = [contract.exit_code(c) for c in codes if c is not None and c != 0]
         if failed:
@@ -355,6 +390,7 @@ class LocalRun:
         return lc.WorkerState(node_rank, lc.WorkerPhase.RUNNING)
 
     def observe(self) -> lc.Observed:
+        self._watch_hangs()
         gen, current = self.gen, self.job_status.restart_generation
         ranks = sorted({p.node_rank for p in gen.procs}) if gen is not None and gen.number == current else []
         return lc.Observed(
@@ -516,4 +552,5 @@ class LocalRun:
             best_eval_step=p.best_eval_step,
             bf16_slowdown=self.bf16_slowdown,
             bf16_emulated=self.bf16_emulated,
+            preflight=st.preflight.dump() if st.preflight else None,
         )

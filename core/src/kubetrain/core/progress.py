@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import ConfigDict, Field
 
-from kubetrain.core.api import _Model
+from kubetrain.core.api import Preflight, _Model
 
 COMMIT_MARKER = "COMMITTED"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -72,6 +72,8 @@ class Progress(_Model):
     network_transport: str | None = None
     """The network transport NCCL chose (contract.TRANSPORT_*: IB, OFI, GPUDirectTCPX, FasTrak, Socket,
     P2P/SHM) or gloo; None: not known (not probed, or an older trainer)."""
+    preflight: Preflight | None = None
+    """This generation's preflight (kubetrain.trainer.preflight): every rank's figures, gathered by rank 0."""
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from kubetrain.core import contract
+from kubetrain.core import contract, hangs
 from kubetrain.core.api import TrainingJobSpec
 
 DEFAULT_DIST_TIMEOUT_SECONDS = 600.0
@@ -76,6 +76,12 @@ def parse_fail_at(raw: str | None) -> tuple[int, int] | None:
         raise ConfigError(contract.FAIL_AT, f"must be RANK:STEP, got {raw!r}") from None
 
 
+def collective_timeout(hang: str | None) -> float:
+    """Past hang detection's every limit where it is on (it answers first, with stacks), else torch's 600 s."""
+    limits = hangs.Limits.decode(hang)
+    return limits.collective_timeout() if limits is not None else DEFAULT_DIST_TIMEOUT_SECONDS
+
+
 def read_env(environ: dict[str, str] | os._Environ[str] | None = None) -> Env:
     e = os.environ if environ is None else environ
     rank = _int_env(e, contract.RANK)
@@ -89,7 +95,7 @@ def read_env(environ: dict[str, str] | os._Environ[str] | None = None) -> Env:
     out = e.get(contract.OUTPUT_DIR)
     port = e.get(contract.METRICS_PORT)
     try:
-        timeout = float(e.get(contract.DIST_TIMEOUT) or DEFAULT_DIST_TIMEOUT_SECONDS)
+        timeout = float(e.get(contract.DIST_TIMEOUT) or collective_timeout(e.get(contract.HANG)))
     except ValueError:
         raise ConfigError(contract.DIST_TIMEOUT, "must be a number of seconds") from None
     return Env(

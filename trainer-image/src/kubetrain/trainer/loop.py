@@ -17,11 +17,11 @@ from typing import IO, Any
 import torch
 import torch.distributed as dist
 
-from kubetrain.core import contract, hardware
+from kubetrain.core import contract, hangs, hardware
 from kubetrain.core.api import TrainingJobSpec
 from kubetrain.core.contract import SIGTERM_EXIT_CODE
 from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
-from kubetrain.trainer import nccl_transport
+from kubetrain.trainer import flight_recorder, nccl_transport, preflight
 from kubetrain.trainer.checkpoint import TrainerState, now_rfc3339
 from kubetrain.trainer.ckpt_manager import CheckpointManager
 from kubetrain.trainer.config import ConfigError, Env, checkpoint_dir
@@ -81,6 +81,7 @@ def init_distributed(env: Env, device: torch.device) -> Path | None:
         if env.rank == 0 and fabric:
             log.info("NCCL fabric env: %s", fabric)
         nccl_log = nccl_transport.prepare(env.rank, env.output_dir, os.environ)
+    flight_recorder.prepare_env(os.environ)
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{env.master_addr}:{env.master_port}",
@@ -89,6 +90,7 @@ def init_distributed(env: Env, device: torch.device) -> Path | None:
         timeout=env.dist_timeout,
         device_id=device if device.type == "cuda" else None,
     )
+    flight_recorder.watch_requests(env.rank)
     return nccl_log
 
 
@@ -358,6 +360,7 @@ def mean_loss_and_stop(
 def train(env: Env, spec: TrainingJobSpec) -> int:
     stop = StopFlag()
     stop.install()
+    hangs.write_beat(0, hangs.START, force=True)  # from here its supervisor watches this rank
     ckpt_root = checkpoint_dir(spec, env)
     corpus, held = split_eval(load_corpus(spec.data, spec.model.seq_len), spec)  # config errors before the gang
     device = pick_device(env)
@@ -398,6 +401,7 @@ class Evaluator:
         every = self.spec.eval_every_steps
         if self.batches is None or every is None or not (final or state.step % every == 0):
             return
+        hangs.write_beat(state.step, hangs.EVAL, force=True)
         red = self.engine.eval_loss(self.batches).to(torch.float64).reshape(1)
         red = red.to(self.device) if self.device.type == "cuda" else red.cpu()
         dist.all_reduce(red)
@@ -414,6 +418,7 @@ def _train(
 ) -> int:
     metrics = Metrics(env.job, env.rank, env.metrics_port, addr=env.metrics_addr)
     metrics.set_generation(env.generation)
+    checked = preflight.run(env, spec, device, metrics)  # collective, before the model: no step yet
     sampler = Sampler(corpus, spec.model.seq_len, spec.seed)
     model = build_model(spec.model, spec.activation_checkpointing, spec.seed)
     check_vocab(corpus, held, vocab_size(model))
@@ -421,6 +426,7 @@ def _train(
     engine = make_engine(spec, model, device, env.world_size)
     with Reporter(env, spec, ckpt_root) as reporter:
         reporter.progress.network_transport = transport
+        reporter.progress.preflight = checked
         _bf16_notice(env, spec, device)
         checkpoints = CheckpointManager(ckpt_root, spec.checkpoint, engine, metrics, reporter)
         state = checkpoints.resume(reporter.carried_state())
@@ -439,12 +445,15 @@ def _train(
             state.samples_seen += global_batch(spec, ws)
             inject_failure(env, state.step)
             loss, stopping = mean_loss_and_stop(local_loss, stop.set, device, ws)
+            hangs.write_beat(state.step)
             record = observer.observe(state, loss, lr, info, time.perf_counter() - t0)
             final = state.step >= spec.max_steps
             evaluator.after_step(state, record, final)
             due = checkpoints.due(state.step, final=final, stopping=stopping)
             reporter.step(record, state, observer.rates(), force=first or final or due)
             first = False
+            if due:
+                hangs.write_beat(state.step, hangs.CHECKPOINT, force=True)
             checkpoints.maybe_save(state, final=final, stopping=stopping)
             if final:
                 break

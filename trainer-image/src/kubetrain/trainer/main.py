@@ -20,9 +20,11 @@ from kubetrain.core.contract import CONFIG_ERROR_EXIT_CODE
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(levelname)s rank%(rank)s %(message)s")
     _install_rank_filter()
-    # Several processes per worker, or a pod that restarts in place: the launcher runs the ranks.
+    # Several processes per worker, a pod that restarts in place, or one whose ranks are watched for hangs
+    # and that nothing watches yet: the launcher runs the ranks.
     if (contract.RANK not in os.environ and os.environ.get(contract.PET_NPROC_PER_NODE)) or \
-            os.environ.get(contract.GENERATION_FILE):
+            os.environ.get(contract.GENERATION_FILE) or \
+            (os.environ.get(contract.HANG, "off") != "off" and not os.environ.get(contract.HEARTBEAT_DIR)):
         from kubetrain.core.launcher import launch  # noqa: PLC0415
 
         return launch([sys.executable, "-m", "kubetrain.trainer"], standby=True)

@@ -90,6 +90,12 @@ class Metrics:
             "kubetrain_trainer_device_memory_bytes", "This rank's GPU memory as torch sees it after a step: "
             "allocated (by tensors), reserved (by the caching allocator), peak (max allocated during the step)",
             [*_LABELS, "kind"], registry=self.registry)
+        self.preflight_gflops = gauge("kubetrain_trainer_preflight_gflops",
+                                      "This rank's matmul rate at the generation's preflight, GFLOP/s")
+        self.preflight_busbw = gauge("kubetrain_trainer_preflight_bus_bandwidth_gbps",
+                                     "The gang's all-reduce bus bandwidth at the preflight as this rank timed it, GB/s")
+        self.preflight_exchange = gauge("kubetrain_trainer_preflight_exchange_seconds",
+                                        "This rank's neighbour exchange time at the preflight")
         self.port: int | None = None
         if port:
             try:
@@ -137,6 +143,14 @@ class Metrics:
             self.observe_device_memory(torch.cuda.memory_allocated(), torch.cuda.memory_reserved(),
                                        torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()
+
+    def observe_preflight(self, gflops: float, busbw_gbps: float | None, exchange_seconds: float | None) -> None:
+        """The generation's preflight figures (a gang of one has no bus bandwidth or exchange)."""
+        self.preflight_gflops.labels(**self.labels).set(gflops)
+        if busbw_gbps is not None:
+            self.preflight_busbw.labels(**self.labels).set(busbw_gbps)
+        if exchange_seconds is not None:
+            self.preflight_exchange.labels(**self.labels).set(exchange_seconds)
 
     def observe_device_memory(self, allocated: int, reserved: int, peak: int) -> None:
         lb = self.labels

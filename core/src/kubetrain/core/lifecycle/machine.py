@@ -29,6 +29,7 @@ from kubetrain.core.lifecycle.model import (
     WorkerState,
 )
 from kubetrain.core.lifecycle.policies import JobView, decide
+from kubetrain.core.lifecycle.preflight import preflight_condition
 from kubetrain.core.lifecycle.status import fabric_condition, phase_conditions, progress_condition, take_progress
 
 CREATE_RECHECK_SECONDS = 2.0
@@ -78,6 +79,9 @@ def step(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed, n
     new.conditions, fabric_event = fabric_condition(spec, new, new.conditions, now)
     if fabric_event is not None:
         effects.append(fabric_event)
+    new.conditions, preflight_event = preflight_condition(spec, new, observed, new.conditions, now)
+    if preflight_event is not None:
+        effects.append(preflight_event)
     requeue = CREATE_RECHECK_SECONDS if d.action == Action.CREATE_WORKERS else d.requeue_after
     return Transition(new, tuple(effects), requeue, d)
 
@@ -108,6 +112,8 @@ def _carry_out(spec: TrainingJobSpec, st: TrainingJobStatus, job: JobView, d: De
         st.gang_created = True  # the operator writes status after the creates succeed
         missing = tuple(w.index for w in job.workers if w.phase == WorkerPhase.MISSING)
         return [CreateWorkers(d.generation, missing, tuple(w.index for w in job.workers if w.held))]
+    if d.hang is not None:
+        st.last_hang = d.hang
     if d.action == Action.RESTART_GANG:
         _count_failure(st, d)
         st.restart_count += 1

@@ -6,7 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from kubetrain.core.api import CheckpointRef, Phase, TrainingJobStatus
+from kubetrain.core.api import CheckpointRef, LastHang, Phase, TrainingJobStatus
+from kubetrain.core.hangs import HangReport
 from kubetrain.core.progress import Progress
 
 __all__ = [
@@ -63,6 +64,7 @@ class Reason(enum.StrEnum):
     PROGRESS_REPORTING_FORBIDDEN = "ProgressReportingForbidden"
     PROGRESS_REPORTED = "ProgressReported"
     RESIZED = "Resized"
+    HANG_FOUND = "HangFound"
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,10 @@ class WorkerState:
     restartable: bool = False
     """Failed, but the backend starts it again where it ran (the kubelet, in its pod) and it waits for
     the next generation there: an in-place restart keeps it like a running worker."""
+    hang: HangReport | None = None
+    """Failed hung (contract.HUNG_EXIT_CODE): its ranks' report (kubetrain.core.hangs)."""
+    pod: str | None = None
+    node: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,8 @@ class Decision:
     """A restart not counted against backoffLimit."""
     keep: tuple[int, ...] = ()
     """A restart in place: the workers that stay (the others are recreated)."""
+    hang: LastHang | None = None
+    """A restart for a hang: the verdict (status.lastHang)."""
 
 
 class Scope(enum.StrEnum):

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from kubetrain.core import contract
-from kubetrain.core.api import FailureAction, Phase, TrainingJobSpec
+from kubetrain.core import contract, hangs
+from kubetrain.core.api import FailureAction, HangSuspect, LastHang, Phase, TrainingJobSpec
 from kubetrain.core.lifecycle.model import (
     DISRUPTIONS,
     Action,
@@ -127,6 +127,8 @@ def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime) -> FailureKin
     if w.reason == "Disrupted" and w.phase in (WorkerPhase.FAILED, WorkerPhase.MISSING):
         return FailureKind.DISRUPTED
     if w.phase == WorkerPhase.FAILED:
+        if w.hang is not None:
+            return FailureKind.NO_PROGRESS
         if w.reason == "Evicted":
             return FailureKind.EVICTED
         if w.reason == "OOMKilled":
@@ -155,6 +157,8 @@ def describe(w: WorkerState, kind: FailureKind) -> str:
         return f"worker {w.index} exited with code {w.exit_code}"
     if kind == FailureKind.NODE_LOST:
         return f"worker {w.index}'s node is NotReady"
+    if kind == FailureKind.NO_PROGRESS and w.hang is not None:
+        return f"worker {w.index} hung"
     return f"worker {w.index} {kind.value.lower()}"
 
 
@@ -234,18 +238,24 @@ def failure(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | No
     failures, what = _failures(spec, job, now)
     if not failures:
         return None
+    hang = None
+    if failures[0].worker.hang is not None:
+        if (gathering := gather_hang_reports(job, now)) is not None:
+            return gathering
+        hang = hang_verdict(spec, job, now)
+        what = f"hung: {hang.message}"
     worst, failed = failures[0], tuple(sorted(f.worker.index for f in failures))
     kind, limit, counted = worst.kind, spec.restart_policy.backoff_limit, job.counted_restarts
     if worst.action == "FailJob":
         return Decision(Action.FAIL, Phase.FAILED, Reason.PERMANENT_ERROR,
                         f"{what}, listed in {worst.why}: not restarting", job.generation,
-                        failure_kind=kind, failed_workers=failed)
+                        failure_kind=kind, failed_workers=failed, hang=hang)
     ignored = worst.action == "RestartGangAndIgnore"
     if not ignored and counted >= limit:
         return Decision(Action.FAIL, Phase.FAILED, Reason.BACKOFF_LIMIT_EXCEEDED,
                         f"{what}; the gang already restarted {counted} time(s) "
                         f"(restartPolicy.backoffLimit={limit})", job.generation,
-                        failure_kind=kind, failed_workers=failed)
+                        failure_kind=kind, failed_workers=failed, hang=hang)
     # Restarts that are not counted have no limit: at least IGNORED_RESTART_FLOOR apart, never a storm.
     delay = max(IGNORED_RESTART_FLOOR, backoff_seconds(spec, max(0, counted - 1))) if ignored \
         else backoff_seconds(spec, counted)
@@ -256,7 +266,49 @@ def failure(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | No
     return Decision(Action.RESTART_GANG, Phase.RESTARTING, kind.value,
                     f"{what}: restarting the whole gang {restart_origin(job)}{how} ({count}, in {delay:g}s)",
                     job.generation + 1, requeue_after=delay, failure_kind=kind, failed_workers=failed,
-                    ignored=ignored, keep=keep)
+                    ignored=ignored, keep=keep, hang=hang)
+
+
+HANG_GATHER_SECONDS = 15.0
+"""How long a hang verdict waits for the reports of the gang's other workers, which find the gang silent at
+about the same moment but end a few seconds apart."""
+
+
+def gather_hang_reports(job: JobView, now: datetime) -> Decision | None:
+    """Wait while a worker of the gang still runs and the first hang report is younger than HANG_GATHER_SECONDS."""
+    reports = [w.hang for w in job.workers if w.hang is not None]
+    running = [w.index for w in job.workers if w.phase == WorkerPhase.RUNNING]
+    first = min(r.at for r in reports) if reports else 0.0
+    left = HANG_GATHER_SECONDS - (now.timestamp() - first)
+    if not running or not first or left <= 0:
+        return None
+    return Decision(Action.WAIT, Phase.RUNNING, Reason.HANG_FOUND,
+                    f"worker(s) {', '.join(str(w.index) for w in job.workers if w.hang)} hung; waiting up to "
+                    f"{left:.0f}s for the reports of worker(s) {', '.join(map(str, running))}", job.generation,
+                    requeue_after=min(left, 2.0))
+
+
+def hang_verdict(spec: TrainingJobSpec, job: JobView, now: datetime) -> LastHang:
+    """status.lastHang from every hung worker's report: the odd ranks named with their pods and nodes."""
+    hung = [w for w in job.workers if w.hang is not None]
+    worker_of = {r.rank: w for w in hung for r in w.hang.ranks}
+    reports = [r for w in hung for r in w.hang.ranks]
+    names = {rank: _worker_name(w) for rank, w in worker_of.items()}
+    by_rank = {r.rank: r for r in reports}
+    suspects = [HangSuspect(rank=r, worker=worker_of[r].index, pod=worker_of[r].pod, node=worker_of[r].node,
+                            where=by_rank[r].where) for r in hangs.suspects(reports)]
+    steps = [r.step for r in reports if r.step is not None]
+    first = min((w.hang for w in hung), key=lambda h: h.at)
+    dumps = sorted({w.hang.dumps for w in hung if w.hang.dumps})
+    return LastHang(time=contract.format_time(now), generation=job.generation, step=max(steps) if steps else None,
+                    silent_seconds=round(first.silent_seconds, 1), limit_seconds=round(first.limit_seconds, 1),
+                    suspects=suspects[:64], message=hangs.verdict(reports, range(spec.world_size), names),
+                    dumps="; ".join(dumps))
+
+
+def _worker_name(w: WorkerState) -> str:
+    where = ", ".join(x for x in (f"pod {w.pod}" if w.pod else "", f"node {w.node}" if w.node else "") if x)
+    return f"worker {w.index}" + (f" ({where})" if where else "")
 
 
 def kept_in_place(spec: TrainingJobSpec, job: JobView, failures: list[Failure]) -> tuple[int, ...]:

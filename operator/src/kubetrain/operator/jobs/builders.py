@@ -24,7 +24,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from kubetrain.core import contract, launcher, pod_template
+from kubetrain.core import contract, hangs, launcher, pod_template
 from kubetrain.core.api import GPU_RESOURCE, TrainingJob, TrainingJobSpec
 from kubetrain.core.contract import (  # also read as builders.LABEL_JOB etc. by the operator's other modules
     CONTAINER,
@@ -53,6 +53,8 @@ RAN_FILE = f"{OUTPUT_MOUNT}/ran-generation"
 unlike /dev/shm, no podTemplate replaces with a host directory that other pods on the node share."""
 TRAINER_GID = 1000
 """The trainer image's group (trainer-image/Dockerfile: USER 1000:1000): fsGroup of the checkpoint claim."""
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+"""The node label restartPolicy.avoidDegradedNodes keeps worker pods off (its value: the node's name, as a rule)."""
 VOLCANO_SCHEDULER = "volcano"
 """The scheduler name Volcano's scheduler serves (its chart's default)."""
 
@@ -315,6 +317,7 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
             output_dir=OUTPUT_MOUNT,
             restart_generation=generation,
             metrics_port=spec.metrics_port,
+            hang=hangs.setting(spec.hang_limits),
         ),
     }
     cores = contract.cpu_cores(spec.resources.cpu) if spec.resources.cpu else None
@@ -330,6 +333,7 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
             {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": contract.POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         ]
+    env.append({"name": contract.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})  # preflight
     user = {e["name"]: e for e in spec.env or [] if "name" in e}
     return [e for e in env if e["name"] not in user] + list(user.values())
 
@@ -409,9 +413,10 @@ def worker_affinity(job: TrainingJob, generation: int) -> dict[str, Any] | None:
     of this generation on that key: the scheduler places the first worker anywhere that fits (a pod
     matching its own term is allowed where no match exists yet), and every later one in its domain."""
     sched = job.spec.scheduling
+    avoided = job.status.avoided_nodes if job.status and job.spec.restart_policy.avoid_degraded_nodes else []
     if not sched.topology_key:
-        return sched.affinity
-    affinity = copy.deepcopy(sched.affinity or {})
+        return avoid_nodes(sched.affinity, avoided)
+    affinity = copy.deepcopy(avoid_nodes(sched.affinity, avoided) or {})
     term = {
         "labelSelector": {"matchLabels": {LABEL_JOB: job.metadata.name, LABEL_ROLE: "worker",
                                           LABEL_GENERATION: str(generation)}},
@@ -420,6 +425,22 @@ def worker_affinity(job: TrainingJob, generation: int) -> dict[str, Any] | None:
     pod_affinity = affinity.setdefault("podAffinity", {})
     pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
     return affinity
+
+
+def avoid_nodes(affinity: dict[str, Any] | None, nodes: list[str]) -> dict[str, Any] | None:
+    """`affinity` (left as it is) with a required node affinity off `nodes` (kubernetes.io/hostname NotIn), added
+    to every nodeSelectorTerm the user requires (terms are ORed, so each must exclude them), or as the only one."""
+    if not nodes:
+        return affinity
+    out = copy.deepcopy(affinity or {})
+    avoid = {"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(set(nodes))}
+    required = out.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(dict(avoid))
+    if not terms:
+        terms.append({"matchExpressions": [avoid]})
+    return out
 
 
 def _worker_meta(job: TrainingJob, index: int, generation: int, labels: dict[str, str],

@@ -277,6 +277,8 @@ class JobController:
         now = self.clock()
         if d.action == Action.RESTART_GANG:
             metrics.GANG_RESTARTS.labels(d.reason).inc()
+        if d.hang is not None and d.action in (Action.RESTART_GANG, Action.FAIL):
+            metrics.HANGS.labels(str(bool(d.hang.suspects)).lower()).inc()
         phase, was = new.get("phase"), old.get("phase")
         if phase == api.Phase.RUNNING and was != api.Phase.RUNNING:
             created = contract.parse_time(body["metadata"].get("creationTimestamp"))

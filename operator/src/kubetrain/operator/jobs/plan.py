@@ -89,11 +89,12 @@ def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime |
     """A Pod as the lifecycle sees it (pod_facts)."""
     f = facts(pod)
     node_not_ready_since = nodes.get(f.node or "") if nodes else None
+    where = {"pod": pod["metadata"]["name"], "node": f.node, "hang": f.hang}
     if f.restartable:
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, in_place=f.in_place,
-                           restartable=True, node_not_ready_since=node_not_ready_since)
+                           restartable=True, node_not_ready_since=node_not_ready_since, **where)
     if f.phase not in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
-        return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason)
+        return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, **where)
     return WorkerState(index, f.phase, node_not_ready_since=node_not_ready_since, in_place=f.in_place, held=f.held)
 
 
@@ -258,7 +259,8 @@ def _translate(
     if isinstance(effect, lc.CreateWorkers):
         owner = owner_reference(body)
         out.create.extend(_shared_children(job, owner, effect.generation))
-        out.create.extend(kueue.place(b.worker_pod(job, i, effect.generation, settings, owner), out.queue.placement)
+        placed = job.model_copy(update={"status": t.status})  # the nodes this transition says to avoid
+        out.create.extend(kueue.place(b.worker_pod(placed, i, effect.generation, settings, owner), out.queue.placement)
                           for i in effect.indices)
         for name in _named(ours, effect.generation, effect.resume):  # their launchers start it now
             _patch(out, name, "annotations", {contract.GENERATION_ANNOTATION: str(effect.generation)})

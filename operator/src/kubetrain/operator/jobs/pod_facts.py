@@ -16,6 +16,7 @@ from typing import Any
 
 from kubetrain.core import contract
 from kubetrain.core.contract import parse_time
+from kubetrain.core.hangs import HangReport
 from kubetrain.core.lifecycle import WorkerPhase
 from kubetrain.operator.jobs import builders as b
 
@@ -53,6 +54,8 @@ class PodFacts:
     """Pending and not being deleted: a pod that may be blocked."""
     unschedulable_since: datetime | None
     """When the scheduler last said it found no node for the pod (None: it did not)."""
+    hang: HangReport | None = None
+    """A hung worker's report: its launcher's termination message (exit code contract.HUNG_EXIT_CODE)."""
 
 
 _memo: dict[tuple[str, str, str, str, bool], PodFacts] = {}
@@ -83,14 +86,20 @@ def _read(pod: dict[str, Any]) -> PodFacts:
     told = notes.get(contract.GENERATION_ANNOTATION)  # lags the label while a kept pod waits for its backoff
     pending = status.get("phase", "Pending") == "Pending" and not meta.get("deletionTimestamp")
     restartable = phase == WorkerPhase.FAILED and failures == 1 and last is not None
+    hang = _hang(last if restarts_here and last else _trainer_terminated(status)) \
+        if phase == WorkerPhase.FAILED and exit_code == contract.HUNG_EXIT_CODE else None
     return PodFacts(
         index=int(labels.get(b.LABEL_INDEX, "-1")), generation=generation, phase=phase, exit_code=exit_code,
         reason=reason, node=(pod.get("spec") or {}).get("nodeName") or None,
         in_place=notes.get(contract.IN_PLACE_ANNOTATION) == "true", held=told is not None and told != str(generation),
         restarts_here=restarts_here, failures=failures, restartable=restartable,
         running=failures > 0 or _still_running(status), ready=_ready(status), pending=pending,
-        unschedulable_since=_unschedulable_since(status),
+        unschedulable_since=_unschedulable_since(status), hang=hang,
     )
+
+
+def _hang(terminated: dict[str, Any] | None) -> HangReport | None:
+    return HangReport.decode((terminated or {}).get("message"))
 
 
 def _worker(pod: dict[str, Any]) -> tuple[WorkerPhase, int | None, str | None]:

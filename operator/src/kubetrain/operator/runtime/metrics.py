@@ -50,3 +50,8 @@ JOB_STEPS_LOST = Gauge("kubetrain_operator_job_steps_lost",
 POD_WATCH_RESTARTS = Counter("kubetrain_operator_pod_watch_restarts_total",
                              "Times the operator's watch of worker pods started over: 'expired' (listed again "
                              "after 410 Gone) or 'error' (after a backoff)", ["reason"])
+HANGS = Counter("kubetrain_operator_hangs_total",
+                "Hang verdicts (restartPolicy.hangDetection): named, a suspect rank was named; unnamed, every rank "
+                "waited alike", ["named"])
+for _named in ("true", "false"):
+    HANGS.labels(_named)  # both series exist from the start, at 0
