@@ -100,7 +100,8 @@ def test_trainer_progress_reaches_status_and_rbac_is_exact(
         assert role.metadata.owner_references[0].uid == uid == binding.metadata.owner_references[0].uid
         worker0 = job.core.read_namespaced_pod("prog-worker-0", namespace)
         env_from = {e.name: e.value_from.field_ref.field_path for e in worker0.spec.containers[0].env if e.value_from}
-        assert env_from == {contract.POD_NAME: "metadata.name", contract.POD_NAMESPACE: "metadata.namespace"}
+        assert env_from == {contract.POD_NAME: "metadata.name", contract.POD_NAMESPACE: "metadata.namespace",
+                            contract.NODE_NAME: "spec.nodeName"}
         assert not job.status().get("currentStep")
 
         # Worker 0's container: the real trainer, 6 steps, a checkpoint every 3 steps.

@@ -379,7 +379,8 @@ def test_a_rank_stopped_from_the_host_is_named_with_its_stacks_and_the_gang_resu
     st = jobs.wait_phase(name, "Succeeded", timeout=600)
     assert st["restartCount"] == 1 and st["failures"] == {"NoProgress": 1} and st["resumedFromStep"] >= 20
     saved = claim_dir(jobs.core, real_namespace, f"{name}-checkpoints") / "hangs" / "gen-0"
-    stacks = {f.name: f.read_text() for f in sorted(saved.iterdir())}
+    stacks = {f.name: f.read_text() for f in sorted(saved.glob("rank-*.txt"))}
+    assert (saved / "fr_trace_rank_0").stat().st_size > 0  # rank 0's flight recorder; the stopped rank has none
     print("\n".join(f"--- {n}\n" + "\n".join(t.splitlines()[:12]) for n, t in stacks.items()))
     assert stacks["rank-1.txt"].startswith("rank 1: stopped (SIGSTOP) (step ")
     assert stacks["rank-0.txt"].startswith("rank 0: in ") and 'File "' in stacks["rank-0.txt"]
