@@ -60,6 +60,7 @@ POSTED = {"Pod": ("core", "create_namespaced_pod"), "Service": ("core", "create_
           "ServiceAccount": ("core", "create_namespaced_service_account"),
           "PersistentVolumeClaim": ("core", "create_namespaced_persistent_volume_claim"),
           "Role": ("rbac", "create_namespaced_role"), "RoleBinding": ("rbac", "create_namespaced_role_binding"),
+          "NetworkPolicy": ("networking", "create_namespaced_network_policy"),
           "Event": ("core", "create_namespaced_event")}
 """Apis.post's calls, by kind, as the kubernetes client's call that makes the same request."""
 
@@ -76,11 +77,12 @@ def posting(fake: SimpleNamespace) -> Callable[[str, dict[str, str], bytes, str]
 
 
 def fake_api() -> SimpleNamespace:
-    """core, custom and rbac recording into one `calls`; pod creates answered as the API server would."""
+    """core, custom, rbac and networking (POSTs only) recording into one `calls`; pod creates answered as the
+    API server would."""
     calls: list[tuple[str, tuple[Any, ...]]] = []
-    core, custom, rbac = FakeApi(calls), FakeApi(calls), FakeApi(calls)
+    core, custom, rbac, networking = FakeApi(calls), FakeApi(calls), FakeApi(calls), FakeApi(calls)
     core.reply["create_namespaced_pod"] = metadata_answer
-    return SimpleNamespace(calls=calls, core=core, custom=custom, rbac=rbac)
+    return SimpleNamespace(calls=calls, core=core, custom=custom, rbac=rbac, networking=networking)
 
 
 def apis(fake: SimpleNamespace, sanitize: Callable[[Any], Any] = lambda o: o) -> Apis:

@@ -33,7 +33,7 @@ from kubetrain.operator.jobs.apply import (
 )
 from kubetrain.operator.jobs.cache import WatchCache
 from kubetrain.operator.jobs.plan import Plan
-from kubetrain.operator.runtime.settings import OperatorSettings
+from kubetrain.operator.runtime.settings import OperatorSettings, WorkerNetworkPolicy, WorkerSettings
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 NS = "team"
@@ -101,7 +101,7 @@ def methods(fake: SimpleNamespace) -> list[str]:
 
 def test_each_kind_is_created_by_its_own_call() -> None:
     assert set(CREATE) == {"Pod", "Service", "ConfigMap", "PersistentVolumeClaim", "PodGroup", "Role", "RoleBinding",
-                           "ServiceAccount"}
+                           "ServiceAccount", "NetworkPolicy"}
 
 
 def test_a_plan_creates_every_child_with_the_call_for_its_kind(fake: SimpleNamespace) -> None:
@@ -447,9 +447,9 @@ def kwok_spec_job(rv: int = 1, status: dict[str, Any] | None = None) -> dict[str
     return {**job_body(rv), "spec": {"workers": 2, "checkpoint": {"ephemeral": True}}, "status": status or {}}
 
 
-def controller(fake: SimpleNamespace) -> Controller:
+def controller(fake: SimpleNamespace, settings: OperatorSettings | None = None) -> Controller:
     """A controller whose applier calls the fake API; the job's status writes answer as the API server would."""
-    ctl = Controller(client.ApiClient(), OperatorSettings(), clock=lambda: NOW)
+    ctl = Controller(client.ApiClient(), settings or OperatorSettings(), clock=lambda: NOW)
     ctl.applier.close()
     ctl.applier = Applier(apis(fake), ctl.cache, 4, lambda: NOW)
 
@@ -674,3 +674,57 @@ def test_the_jobs_service_account_exists_before_any_pod_and_a_refused_one_holds_
     cache = run(fake, plan)  # an operator whose RBAC predates the job's ServiceAccount: said, not crashed on
     assert "create_namespaced_pod" not in methods(fake) and "create_namespaced_service" in methods(fake)
     assert cache.create_refused(KEY) == "serviceaccounts is forbidden"
+
+
+def creates(fake: SimpleNamespace) -> list[str]:
+    return [m for m in methods(fake) if m.startswith("create_") and m != "create_namespaced_event"]
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_jobs_network_policy_exists_before_any_pod_when_the_operator_makes_them(
+        fake: SimpleNamespace, on: bool) -> None:
+    policy = WorkerNetworkPolicy() if on else None
+    ctl = controller(fake, OperatorSettings(builders=WorkerSettings(network_policy=policy)))
+    try:
+        ctl.job_event("ADDED", kwok_spec_job())
+        reconcile(ctl)
+    finally:
+        ctl.applier.close()
+    made = creates(fake)
+    assert made.count("create_namespaced_pod") == 2
+    if not on:
+        assert "create_namespaced_network_policy" not in made
+        return
+    assert made.index("create_namespaced_network_policy") < made.index("create_namespaced_pod")
+    sent = next(args[1] for m, args in fake.calls if m == "create_namespaced_network_policy")
+    assert sent["metadata"]["name"] == "a-workers" and sent["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+
+
+def test_a_refused_network_policy_holds_the_pods_and_is_shown_not_crashed_on(fake: SimpleNamespace) -> None:
+    """An operator set to make NetworkPolicies without the RBAC for them (rbac.create off, a trimmed Role)."""
+    forbidden = 'networkpolicies.networking.k8s.io is forbidden: User "op" cannot create resource "networkpolicies"'
+    fake.networking.fail["create_namespaced_network_policy"] = api_error(403, {"message": forbidden})
+    plan = Plan(create=[child("Pod", "a-worker-0"), child("NetworkPolicy", "a-workers", "networking.k8s.io/v1"),
+                        child("Service", "a")])
+    cache = run(fake, plan)
+    assert "create_namespaced_pod" not in methods(fake) and "create_namespaced_service" in methods(fake)
+    assert cache.create_refused(KEY) == forbidden
+    assert events(fake) == [("Warning", "CreateRejected", forbidden)]
+    ctl = controller(fake, OperatorSettings(builders=WorkerSettings(network_policy=WorkerNetworkPolicy())))
+    try:
+        ctl.job_event("ADDED", kwok_spec_job())
+        assert [reconcile(ctl) for _ in range(2)] == [2.0, 4.0]  # retried with backoff
+        cond = next(c for c in ctl.cache.job(KEY)["status"]["conditions"] if c["type"] == "WorkersBlocked")
+        assert (cond["status"], cond["reason"]) == ("True", "CreateRejected") and forbidden in cond["message"]
+    finally:
+        ctl.applier.close()
+
+
+def test_a_network_policy_found_there_is_read_back_to_check_its_owner(fake: SimpleNamespace) -> None:
+    fake.networking.fail["create_namespaced_network_policy"] = api_error(409)
+    fake.custom.reply["get_namespaced_custom_object"] = lambda group, version, ns, plural, name: existing(name, ns)
+    cache = run(fake, Plan(create=[child("NetworkPolicy", "a-workers", "networking.k8s.io/v1"),
+                                   child("Pod", "a-worker-0")]))
+    read = next(args for m, args in fake.calls if m == "get_namespaced_custom_object")
+    assert read == ("networking.k8s.io", "v1", NS, "networkpolicies", "a-workers")
+    assert cache.foreign(KEY) is None and "create_namespaced_pod" in methods(fake)

@@ -393,3 +393,36 @@ def test_the_jobs_own_thread_count_wins():
     env = [(e["name"], e.get("value")) for e in pod["spec"]["containers"][0]["env"]]
     assert env.count(("OMP_NUM_THREADS", "7")) == 1 and [n for n, _ in env].count("OMP_NUM_THREADS") == 1
     assert ("MKL_NUM_THREADS", "8") in env
+
+
+MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+
+
+def test_no_network_policy_unless_the_operator_is_set_to_make_one():
+    assert b.worker_network_policy(job(), None, OWNER) is None
+
+
+def test_the_network_policy_admits_the_gang_and_anyone_to_the_metrics_port():
+    np = b.worker_network_policy(job(workers=4), b.WorkerNetworkPolicy(), OWNER)
+    assert (np["apiVersion"], np["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    assert np["metadata"]["name"] == "llm-workers" == b.network_policy_name("llm")
+    assert np["metadata"]["namespace"] == "team-a" and np["metadata"]["ownerReferences"] == [OWNER]
+    gang = {"matchLabels": {contract.LABEL_JOB: "llm"}}
+    assert np["spec"]["podSelector"] == gang
+    assert {"matchLabels": b.headless_service(job(), OWNER)["spec"]["selector"]} == gang  # the same pods
+    assert np["spec"]["policyTypes"] == ["Ingress"]  # egress open: API server, object storage, DNS
+    own, metrics = np["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": gang}]}  # no ports: rendezvous, NCCL and gloo alike
+    assert metrics == {"ports": [{"protocol": "TCP", "port": 9400}]}  # no `from`: any source
+
+
+def test_the_network_policy_admits_only_metrics_from_to_each_local_ranks_metrics_port():
+    policy = b.WorkerNetworkPolicy(metrics_from=(MONITORING,))
+    j = job(workers=2, procsPerWorker=2, metricsPort=9500, command=["python", "train.py"])
+    np = b.worker_network_policy(j, policy)
+    metrics = np["spec"]["ingress"][1]
+    assert metrics == {"ports": [{"protocol": "TCP", "port": 9500, "endPort": 9501}], "from": [MONITORING]}
+    assert metrics["from"][0] is not MONITORING  # the settings' peers are not shared with the object
+    container = b.worker_pod(j, 0, 0, b.WorkerSettings())["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 9500} in container["ports"]
+    assert "ownerReferences" not in np["metadata"]

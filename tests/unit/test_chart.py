@@ -247,6 +247,38 @@ def test_operator_may_run_sweeps(helm_ok: None, scope: str) -> None:
     assert not _allows(rules, "kubetrain.io", "trainingsweeps", "create")
 
 
+def _operator_env(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("value") for e in ht.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespaced"])
+def test_the_worker_network_policy_reaches_the_operator_with_the_rbac_to_make_it(helm_ok: None, scope: str) -> None:
+    """workerNetworkPolicy: the operator makes each job's NetworkPolicy (no Helm object for it), so the value
+    goes into its env and, only when on, get/create on networkpolicies into its RBAC in either scope."""
+    from kubetrain.operator.runtime.settings import (  # noqa: PLC0415
+        ENV_WORKER_NETWORK_POLICY,
+        WorkerNetworkPolicy,
+        worker_network_policy,
+    )
+
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    kind = "Role" if scope == "namespaced" else "ClusterRole"
+    off = ht.render(set_values={"rbac.scope": scope})
+    assert worker_network_policy(_operator_env(off)[ENV_WORKER_NETWORK_POLICY]) is None
+    assert not any("networkpolicies" in r["resources"] for r in ht.find(off, kind)["rules"])
+    on = ht.render(set_values={"rbac.scope": scope, "workerNetworkPolicy.enabled": True,
+                               "workerNetworkPolicy.metricsFrom": [monitoring]})
+    assert worker_network_policy(_operator_env(on)[ENV_WORKER_NETWORK_POLICY]) == WorkerNetworkPolicy((monitoring,))
+    rules = ht.find(on, kind)["rules"]
+    for verb in ("get", "create"):
+        assert _allows(rules, "networking.k8s.io", "networkpolicies", verb), f"{scope}: the operator lacks {verb}"
+    assert not _allows(rules, "networking.k8s.io", "networkpolicies", "delete")  # the garbage collector's
+    assert [d["metadata"]["name"] for d in on if d["kind"] == "NetworkPolicy"] == []  # the operator's, per job
+    bad = ht.helm("template", "x", str(CHART), *ht.value_args(set_values={
+        "workerNetworkPolicy.metricsFrom": [{"namespace": "monitoring"}]}), check=False)
+    assert bad.returncode != 0 and "namespace" in bad.stderr
+
+
 def test_dashboard_has_a_sweeps_row() -> None:
     panels = json.loads((CHART / "dashboards" / "kubetrain-overview.json").read_text())["panels"]
     titles = [p["title"] for p in panels]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,9 +19,12 @@ from kubetrain.operator.runtime.settings import (
     ENV_POD_NAMESPACE,
     ENV_RECONCILE_WORKERS,
     ENV_TRAINER_IMAGE,
+    ENV_WORKER_NETWORK_POLICY,
     LeaderElection,
     OperatorSettings,
+    WorkerNetworkPolicy,
     parse_settings,
+    worker_network_policy,
 )
 
 DEPLOYMENT = Path(__file__).resolve().parents[2] / "charts" / "kubetrain" / "templates" / "deployment.yaml"
@@ -44,7 +49,7 @@ def test_the_environment_the_chart_sets_is_read() -> None:
 def test_the_chart_sets_the_same_names_with_the_same_defaults() -> None:
     template = DEPLOYMENT.read_text()
     for name in (ENV_TRAINER_IMAGE, ENV_METRICS_PORT, ENV_CREATE_PARALLELISM, ENV_RECONCILE_WORKERS,
-                 ENV_POD_NAMESPACE):
+                 ENV_POD_NAMESPACE, ENV_WORKER_NETWORK_POLICY):
         assert f"- name: {name}\n" in template
     values = yaml.safe_load(VALUES.read_text())
     assert values["operator"]["createParallelism"] == DEFAULTS.create_parallelism
@@ -88,3 +93,33 @@ def test_settings_are_frozen_and_lease_timings_consistent() -> None:
         LeaderElection(identity="a", duration=5, renew_deadline=10.0)
     with pytest.raises(ValueError, match="identity"):
         LeaderElection()
+
+
+MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+
+
+def test_the_worker_network_policy_is_off_unless_enabled() -> None:
+    assert DEFAULTS.builders.network_policy is None
+    assert parse_settings([], {ENV_WORKER_NETWORK_POLICY: '{"enabled": false, "metricsFrom": []}'}
+                          ).builders.network_policy is None
+    on = parse_settings([], {ENV_WORKER_NETWORK_POLICY: json.dumps({"enabled": True, "metricsFrom": [MONITORING]})})
+    assert on.builders.network_policy == WorkerNetworkPolicy(metrics_from=(MONITORING,))
+    assert worker_network_policy('{"enabled": true}') == WorkerNetworkPolicy()
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    ("yes", "is not JSON"),
+    ("[true]", "JSON object with the keys enabled and metricsFrom"),
+    ('{"enable": true}', "JSON object with the keys enabled and metricsFrom"),
+    ('{"enabled": "true"}', "enabled must be true or false"),
+    ('{"enabled": true, "metricsFrom": {"podSelector": {}}}', "metricsFrom must be a list of NetworkPolicyPeers"),
+    ('{"enabled": true, "metricsFrom": [{"namespace": "monitoring"}]}', "podSelector, namespaceSelector, ipBlock"),
+    ('{"enabled": true, "metricsFrom": [{}]}', "metricsFrom must be a list"),
+])
+def test_a_bad_worker_network_policy_is_refused_naming_what_is_wrong(
+        raw: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        worker_network_policy(raw)
+    with pytest.raises(SystemExit) as exc:
+        parse_settings([], {ENV_WORKER_NETWORK_POLICY: raw})
+    assert exc.value.code == 2 and ENV_WORKER_NETWORK_POLICY in capsys.readouterr().err

@@ -135,6 +135,14 @@ def test_progress_reporting_off_creates_no_rbac():
                                              "Pod"]
 
 
+def test_a_network_policy_comes_with_every_new_gang_when_the_operator_makes_them():
+    on = b.WorkerSettings(trainer_image="trainer:test", network_policy=b.WorkerNetworkPolicy())
+    p = plan(Observation(body(), [], {}, T0), on)
+    (np,) = [o for o in p.create if o["kind"] == "NetworkPolicy"]
+    assert np["metadata"]["name"] == "j-workers" and np["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert not [o for o in plan(Observation(body(), [], {}, T0), S).create if o["kind"] == "NetworkPolicy"]
+
+
 def test_progress_rbac_is_created_again_with_every_new_gang():
     """Creates are idempotent (409 = there): a Role deleted by hand comes back at the next gang."""
     st = {"phase": "Restarting", "restartCount": 1, "restartGeneration": 1}

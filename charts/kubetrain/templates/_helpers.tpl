@@ -82,6 +82,13 @@ app.kubernetes.io/component: operator
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "create"]
+{{- if .Values.workerNetworkPolicy.enabled }}
+# Per job, NetworkPolicy <job>-workers (workerNetworkPolicy), owned by the TrainingJob: the garbage collector
+# deletes it. get: who owns one whose name a create found taken.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create"]
+{{- end }}
 {{- if .Values.rbac.gangScheduling }}
 - apiGroups: ["scheduling.x-k8s.io", "scheduling.volcano.sh"]
   resources: ["podgroups"]

@@ -56,9 +56,12 @@ CLAIM_PENDING = "Pending"
 """A claim without a status yet, as the API server would report it."""
 ORDERED = ("Role", "RoleBinding")
 """Kinds created one after the other: a RoleBinding is refused (404) while its Role does not exist."""
-BEFORE_PODS = ("PodGroup", "ServiceAccount")
+BEFORE_PODS = ("PodGroup", "ServiceAccount", "NetworkPolicy")
 """Kinds the pods need first: pods made without their PodGroup would be scheduled one by one, bypassing the
-gang; a pod whose ServiceAccount does not exist yet is refused."""
+gang; a pod whose ServiceAccount does not exist yet is refused; a pod started before its NetworkPolicy would
+take connections from anyone until it exists."""
+REFUSABLE = ("Pod", "ServiceAccount", "NetworkPolicy")
+"""Kinds whose refused create (a 4xx) the job shows (status, one Event) and retries with backoff."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ PATHS = {
     "PersistentVolumeClaim": "/api/v1/namespaces/{namespace}/persistentvolumeclaims",
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/roles",
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings",
+    "NetworkPolicy": "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies",
     "Event": "/api/v1/namespaces/{namespace}/events",
 }
 """Where the kinds the operator creates with Apis.post are created (all namespaced)."""
@@ -195,6 +199,9 @@ READ: dict[str, Callable[[Apis, str, dict[str, Any]], Any]] = {
     "PodGroup": _read_pod_group,
     "Role": lambda apis, ns, obj: apis.rbac.read_namespaced_role(obj["metadata"]["name"], ns),
     "RoleBinding": lambda apis, ns, obj: apis.rbac.read_namespaced_role_binding(obj["metadata"]["name"], ns),
+    # The generic read (GET /apis/{group}/{version}/...) serves built-in groups too: no API group just for it.
+    "NetworkPolicy": lambda apis, ns, obj: apis.custom.get_namespaced_custom_object(
+        "networking.k8s.io", "v1", ns, "networkpolicies", obj["metadata"]["name"]),
 }
 """The API call that reads the object whose name a create found taken (409), to see who owns it."""
 NOT_REFUSALS = frozenset({408, 409, 429})
@@ -489,8 +496,9 @@ class Applier:
         if kind == "PodGroup" and exc.status == 404:  # the API server does not serve the gang scheduler's kind
             seen.refused[(kind, name)] = gang_missing(obj["apiVersion"])
             return False
-        if kind in ("Pod", "ServiceAccount") and create_refused(exc):
-            # Quota, Pod Security, an invalid field, an operator whose RBAC predates the job's ServiceAccount:
+        if kind in REFUSABLE and create_refused(exc):
+            # Quota, Pod Security, an invalid field, an operator whose RBAC predates the job's ServiceAccount
+            # or lacks networkpolicies create (workerNetworkPolicy on, rbac.create off):
             # the job says so (status, one Event) and is retried with backoff, since a raised quota or a
             # relabelled namespace admits the pod unchanged.
             metrics.CREATES_REFUSED.labels(str(exc.status)).inc()

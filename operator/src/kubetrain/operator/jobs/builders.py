@@ -9,6 +9,8 @@ create is idempotent (409 means it is already there):
   PVC           <job>-checkpoints unless checkpoint.claimName or checkpoint.ephemeral is set
   Role          <job>-progress    get/patch of the pod <job>-worker-0 only (progressReporting)
   RoleBinding   <job>-progress    that Role for the workers' ServiceAccount
+  NetworkPolicy <job>-workers     with the operator's workerNetworkPolicy: ingress to the workers from the
+                                  gang's own pods, and to their metrics ports from metricsFrom
   PodGroup      <job>             for the gang scheduler of scheduling.gang (volcano, coscheduling), kept
                                   across restart generations; <job>-<generation> for gang kubernetes
 """
@@ -41,7 +43,7 @@ from kubetrain.operator.jobs.fabrics import FABRICS as FABRICS
 from kubetrain.operator.jobs.fabrics import POD_SECURITY_LEVELS as POD_SECURITY_LEVELS
 from kubetrain.operator.jobs.fabrics import FabricProfile
 from kubetrain.operator.jobs.fabrics import pod_security_level as pod_security_level
-from kubetrain.operator.runtime.settings import WorkerSettings
+from kubetrain.operator.runtime.settings import WorkerNetworkPolicy, WorkerSettings
 
 CHECKPOINT_MOUNT = contract.CHECKPOINT_MOUNT
 CONFIG_MOUNT = contract.CONFIG_MOUNT
@@ -261,6 +263,40 @@ def progress_role_binding(job: TrainingJob, owner: dict[str, Any] | None = None)
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": worker_service_account(job),
                       "namespace": job.metadata.namespace or "default"}],
+    }
+
+
+def network_policy_name(job: str) -> str:
+    return f"{job}-workers"
+
+
+def metrics_ports(spec: TrainingJobSpec) -> dict[str, Any]:
+    """The workers' metrics ports as a NetworkPolicyPort: metricsPort, and with several processes per worker
+    one port per local rank after it (the launcher gives rank i metricsPort + i)."""
+    ports: dict[str, Any] = {"protocol": "TCP", "port": spec.metrics_port}
+    if spec.procs > 1:
+        ports["endPort"] = spec.metrics_port + spec.procs - 1
+    return ports
+
+
+def worker_network_policy(job: TrainingJob, policy: WorkerNetworkPolicy | None,
+                          owner: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Ingress to the job's pods only from the gang's own pods, on any port (rendezvous, and NCCL's and gloo's
+    ports, which are dynamic), and to their metrics ports from `policy.metrics_from` (empty: any source).
+    Egress is left open: rank 0 reports progress to the API server, checkpoints may go to object storage,
+    and every pod needs DNS. None when the operator's setting is off."""
+    if policy is None:
+        return None
+    gang = {"matchLabels": {LABEL_JOB: job.metadata.name}}  # as the headless Service selects the workers
+    metrics: dict[str, Any] = {"ports": [metrics_ports(job.spec)]}
+    if policy.metrics_from:
+        metrics["from"] = copy.deepcopy(list(policy.metrics_from))
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(job, network_policy_name(job.metadata.name), owner),
+        "spec": {"podSelector": gang, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": copy.deepcopy(gang)}]}, metrics]},
     }
 
 

@@ -182,7 +182,8 @@ def refused(create_refused: str | None, foreign: str | None) -> Want | None:
         return Want(WORKERS_BLOCKED, True, R.GANG_SCHEDULER_MISSING, create_refused, bad_value=True)
     if create_refused:
         return Want(WORKERS_BLOCKED, True, R.CREATE_REJECTED,
-                    f"the API server refused a worker pod; the operator retries with backoff: {create_refused}",
+                    f"the API server refused a worker pod or an object it needs first (its ServiceAccount, "
+                    f"NetworkPolicy); the operator retries with backoff: {create_refused}",
                     bad_value=True)
     return None
 

@@ -258,7 +258,7 @@ def _translate(
     deleted at once (grace 0) even when already Terminating."""
     if isinstance(effect, lc.CreateWorkers):
         owner = owner_reference(body)
-        out.create.extend(_shared_children(job, owner, effect.generation))
+        out.create.extend(_shared_children(job, owner, effect.generation, settings))
         placed = job.model_copy(update={"status": t.status})  # the nodes this transition says to avoid
         out.create.extend(kueue.place(b.worker_pod(placed, i, effect.generation, settings, owner), out.queue.placement)
                           for i in effect.indices)
@@ -362,10 +362,12 @@ def claim_to_check(body: dict[str, Any], pods: list[dict[str, Any]], now: dateti
     return b.claim_name(job) if job is not None else None
 
 
-def _shared_children(job: TrainingJob, owner: dict[str, Any], generation: int) -> list[dict[str, Any]]:
+def _shared_children(job: TrainingJob, owner: dict[str, Any], generation: int,
+                     settings: b.WorkerSettings) -> list[dict[str, Any]]:
     objs = [b.headless_service(job, owner), b.config_map(job, owner)]
     for optional in (b.service_account(job, owner), b.checkpoint_claim(job, owner), b.pod_group(job, owner, generation),
-                     b.progress_role(job, owner), b.progress_role_binding(job, owner)):
+                     b.progress_role(job, owner), b.progress_role_binding(job, owner),
+                     b.worker_network_policy(job, settings.network_policy, owner)):
         if optional is not None:
             objs.append(optional)
     return objs

@@ -14,6 +14,7 @@ import socket
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kubetrain.core.pod_template import PodPolicy
 
@@ -34,6 +35,10 @@ POD_POLICY_KEYS = {"allowPrivileged": "allow_privileged", "allowHostPath": "allo
                    "allowHostNamespaces": "allow_host_namespaces", "allowServiceAccount": "allow_service_account"}
 ENV_QUEUE_REQUIRED_IN = "KUBETRAIN_QUEUE_REQUIRED_IN"
 """Comma-separated namespaces whose TrainingJobs must set spec.scheduling.queue (the chart's queues.requiredIn)."""
+ENV_WORKER_NETWORK_POLICY = "KUBETRAIN_WORKER_NETWORK_POLICY"
+"""JSON: the chart's workerNetworkPolicy values ({"enabled": bool, "metricsFrom": [NetworkPolicyPeer, ...]})."""
+NETWORK_POLICY_PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")
+"""The fields of a networking.k8s.io/v1 NetworkPolicyPeer."""
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 """The operator pod's own namespace (Downward API): where its Lease lives by default."""
 
@@ -43,6 +48,15 @@ SIGTERM_CHECKPOINT_GRACE = 300
 COSCHEDULING_SCHEDULER = "scheduler-plugins-scheduler"
 """The scheduler name of scheduler-plugins installed as a second scheduler (its as-a-second-scheduler chart's
 default), the one that runs the Coscheduling plugin."""
+
+
+@dataclass(frozen=True)
+class WorkerNetworkPolicy:
+    """A NetworkPolicy `<job>-workers` per job (the chart's workerNetworkPolicy): only the gang's own pods reach
+    its workers, on any port, and `metrics_from` their metrics ports."""
+
+    metrics_from: tuple[dict[str, Any], ...] = ()
+    """NetworkPolicyPeers allowed to scrape the workers' metrics ports; empty: any source."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,8 @@ class WorkerSettings:
     """The host-level fields a job's podTemplate may set (KUBETRAIN_POD_POLICY); none by default."""
     queue_required_in: frozenset[str] = frozenset()
     """Namespaces whose jobs must name a Kueue queue (KUBETRAIN_QUEUE_REQUIRED_IN, comma-separated)."""
+    network_policy: WorkerNetworkPolicy | None = None
+    """Each job's NetworkPolicy (KUBETRAIN_WORKER_NETWORK_POLICY); None: the operator makes none."""
 
 
 
@@ -162,6 +178,28 @@ def pod_policy(raw: str | None) -> PodPolicy:
     return PodPolicy(**flags, allowed_capabilities=frozenset(c.upper().removeprefix("CAP_") for c in caps))
 
 
+def worker_network_policy(raw: str | None) -> WorkerNetworkPolicy | None:
+    """KUBETRAIN_WORKER_NETWORK_POLICY as a WorkerNetworkPolicy (None when unset or not enabled); ValueError
+    naming what is wrong."""
+    if not raw:
+        return None
+    try:
+        given = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{ENV_WORKER_NETWORK_POLICY} is not JSON: {exc}") from None
+    if not isinstance(given, dict) or set(given) - {"enabled", "metricsFrom"}:
+        raise ValueError(f"{ENV_WORKER_NETWORK_POLICY} must be a JSON object with the keys enabled and metricsFrom, "
+                         f"not {raw!r}")
+    if not isinstance(given.get("enabled", False), bool):
+        raise ValueError(f"{ENV_WORKER_NETWORK_POLICY}: enabled must be true or false, not {given['enabled']!r}")
+    peers = given.get("metricsFrom") or []
+    if not isinstance(peers, list) or not all(
+            isinstance(p, dict) and p and set(p) <= set(NETWORK_POLICY_PEER_KEYS) for p in peers):
+        raise ValueError(f"{ENV_WORKER_NETWORK_POLICY}: metricsFrom must be a list of NetworkPolicyPeers "
+                         f"(objects of {', '.join(NETWORK_POLICY_PEER_KEYS)}), not {peers!r}")
+    return WorkerNetworkPolicy(metrics_from=tuple(peers)) if given.get("enabled") else None
+
+
 def _leader_election(args: argparse.Namespace, env: Mapping[str, str]) -> LeaderElection | None:
     if not args.leader_elect:
         return None
@@ -183,6 +221,7 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operat
                 pod_policy=pod_policy(env.get(ENV_POD_POLICY)),
                 queue_required_in=frozenset(n.strip() for n in (env.get(ENV_QUEUE_REQUIRED_IN) or "").split(",")
                                             if n.strip()),
+                network_policy=worker_network_policy(env.get(ENV_WORKER_NETWORK_POLICY)),
             ),
             namespace=args.namespace,
             metrics_port=_env_int(p, env, ENV_METRICS_PORT, DEFAULTS.metrics_port),
