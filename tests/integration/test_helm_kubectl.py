@@ -9,6 +9,7 @@ against the real control plane with the operator (watching the test namespace) r
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,5 +109,14 @@ def test_cli_and_kubectl_follow_a_job_to_succeeded(
             waiter.kill()
     assert waiter.returncode == 0, f"{err}\noperator log:\n{operator.tail()}"
     assert "trainingjob.kubetrain.io/ergo condition met" in out
+
+    # generateName: the name printed is the one the API server gave, suspended so nothing runs.
+    generated = yaml.safe_load(manifest.read_text())
+    generated["metadata"] = {"generateName": "ergo-"}
+    generated["spec"]["suspend"] = True
+    manifest.write_text(yaml.safe_dump(generated))
+    rc, out, err = kubetrain(capsys, "submit", str(manifest), "-n", namespace)
+    assert rc == 0, err
+    assert re.fullmatch(rf"trainingjob\.kubetrain\.io/ergo-[a-z0-9]{{5}} created in namespace {namespace}\n", out), out
     rc, out, _ = kubetrain(capsys, "status", "ergo", "-n", namespace, "-o", "json")
     assert rc == 0 and '"phase": "Succeeded"' in out

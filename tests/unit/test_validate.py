@@ -106,8 +106,8 @@ EXPECTED = {
         "metadata.annotations: must total at most 262144 bytes, keys and values (the API server's limit); these take "
         "278841"],
     "bad-gpu-in-extra.yaml": [
-        "spec.resources.extra: resources.extra cannot set nvidia.com/gpu: use resources.gpusPerWorker (it also sets "
-        "the processes per worker)"],
+        "spec.resources.extra: resources.extra cannot set nvidia.com/gpu, cpu, memory: use resources.gpusPerWorker "
+        "(it also sets the processes per worker), resources.cpu and resources.memory"],
 }
 
 
@@ -243,6 +243,15 @@ def test_the_worker_contracts_variables_are_kubetrains_own(name):
     doc = yaml.safe_load(HEADER + "spec: {}\n")
     doc["spec"]["env"] = [{"name": name, "value": "1"}]
     assert [str(p) for p in problems_of(doc)] == [RESERVED_ENV_LINE]
+
+
+@pytest.mark.parametrize("resource", api.OWN_RESOURCES)
+def test_extra_resources_cannot_override_the_ones_with_a_field_of_their_own(resource):
+    doc = yaml.safe_load(HEADER + "spec: {resources: {cpu: '2', memory: 4Gi}}\n")
+    doc["spec"]["resources"]["extra"] = {resource: "0", "rdma/ib": "1"}
+    assert [str(p) for p in problems_of(doc)] == [EXPECTED["bad-gpu-in-extra.yaml"][0]]
+    del doc["spec"]["resources"]["extra"][resource]
+    assert problems_of(doc) == []
 
 
 def test_env_holds_at_most_1000_variables():

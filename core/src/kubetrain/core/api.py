@@ -327,6 +327,8 @@ class CheckpointSpec(_Model):
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 """The extended resource resources.gpusPerWorker requests."""
+OWN_RESOURCES: Final = (GPU_RESOURCE, "cpu", "memory")
+"""Resources with a field of their own (gpusPerWorker, cpu, memory), which resources.extra may not set."""
 
 
 class ResourcesSpec(_Model):
@@ -341,7 +343,7 @@ class ResourcesSpec(_Model):
     shm_size: str = Field("16Gi", pattern=QUANTITY_PATTERN)
     """Size of the in-memory /dev/shm volume."""
     extra: dict[str, Annotated[str, Field(pattern=QUANTITY_PATTERN)]] | None = None
-    """Extra extended resources per worker pod (e.g. `rdma/ib: "1"`). Merged over those the fabric profile adds; yours win. Not `nvidia.com/gpu`: gpusPerWorker sets it."""
+    """Extra extended resources per worker pod (e.g. `rdma/ib: "1"`). Merged over those the fabric profile adds; yours win. Not `nvidia.com/gpu`, `cpu` or `memory`: gpusPerWorker, cpu and memory set them."""
 
 
 FailureAction = Literal["FailJob", "RestartGang", "RestartGangAndIgnore"]
@@ -587,9 +589,10 @@ SPEC_RULES: list[Rule] = [
     ),
     Rule(
         "resources.extra",
-        f"!has(self.resources.extra) || !('{GPU_RESOURCE}' in self.resources.extra)",
-        f"resources.extra cannot set {GPU_RESOURCE}: use resources.gpusPerWorker (it also sets the processes per worker)",
-        lambda s: GPU_RESOURCE not in (s.resources.extra or {}),
+        "!has(self.resources.extra) || " + " && ".join(f"!('{r}' in self.resources.extra)" for r in OWN_RESOURCES),
+        f"resources.extra cannot set {', '.join(OWN_RESOURCES)}: use resources.gpusPerWorker (it also sets the "
+        "processes per worker), resources.cpu and resources.memory",
+        lambda s: not set(OWN_RESOURCES) & set(s.resources.extra or {}),
     ),
     Rule(
         "checkpoint.ephemeral",

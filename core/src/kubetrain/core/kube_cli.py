@@ -90,11 +90,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     body["apiVersion"] = API_VERSION
     ns = args.namespace or job.metadata.namespace or ns
     body["metadata"]["namespace"] = ns
+    what = body["metadata"].get("name") or f"{body['metadata'].get('generateName', '')}*"
     try:
-        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+        created = custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
     except Exception as exc:
-        raise _api_error(exc, f"submitting {ns}/{job.metadata.name}") from exc
-    print(f"trainingjob.{GROUP}/{job.metadata.name} created in namespace {ns}")
+        raise _api_error(exc, f"submitting {ns}/{what}") from exc
+    name = (created.get("metadata") or {}).get("name") if isinstance(created, dict) else None
+    print(f"trainingjob.{GROUP}/{name or job.metadata.name} created in namespace {ns}")  # generateName: the API's
     return 0
 
 
