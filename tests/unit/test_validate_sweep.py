@@ -127,3 +127,18 @@ def test_validate_command_exits_2_on_a_broken_sweep(tmp_path, capsys):
     assert main(["validate", str(good)]) == 0
     assert main(["validate", str(bad)]) == 2
     assert capsys.readouterr().err.startswith(f"{bad}: spec.parameters[0].path: optimizer has no field 'lrr'")
+
+
+def test_a_trial_jobs_labels_and_annotations_follow_the_api_servers_rules():
+    """Every trial job carries the template's metadata: a label the API server would refuse fails the sweep
+    at validation, not each trial's create."""
+    sweep = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "s"},
+             "spec": {"template": {"metadata": {"labels": {"cost center": "x"}}, "spec": {}},
+                      "parameters": [{"path": "optimizer.lr", "type": "float", "low": 0.001, "high": 0.1}]}}
+    assert [str(p) for p in problems_of(sweep)] == [
+        "spec.template.metadata: labels: key 'cost center' must be a label key: an optional DNS subdomain and '/', "
+        "then a name of letters, digits, '-', '_' or '.' (at most 253 and 63 characters)"]
+    sweep["spec"]["template"]["metadata"] = {"annotations": {"note": 3}}
+    assert [str(p) for p in problems_of(sweep)] == ["spec.template.metadata: annotations must map strings to strings"]
+    sweep["spec"]["template"]["metadata"] = {"labels": {"team": "a"}, "annotations": {"Note/x": "y"}, "name": "kept"}
+    assert problems_of(sweep) == []

@@ -1063,26 +1063,34 @@ class ObjectMeta(_Model):
     @field_validator("labels")
     @classmethod
     def _labels(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
-        """The API server's rules for any object's labels, said before it refuses the object."""
-        for key, value in (labels or {}).items():
-            _check_key(key, key)
-            if value and (len(value) > MAX_LABEL_VALUE or not re.fullmatch(LABEL_VALUE_PATTERN, value)):
-                raise PydanticCustomError(OWN_ERROR, "the value of {key} must be empty or at most {max} characters: "
-                                          + PATTERN_REASONS[LABEL_VALUE_PATTERN].removeprefix("must be "),
-                                          {"key": repr(key), "max": MAX_LABEL_VALUE})
-        return labels
+        return check_labels(labels)
 
     @field_validator("annotations")
     @classmethod
     def _annotations(cls, annotations: dict[str, str] | None) -> dict[str, str] | None:
-        """The API server's rules for any object's annotations: keys as label keys (in any case), and a total size."""
-        for key in annotations or {}:
-            _check_key(key, key.lower())
-        size = sum(len(k.encode()) + len(v.encode()) for k, v in (annotations or {}).items())
-        if size > MAX_ANNOTATIONS_BYTES:
-            raise PydanticCustomError(OWN_ERROR, "must total at most {max} bytes, keys and values (the API server's "
-                                      "limit); these take {size}", {"max": MAX_ANNOTATIONS_BYTES, "size": size})
-        return annotations
+        return check_annotations(annotations)
+
+
+def check_labels(labels: dict[str, str] | None) -> dict[str, str] | None:
+    """The API server's rules for any object's labels, said before it refuses the object."""
+    for key, value in (labels or {}).items():
+        _check_key(key, key)
+        if value and (len(value) > MAX_LABEL_VALUE or not re.fullmatch(LABEL_VALUE_PATTERN, value)):
+            raise PydanticCustomError(OWN_ERROR, "the value of {key} must be empty or at most {max} characters: "
+                                      + PATTERN_REASONS[LABEL_VALUE_PATTERN].removeprefix("must be "),
+                                      {"key": repr(key), "max": MAX_LABEL_VALUE})
+    return labels
+
+
+def check_annotations(annotations: dict[str, str] | None) -> dict[str, str] | None:
+    """The API server's rules for any object's annotations: keys as label keys (in any case), and a total size."""
+    for key in annotations or {}:
+        _check_key(key, key.lower())
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in (annotations or {}).items())
+    if size > MAX_ANNOTATIONS_BYTES:
+        raise PydanticCustomError(OWN_ERROR, "must total at most {max} bytes, keys and values (the API server's "
+                                  "limit); these take {size}", {"max": MAX_ANNOTATIONS_BYTES, "size": size})
+    return annotations
 
 
 def _check_key(key: str, checked: str) -> None:
@@ -1316,9 +1324,24 @@ class TrainingJobTemplate(_Model):
     """The TrainingJob every trial runs, before the trial's parameters are set."""
 
     metadata: dict[str, Any] | None = None
-    """Labels and annotations for the trial jobs (`labels`, `annotations`)."""
+    """Labels and annotations for the trial jobs (`labels`, `annotations`; held to the API server's rules for
+    any object's, since every trial job carries them)."""
     spec: TrainingJobSpec = Field(default_factory=TrainingJobSpec)
     """The TrainingJob spec."""
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, meta: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key, check in (("labels", check_labels), ("annotations", check_annotations)):
+            value = (meta or {}).get(key)
+            if value is not None and not (isinstance(value, dict) and all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in value.items())):
+                raise PydanticCustomError(OWN_ERROR, "{key} must map strings to strings", {"key": key})
+            try:
+                check(value)
+            except PydanticCustomError as exc:  # name which of the two
+                raise PydanticCustomError(OWN_ERROR, "{key}: {problem}", {"key": key, "problem": exc.message()}) from None
+        return meta
 
 
 class TrainingSweepSpec(_Model):
