@@ -361,8 +361,6 @@ def _span(ranks: Sequence[int]) -> str:
 def suspects(reports: Sequence[RankReport]) -> list[int]:
     """The odd ones out: ranks not running Python (stopped, in the kernel, gone); else ranks behind the
     others' step; else the smaller group of ranks by where they are, when the others agree."""
-    if len(reports) < 2:
-        return [r.rank for r in reports if r.state != "running"]
     odd = [r.rank for r in reports if r.state != "running"]
     if odd:
         return odd

@@ -174,7 +174,6 @@ class HangWatch:
     ranks: list[int]
     beats: str = ""
     guard: hangs.Guard | None = None
-    generation: int = 0
     next_check: float = 0.0
 
     @classmethod
@@ -195,7 +194,7 @@ class HangWatch:
     def arm(self, generation: int) -> None:
         hangs.clear_beats(self.beats)
         dest = hangs.dump_dir(self.env, generation)
-        self.guard, self.generation, self.next_check = hangs.Guard(self.limits, self.beats, dest), generation, 0.0
+        self.guard, self.next_check = hangs.Guard(self.limits, self.beats, dest), 0.0
 
     def check(self, children: list[Any], now: float) -> bool:
         """True when the worker is hung: its stacks are saved, its report written and printed."""
