@@ -40,11 +40,23 @@ def real_node_missing(core: client.CoreV1Api) -> str | None:
 
 
 def build_images() -> None:
-    """hack/images.sh: builds what changed and loads it into the node (a no-op when up to date)."""
-    proc = subprocess.run(["bash", str(HACK_DIR / "images.sh")], stdout=subprocess.PIPE, stderr=None,
-                          text=True, timeout=3600, check=False)
-    if proc.returncode != 0:
-        raise AssertionError(f"hack/images.sh exited {proc.returncode}:\n{proc.stdout[-3000:]}")
+    """hack/images.sh: builds what changed and loads it into the node (a no-op when up to date).
+
+    A second try follows a failed one: a build fetches from PyPI, and its cached layers make the
+    retry cheap. The failure message ends with the script's own last lines and the free disk,
+    since CI logs keep only the end of a long build log.
+    """
+    tails = []
+    for _ in range(2):
+        proc = subprocess.run(["bash", str(HACK_DIR / "images.sh")], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=3600, check=False)
+        if proc.returncode == 0:
+            return
+        tails.append(proc.stdout[-4000:])
+    disk = subprocess.run(["df", "-h", str(HACK_DIR), "/var/lib"], stdout=subprocess.PIPE, text=True,
+                          check=False).stdout
+    raise AssertionError(f"hack/images.sh exited {proc.returncode} twice; first try ended:\n{tails[0]}\n"
+                         f"second try ended:\n{tails[1]}\nfree disk:\n{disk}")
 
 
 def quickstart(**overrides: Any) -> dict[str, Any]:
