@@ -196,6 +196,11 @@ main() {
     [[ "$t" == operator || "$t" == trainer ]] || die "unknown image '$t' (operator, trainer, names, buildah ...)"
   done
   preflight
+  # One build at a time: two at once (two test runs, a bench beside a test) would tag and load
+  # over each other in one buildah storage.
+  mkdir -p "${KUBETRAIN_NODE_RUN}"
+  exec 9>"${KUBETRAIN_NODE_RUN}/images.lock"
+  flock -w 3600 9 || die "another hack/images.sh held ${KUBETRAIN_NODE_RUN}/images.lock for an hour"
   bash "${HACK_DIR}/containerd.sh" start >/dev/null
   build_base
   for t in "${want[@]}"; do
