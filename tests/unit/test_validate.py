@@ -25,7 +25,9 @@ RESERVED_ENV_LINE = ("spec.env: env cannot set the variables kubetrain sets for 
                      "KUBETRAIN_CONFIG, KUBETRAIN_CHECKPOINT_DIR, KUBETRAIN_OUTPUT_DIR, KUBETRAIN_RESTART_GENERATION, "
                      "KUBETRAIN_METRICS_PORT, KUBETRAIN_METRICS_ADDR, KUBETRAIN_POD_NAME, KUBETRAIN_POD_NAMESPACE, "
                      "KUBETRAIN_GENERATION_FILE, KUBETRAIN_IN_PLACE_WAIT_SECONDS, KUBETRAIN_STANDBY, "
-                     "KUBETRAIN_RAN_GENERATION_FILE, KUBETRAIN_HEARTBEAT_DIR, KUBETRAIN_HANG, KUBETRAIN_HANG_DIR")
+                     "KUBETRAIN_RAN_GENERATION_FILE, KUBETRAIN_HEARTBEAT_DIR, KUBETRAIN_HANG, KUBETRAIN_HANG_DIR, "
+                     "KUBETRAIN_NODE_NAME, KUBETRAIN_MEMORY_CKPT_DIR, KUBETRAIN_MEMORY_CKPT_EVERY_STEPS, "
+                     "KUBETRAIN_MEMORY_CKPT_BYTES")
 IMAGE_LINE = ("spec.image: must be an image reference, [registry[:port]/]repository[:tag][@digest]: a lowercase "
               "repository, no spaces or shell characters")
 # file -> the exact line(s) `kubetrain validate` must print for it

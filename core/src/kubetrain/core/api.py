@@ -302,6 +302,20 @@ class ProfileSpec(_Model):
         return int(first), int(last)
 
 
+ResumeTier = Literal["memory", "durable"]
+
+
+class MemoryTierSpec(_Model):
+    """The fast checkpoint tier: each rank keeps its own part of the newest state in memory that outlives its process but not its pod (the pod's /dev/shm; locally a directory under /dev/shm removed at the end of the run). A gang restart that kept every pod (restartPolicy.inPlace) resumes from the newest step every rank holds there, when it is newer than the durable tier's; a restart that recreated any pod resumes from the durable tier."""
+
+    enabled: bool = True
+    """False: no memory tier; every restart resumes from the durable checkpoint directory."""
+    every_steps: int = Field(10, ge=1, le=MAX_STEPS)
+    """Keep the state in memory every N optimizer steps: a restart in place redoes at most N steps."""
+    memory_share: float = Field(0.25, gt=0, le=0.9)
+    """The share of the worker's memory (its pod's memory limit, else /dev/shm's size, per process) that the tier may hold; it keeps two copies while it writes a new one. A rank whose state does not fit skips the tier and says so in its log; the gang then resumes from the durable tier."""
+
+
 class CheckpointSpec(_Model):
     """Checkpointing: periodic, on SIGTERM, atomic, and used for every gang restart."""
 
@@ -321,6 +335,10 @@ class CheckpointSpec(_Model):
     """StorageClass of the claim the operator creates. Unset: the cluster's default StorageClass."""
     access_mode: AccessMode | None = None
     """Access mode of the claim the operator creates. Unset: ReadWriteOnce for one worker, ReadWriteMany for more (every worker mounts the same claim, so its StorageClass must offer ReadWriteMany: NFS, EFS, Filestore, Azure Files, CephFS, ...)."""
+    async_save: bool = True
+    """Write durable checkpoints in the background (strategies ddp and fsdp): training stops only while the state is copied to memory. At most one write is in flight; the next due save waits for it, and a save on SIGTERM or at the last step waits for its write. A checkpoint counts (COMMITTED) only once every rank's write has finished. DeepSpeed saves synchronously."""
+    memory: MemoryTierSpec = Field(default_factory=MemoryTierSpec)
+    """The fast tier in each pod's memory, which restarts in place resume from."""
     ephemeral: bool = False
     """Keep checkpoints in a per-pod emptyDir, no claim: they are lost whenever the worker pods are deleted, so every gang restart starts over from step 0 (the job's CheckpointsDurable condition is False). For clusters without storage and for tests. `kubetrain run` ignores it: local checkpoints always survive restarts."""
 
@@ -446,6 +464,7 @@ RESERVED_ENV: Final = (
     contract.CONFIG, contract.CHECKPOINT_DIR, contract.OUTPUT_DIR, contract.RESTART_GENERATION, contract.METRICS_PORT,
     contract.METRICS_ADDR, contract.POD_NAME, contract.POD_NAMESPACE, contract.GENERATION_FILE, contract.IN_PLACE_WAIT,
     contract.STANDBY, contract.RAN_FILE, contract.HEARTBEAT_DIR, contract.HANG, contract.HANG_DIR,
+    contract.NODE_NAME, contract.MEMORY_CKPT_DIR, contract.MEMORY_CKPT_EVERY, contract.MEMORY_CKPT_BYTES,
 )
 """The worker contract's variables that kubetrain sets for every worker (contract.torch_env, kubetrain_env, and the
 in-place and progress ones): one set by spec.env would break the gang's rendezvous or kubetrain's own bookkeeping.
@@ -985,6 +1004,8 @@ class TrainingJobStatus(_Model):
     """Generation of the current gang (0 for the first)."""
     resumed_from_step: int = 0
     """Step of the checkpoint the current generation resumed from, as its rank 0 reported it (0: it started from scratch, or has not reported yet)."""
+    resumed_from: ResumeTier | None = None
+    """The tier the current generation resumed from: memory (checkpoint.memory, a restart in place) or durable (the checkpoint directory); unset when it started from scratch or has not reported yet."""
     gang_created: bool = False
     """Every worker of the current generation has been created (a worker missing after that was deleted)."""
     last_restart_time: str | None = None

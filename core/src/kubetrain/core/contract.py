@@ -76,6 +76,16 @@ where the launcher notes each generation it starts. The kubelet restarts a faile
 its pod (restartPolicy OnFailure); the new launcher finds its generation there and waits for the next
 one instead of running the failed one again."""
 
+MEMORY_CKPT_DIR = "KUBETRAIN_MEMORY_CKPT_DIR"
+"""checkpoint.memory's directory (unset: the tier is off): memory that outlives a rank's process but not its
+pod. Rank R keeps `rank-<R>/step-NNNNNNNN/` there, complete once its `COMMITTED` file exists; a generation
+may resume from the newest step every rank holds complete, when it is newer than the durable tier's.
+MEMORY_CKPT_EVERY and MEMORY_CKPT_BYTES carry the tier's period and this process's budget in bytes."""
+MEMORY_CKPT_EVERY = "KUBETRAIN_MEMORY_CKPT_EVERY_STEPS"
+MEMORY_CKPT_BYTES = "KUBETRAIN_MEMORY_CKPT_BYTES"
+POD_MEMORY_CKPT_DIR = "/dev/shm/kubetrain-ckpt"
+"""MEMORY_CKPT_DIR in a pod: on its /dev/shm volume (a memory emptyDir), which container restarts keep."""
+
 HEARTBEAT_DIR = "KUBETRAIN_HEARTBEAT_DIR"
 """Where each rank writes its heartbeat (`rank-<RANK>.beat`) and registers its stack dump (`<pid>.stack`):
 set by whoever supervises the ranks (a pod's launcher, the local backend), fresh for every generation."""

@@ -14,6 +14,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from pydantic import ConfigDict, Field
 
@@ -62,6 +63,8 @@ class Progress(_Model):
     world_size: int = 0
     resumed_from: int | None = None
     """Step of the checkpoint this generation resumed from."""
+    resumed_tier: Literal["memory", "durable"] | None = None
+    """The tier that checkpoint came from (api.ResumeTier)."""
     last_checkpoint: CheckpointRecord | None = None
     checkpoints: list[int] = Field(default_factory=list)
     """Steps of every checkpoint committed in this run (all generations)."""
