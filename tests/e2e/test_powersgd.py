@@ -28,6 +28,9 @@ POWERSGD: dict[str, Any] = {
 }
 FAIL_AT = "1:25"
 RESUMED_FROM = 20
+FAILING: dict[str, Any] = {**POWERSGD, "checkpoint": {**POWERSGD["checkpoint"], "asyncSave": False}}
+"""Saved synchronously: step 20 is committed before step 21 whatever the load (a background write commits
+at a later step's all-reduce)."""
 LAST = 5
 """The final loss is the mean of the last 5 steps: one step's loss is one batch of 8 windows, noisy."""
 
@@ -38,10 +41,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     gangs = {
         "plain": Gang(root / "plain", PLAIN),
         "powersgd": Gang(root / "powersgd", POWERSGD),
-        "failed": Gang(root / "resumed", POWERSGD, env={"KUBETRAIN_FAIL_AT": FAIL_AT}),
+        "failed": Gang(root / "resumed", FAILING, env={"KUBETRAIN_FAIL_AT": FAIL_AT}),
     }
     done = {name: gang.wait() for name, gang in gangs.items()}
-    done["resumed"] = Gang(root / "resumed", POWERSGD, generation=1).wait()
+    done["resumed"] = Gang(root / "resumed", FAILING, generation=1).wait()
     for name in ("plain", "powersgd", "resumed"):
         assert done[name].exit_codes == [0, 0], done[name].log(0)[-3000:] + done[name].log(1)[-3000:]
     return done

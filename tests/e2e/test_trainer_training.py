@@ -37,6 +37,9 @@ for _s in SPECS.values():
     _s.update(maxSteps=STEPS, checkpoint={"everySteps": EVERY, "keep": 3})
 FAIL_AT = {"fsdp": "1:5", "ds2": "0:8", "ds3": "1:4"}
 """Injected failures: rank:step. Newest checkpoints before them: 3, 6, 3."""
+FAIL_SPECS = {name: {**SPECS[name], "checkpoint": {**SPECS[name]["checkpoint"], "asyncSave": False}} for name in FAIL_AT}
+"""The same, saving synchronously: a save is committed before the next step, so the newest checkpoint before
+each failure is known (a background write commits a step or more later: test_async_checkpoint.py)."""
 
 
 def _wait_all(gangs: dict[str, Gang]) -> dict[str, Run]:
@@ -50,14 +53,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     gangs = {name: Gang(root / name, spec) for name, spec in SPECS.items()}
     gangs.update(
         {
-            f"{name}_fail": Gang(root / f"{name}_fail", SPECS[name], env={"KUBETRAIN_FAIL_AT": at})
+            f"{name}_fail": Gang(root / f"{name}_fail", FAIL_SPECS[name], env={"KUBETRAIN_FAIL_AT": at})
             for name, at in FAIL_AT.items()
         }
     )
     done = _wait_all(gangs)
     # Phase 2: the restarted generations, and FSDP's step-6 checkpoint resumed at world size 1
     # with twice the micro batch (the same global batch, so the same trajectory).
-    gangs = {f"{name}_resumed": Gang(root / f"{name}_fail", SPECS[name], generation=1) for name in FAIL_AT}
+    gangs = {f"{name}_resumed": Gang(root / f"{name}_fail", FAIL_SPECS[name], generation=1) for name in FAIL_AT}
     ws1 = root / "fsdp_ws1"
     shutil.copytree(root / "fsdp" / "checkpoints" / "step-00000006", ws1 / "checkpoints" / "step-00000006")
     gangs["fsdp_ws1"] = Gang(ws1, {**SPECS["fsdp"], "microBatchSize": 4}, world_size=1)

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,16 +113,26 @@ def test_status_and_logs_come_from_the_real_pods(jobs: RealJobs, real_namespace:
 
 def _reference_loss(tmp_path: Path, body: dict[str, Any]) -> float:
     """The same manifest, uninterrupted, through the local backend (same trainer code and torch)."""
+    return _start_reference(tmp_path, body)()
+
+
+def _start_reference(tmp_path: Path, body: dict[str, Any]) -> Callable[[], float]:
+    """_reference_loss started now, beside the job: what waits for its final loss."""
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(body))
     (tmp_path / "data").symlink_to(EXAMPLE_DATA)
     summary = tmp_path / "summary.json"
-    proc = subprocess.run([sys.executable, "-m", "kubetrain.core", "run", str(tmp_path / "job.yaml"), "--fresh",
-                           "-q", "--output-dir", str(tmp_path / "run"), "--summary-json", str(summary)],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    result = json.loads(summary.read_text())
-    assert result["restarts"] == 0
-    return float(result["final_loss"])
+    proc = subprocess.Popen([sys.executable, "-m", "kubetrain.core", "run", str(tmp_path / "job.yaml"), "--fresh",
+                             "-q", "--output-dir", str(tmp_path / "run"), "--summary-json", str(summary)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def final_loss() -> float:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, out[-2000:] + err[-2000:]
+        result = json.loads(summary.read_text())
+        assert result["restarts"] == 0
+        return float(result["final_loss"])
+
+    return final_loss
 
 
 @pytest.mark.parametrize("how", ["force-delete", "exit-137", "exit-137-in-place"])
@@ -160,6 +170,37 @@ def test_killed_worker_resumes_from_the_claim(jobs: RealJobs, real_namespace: st
     print(f"{how}: final loss {final!r} (resumed) vs {reference!r} (uninterrupted, local), "
           f"relative difference {abs(final - reference) / reference:.2e}")
     assert math.isclose(final, reference, rel_tol=1e-5), (final, reference)
+
+
+def test_a_worker_killed_in_place_resumes_from_the_memory_tier(jobs: RealJobs, real_namespace: str,
+                                                               tmp_path: Path) -> None:
+    """Worker 1 exits 137 after step 35 (KUBETRAIN_FAIL_AT): both pods are kept, each rank's /dev/shm holds step 30
+    of checkpoint.memory while the claim's newest checkpoint is step 20, and the gang resumes from memory at 30,
+    ending on the uninterrupted run's loss."""
+    start = time.monotonic()
+    body = quickstart(precision="fp32", maxSteps=40, preflight={"enabled": False},
+                      checkpoint={"everySteps": 20, "keep": 2, "memory": {"everySteps": 10}},
+                      restartPolicy={"backoffLimit": 3, "backoffSeconds": 1})
+    body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "1:35"}]
+    name = jobs.create(body, name="memory-tier")
+    reference = _start_reference(tmp_path, body)  # beside the job: its workers share this machine's cores
+    jobs.wait(name, lambda st: st.get("phase") == "Running", 300, "Running")
+    uids = {p.metadata.name: p.metadata.uid for p in jobs.pods(name)}
+    st = jobs.wait_phase(name, "Succeeded", timeout=600)
+    fields = {k: st.get(k) for k in ("restartCount", "resumedFrom", "resumedFromStep", "currentStep", "loss")}
+    fields["lastCheckpoint"] = (st.get("lastCheckpoint") or {}).get("step")
+    print(f"memory tier: Succeeded in {elapsed(start)} s: {json.dumps(fields)}")
+    assert (st["restartCount"], st.get("resumedFrom"), st.get("resumedFromStep")) == (1, "memory", 30), \
+        jobs.describe(name)
+    assert {p.metadata.name: p.metadata.uid for p in jobs.pods(name)} == uids  # both pods ran both generations
+    assert "Resumed:     from step 30 (memory tier)" in _cli("status", name, "-n", real_namespace)
+    assert "resumed from the memory tier (/dev/shm/kubetrain-ckpt) (step 30)" in jobs.log(f"{name}-worker-0")
+    pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace)
+    final = float(json.loads(pod.metadata.annotations["kubetrain.io/progress"])["loss"])
+    expected = reference()
+    print(f"memory tier: final loss {final!r} (resumed) vs {expected!r} (uninterrupted, local), "
+          f"relative difference {abs(final - expected) / expected:.2e}; {elapsed(start)} s in all")
+    assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
 
 
 def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJobs, real_namespace: str) -> None:

@@ -52,6 +52,19 @@ def tiny_spec(**overrides: Any) -> dict[str, Any]:
     return spec
 
 
+def memory_tier_env(directory: Path, every_steps: int, budget_bytes: int | None = None) -> dict[str, str]:
+    """The contract's checkpoint.memory variables (a Gang's ranks keep no memory tier without them)."""
+    env = {"KUBETRAIN_MEMORY_CKPT_DIR": str(directory), "KUBETRAIN_MEMORY_CKPT_EVERY_STEPS": str(every_steps)}
+    if budget_bytes is not None:
+        env["KUBETRAIN_MEMORY_CKPT_BYTES"] = str(budget_bytes)
+    return env
+
+
+def tiny_job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A TrainingJob manifest around a wire-form spec (tiny_spec's), for `kubetrain run`."""
+    return {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name}, "spec": spec}
+
+
 @dataclass
 class Run:
     out: Path

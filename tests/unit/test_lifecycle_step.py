@@ -93,6 +93,15 @@ def test_a_new_step_is_progress_and_a_checkpoint_is_taken():
     assert same.status.last_progress_time == format_time(T0)  # the same step again is not progress
 
 
+def test_the_tier_a_generation_resumed_from_is_its_own_report_until_the_next_restart():
+    p = Progress(step=31, generation=0, resumed_from=30, resumed_tier="memory")
+    t = step(spec(), running(), Observed(workers=workers(R, R).workers, progress=p), T0)
+    assert (t.status.resumed_from_step, t.status.resumed_from) == (30, "memory")
+    assert t.status.dump()["resumedFrom"] == "memory"
+    restarted = step(spec(), t.status, workers(R, F, codes={1: 137}), T0)
+    assert (restarted.status.resumed_from_step, restarted.status.resumed_from) == (0, None)
+
+
 def test_a_checkpoint_found_by_the_backend_counts_when_newer():
     found = CheckpointRef(step=50, path="/c/50")
     t = step(spec(), running(lastCheckpoint={"step": 40}), Observed(workers=workers(R, R).workers, checkpoint=found), T0)

@@ -315,6 +315,11 @@ class MemoryTierSpec(_Model):
     memory_share: float = Field(0.25, gt=0, le=0.9)
     """The share of the worker's memory (its pod's memory limit, else /dev/shm's size, per process) that the tier may hold; it keeps two copies while it writes a new one. A rank whose state does not fit skips the tier and says so in its log; the gang then resumes from the durable tier."""
 
+    def budget_bytes(self, memory_bytes: int, processes: int) -> int:
+        """Each of a worker's `processes` processes' budget (contract.MEMORY_CKPT_BYTES) out of the worker's
+        `memory_bytes` (its pod's memory limit, else its /dev/shm size; locally /dev/shm's size over all ranks)."""
+        return int(self.memory_share * memory_bytes) // max(1, processes)
+
 
 class CheckpointSpec(_Model):
     """Checkpointing: periodic, on SIGTERM, atomic, and used for every gang restart."""

@@ -129,6 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{loss}, {summary.restarts} restart(s), {summary.tokens_per_second:,.0f} tokens/s, "
         f"{summary.wall_seconds:.1f}s; checkpoints at {summary.checkpoints}"
         + (f"; transport {summary.network_transport}" if summary.network_transport else "")
+        + (f"; resumed from {resumed_text(summary.resumed_from, summary.resumed_tiers)}" if summary.resumed_from else "")
     )
     if summary.preflight:
         print(f"  {preflight_line(summary.preflight)}")
@@ -310,3 +311,9 @@ def preflight_line(p: dict[str, Any]) -> str:
     degraded = f", degraded ranks {p['degradedRanks']}" if p.get("degradedRanks") else ""
     return (f"preflight: {p.get('worldSize')} rank(s), compute median {p.get('medianGflops', 0):.1f} GFLOP/s, "
             f"slowest rank {p.get('slowestRank')}{busbw}{degraded}; {p.get('seconds', 0):.2f}s")
+
+
+def resumed_text(steps: list[int], tiers: list[str | None]) -> str:
+    """The summary's resumes: `step 30 (memory), step 40 (durable)`."""
+    padded = [*tiers, *[None] * (len(steps) - len(tiers))][: len(steps)]
+    return ", ".join(f"step {s}" + (f" ({t})" if t else "") for s, t in zip(steps, padded, strict=True))

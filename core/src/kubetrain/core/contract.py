@@ -78,13 +78,17 @@ one instead of running the failed one again."""
 
 MEMORY_CKPT_DIR = "KUBETRAIN_MEMORY_CKPT_DIR"
 """checkpoint.memory's directory (unset: the tier is off): memory that outlives a rank's process but not its
-pod. Rank R keeps `rank-<R>/step-NNNNNNNN/` there, complete once its `COMMITTED` file exists; a generation
-may resume from the newest step every rank holds complete, when it is newer than the durable tier's.
-MEMORY_CKPT_EVERY and MEMORY_CKPT_BYTES carry the tier's period and this process's budget in bytes."""
+pod. Rank R keeps `rank-<R>/step-NNNNNNNN/` there, complete once its `COMMITTED` file exists (written last,
+atomically), and deletes its older steps once a newer one is complete; a generation may resume from the
+newest step every rank holds complete, when it is at least as new as the durable tier's newest checkpoint,
+and then deletes its steps after the one it resumed from. MEMORY_CKPT_EVERY and MEMORY_CKPT_BYTES carry the
+tier's period in optimizer steps and this process's budget in bytes, for the two copies it holds while it
+writes a new one. Set for kubetrain's trainer and custom commands alike (MemoryTier)."""
 MEMORY_CKPT_EVERY = "KUBETRAIN_MEMORY_CKPT_EVERY_STEPS"
 MEMORY_CKPT_BYTES = "KUBETRAIN_MEMORY_CKPT_BYTES"
 POD_MEMORY_CKPT_DIR = "/dev/shm/kubetrain-ckpt"
-"""MEMORY_CKPT_DIR in a pod: on its /dev/shm volume (a memory emptyDir), which container restarts keep."""
+"""MEMORY_CKPT_DIR in a pod: on its /dev/shm volume (a memory emptyDir), which container restarts keep and a
+recreated pod starts without."""
 
 HEARTBEAT_DIR = "KUBETRAIN_HEARTBEAT_DIR"
 """Where each rank writes its heartbeat (`rank-<RANK>.beat`) and registers its stack dump (`<pid>.stack`):
@@ -315,6 +319,20 @@ def torch_env(placement: WorkerPlacement, master_addr: str, master_port: int) ->
     return env
 
 
+@dataclass(frozen=True)
+class MemoryTier:
+    """checkpoint.memory as a worker's processes get it (MEMORY_CKPT_DIR, MEMORY_CKPT_EVERY, MEMORY_CKPT_BYTES)."""
+
+    directory: str
+    every_steps: int
+    budget_bytes: int
+    """Per process."""
+
+    def env(self) -> dict[str, str]:
+        return {MEMORY_CKPT_DIR: self.directory, MEMORY_CKPT_EVERY: str(self.every_steps),
+                MEMORY_CKPT_BYTES: str(self.budget_bytes)}
+
+
 def kubetrain_env(
     *,
     job: str,
@@ -325,9 +343,11 @@ def kubetrain_env(
     restart_generation: int,
     metrics_port: int,
     hang: str = "off",
+    memory_tier: MemoryTier | None = None,
 ) -> dict[str, str]:
-    """kubetrain's own variables, the same for every process of a generation. `hang`: HANG's value."""
-    return {
+    """kubetrain's own variables, the same for every process of a generation. `hang`: HANG's value;
+    `memory_tier`: checkpoint.memory where the backend keeps it (None: its variables stay unset, the tier off)."""
+    env = {
         HANG: hang,
         JOB: job,
         NAMESPACE: namespace,
@@ -337,3 +357,6 @@ def kubetrain_env(
         RESTART_GENERATION: str(restart_generation),
         METRICS_PORT: str(metrics_port),
     }
+    if memory_tier is not None:
+        env.update(memory_tier.env())
+    return env

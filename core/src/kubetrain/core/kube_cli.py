@@ -156,6 +156,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     ckpt = st.get("lastCheckpoint")
     if ckpt:
         lines.append(f"Checkpoint:  step {ckpt.get('step')} at {ckpt.get('path')} ({ckpt.get('time', '')})")
+    if st.get("resumedFromStep") or st.get("resumedFrom"):
+        tier = f" ({st['resumedFrom']} tier)" if st.get("resumedFrom") else ""
+        lines.append(f"Resumed:     from step {st.get('resumedFromStep', 0)}{tier}")
     if st.get("message"):
         lines.append(f"Message:     {st['message']}")
     lines += _hang_lines(st.get("lastHang"))

@@ -14,10 +14,12 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +40,9 @@ LOOPBACK = "127.0.0.1"
 """Where a local run's workers serve metrics and meet (MASTER_ADDR): this machine only."""
 KILL_GRACE_SECONDS = 3.0
 """How long a gang being restarted gets between SIGTERM and SIGKILL."""
+SHM = Path("/dev/shm")
+"""Where a local run keeps its checkpoint.memory tier: `kubetrain-<uid>-<pid>-<random>/` (this user's only), kept
+across its gang restarts and removed when the run ends."""
 
 
 def now_utc() -> datetime:
@@ -69,7 +74,8 @@ class Generation:
     started: datetime
     started_monotonic: float
     base_step: int
-    """Step of the checkpoint this generation resumed from (0 for a fresh start)."""
+    """Step of the checkpoint this generation resumed from (0 for a fresh start): the durable tier's newest at
+    its start, until rank 0 reports what it loaded (the memory tier's step, say)."""
     guard: hangs.Guard | None = None
     """Hang detection over every rank (restartPolicy.hangDetection), as a pod's launcher keeps over its own."""
     hang: hangs.HangReport | None = None
@@ -101,6 +107,10 @@ class Summary:
     tokens_per_second: float
     checkpoints: list[int]
     resumed_from: list[int] = field(default_factory=list)
+    """The step each restarted or resumed generation started from, in order."""
+    resumed_tiers: list[str | None] = field(default_factory=list)
+    """Where each of those came from, as rank 0 reported it: memory (checkpoint.memory) or durable; None where
+    it did not say (a custom command, or a generation that ended first)."""
     failures: dict[str, int] = field(default_factory=dict)
     wall_seconds: float = 0.0
     output_dir: str = ""
@@ -261,7 +271,9 @@ class LocalRun:
         self.line = StatusLine(sys.stderr, opts.quiet)
         self.job_status = TrainingJobStatus()
         self.gen: Generation | None = None
-        self.resumed_from: list[int] = []
+        self.resumed: dict[int, tuple[int, str | None]] = {}
+        """generation -> (step, tier) it resumed from: the durable tier's newest at its start, then its report."""
+        self.memory_dir: Path | None = None
         self.bf16_slowdown: float | None = None
         self.bf16_emulated: bool | None = None
         self.stop_requested = False
@@ -277,7 +289,7 @@ class LocalRun:
         latest = complete_checkpoints(Path(spec.checkpoint.dir or ""))
         base_step = latest[-1][0] if latest else 0
         if latest:
-            self.resumed_from.append(base_step)
+            self.resumed[number] = (base_step, None)
         command = worker_command(spec)
         procs = []
         limits = spec.hang_limits
@@ -315,6 +327,7 @@ class LocalRun:
                 restart_generation=number,
                 metrics_port=spec.metrics_port + node_rank * spec.procs,  # one host: a port per rank
                 hang=hangs.setting(spec.hang_limits),
+                memory_tier=self._memory_tier(),
             )
         )
         for item in spec.env or []:
@@ -325,6 +338,26 @@ class LocalRun:
         else:
             env.pop(contract.FAIL_AT, None)
         return env
+
+    def _make_memory_tier(self) -> None:
+        """checkpoint.memory's directory for the whole run (its ranks keep `rank-<R>/` there); none where
+        /dev/shm is missing."""
+        if self.spec.checkpoint.memory.enabled and self.memory_dir is None and SHM.is_dir():
+            self.memory_dir = Path(tempfile.mkdtemp(prefix=f"kubetrain-{os.getuid()}-{os.getpid()}-", dir=SHM))
+
+    def _memory_tier(self) -> contract.MemoryTier | None:
+        """checkpoint.memory for this run's ranks, with a budget per rank out of /dev/shm's size."""
+        if self.memory_dir is None:
+            return None
+        size = os.statvfs(SHM)
+        tier = self.spec.checkpoint.memory
+        return contract.MemoryTier(str(self.memory_dir), tier.every_steps,
+                                   tier.budget_bytes(size.f_blocks * size.f_frsize, self.spec.world_size))
+
+    def _remove_memory_tier(self) -> None:
+        if self.memory_dir is not None:
+            shutil.rmtree(self.memory_dir, ignore_errors=True)
+            self.memory_dir = None
 
     def _signal_all(self, sig: int) -> None:
         for p in self.gen.procs if self.gen else []:
@@ -393,10 +426,15 @@ class LocalRun:
         self._watch_hangs()
         gen, current = self.gen, self.job_status.restart_generation
         ranks = sorted({p.node_rank for p in gen.procs}) if gen is not None and gen.number == current else []
+        progress = read_progress(self.out)
+        if gen is not None and progress is not None and progress.generation == gen.number and \
+                progress.resumed_from is not None:
+            self.resumed[gen.number] = (progress.resumed_from, progress.resumed_tier)
+            gen.base_step = progress.resumed_from
         return lc.Observed(
             workers=tuple(self._worker_state(i) for i in ranks),
             stale_workers=len(gen.procs) if gen is not None and gen.number != current else 0,
-            progress=read_progress(self.out),
+            progress=progress,
             checkpoint=self._last_checkpoint(),
         )
 
@@ -451,11 +489,13 @@ class LocalRun:
         previous = signal.signal(signal.SIGINT, self._on_interrupt)
         previous_term = signal.signal(signal.SIGTERM, self._on_interrupt)
         try:
+            self._make_memory_tier()
             self._loop(t0)
         finally:
             signal.signal(signal.SIGINT, previous)
             signal.signal(signal.SIGTERM, previous_term)
             self._stop_all(KILL_GRACE_SECONDS)  # processes never outlive the run, whatever cleanPodPolicy says
+            self._remove_memory_tier()
         summary = self._summary(time.monotonic() - t0)
         (self.out / "summary.json").write_text(summary.to_json())
         if self.opts.summary_json:
@@ -541,7 +581,8 @@ class LocalRun:
             restarts=st.restart_count,
             tokens_per_second=p.tokens_per_second,
             checkpoints=list(p.checkpoints),
-            resumed_from=self.resumed_from,
+            resumed_from=[step for _, (step, _) in sorted(self.resumed.items())],
+            resumed_tiers=[tier for _, (_, tier) in sorted(self.resumed.items())],
             failures=dict(st.failures),
             wall_seconds=round(wall, 2),
             output_dir=str(self.out),

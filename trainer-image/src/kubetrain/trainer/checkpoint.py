@@ -1,9 +1,10 @@
 """Checkpoint directories: ``<dir>/step-NNNNNNNN/`` committed by an atomic ``COMMITTED`` marker.
 
 Every rank writes its part (the engine's model/optimizer state, its own RNG file);
-after a barrier rank 0 writes the trainer state and then the marker with
-temp-file + ``os.replace``. A directory without the marker (a save cut off by a
-crash) is ignored on resume and removed by the next commit.
+once every rank's part is written (a barrier; for a background write, async_save.py)
+rank 0 writes the trainer state and then the marker with temp-file + ``os.replace``.
+A directory without the marker (a save cut off by a crash) is ignored on resume and
+removed by the next commit.
 """
 
 from __future__ import annotations
@@ -105,29 +106,45 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save_checkpoint(root: Path, engine: Engine, state: TrainerState, keep: int, shared: bool = True) -> Path:
     """Collective: every rank calls it. Returns the committed directory. `shared`: the directory is
     one for all workers, so rank 0 requires every rank's part in it before committing."""
-    rank = dist.get_rank()
-    path = root / checkpoint_dirname(state.step)
-    if rank == 0:
+    path = prepare_dir(root, state.step)
+    engine.save(path)
+    save_rng(path)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        commit_checkpoint(root, path, state, keep, shared)
+    return path
+
+
+def prepare_dir(root: Path, step: int) -> Path:
+    """Collective: the step's directory, created by rank 0 before any rank writes into it."""
+    path = root / checkpoint_dirname(step)
+    if dist.get_rank() == 0:
         if path.exists():  # a torn save of the same step from an earlier generation
             shutil.rmtree(path)
         path.mkdir(parents=True)
     dist.barrier()
-    engine.save(path)
-    (path / "rng").mkdir(exist_ok=True)
-    torch.save(rng_state(), path / "rng" / f"rank-{rank:05d}.pt")
-    if rank == 0:
-        atomic_write_text(path / TRAINER_STATE, json.dumps(asdict(state), indent=1))
-    dist.barrier()
-    if rank == 0:
-        if shared:
-            require_every_part(path, dist.get_world_size())
-        marker = {"step": state.step, "worldSize": state.world_size, "strategy": state.strategy, "time": now_rfc3339()}
-        atomic_write_text(path / COMMIT_MARKER, json.dumps(marker) + "\n")
-        best = (state.best_eval or {}).get("step")
-        if best == state.step:
-            atomic_write_text(root / BEST_EVAL, json.dumps({**(state.best_eval or {}), "path": path.name}) + "\n")
-        prune(root, keep, best)
     return path
+
+
+def save_rng(path: Path) -> None:
+    """This rank's RNG file: the part rank 0 requires before it commits (a synchronous save writes it after
+    the engine state; a background one after staging, and commits only once every rank's write finished)."""
+    (path / "rng").mkdir(exist_ok=True)
+    torch.save(rng_state(), path / "rng" / f"rank-{dist.get_rank():05d}.pt")
+
+
+def commit_checkpoint(root: Path, path: Path, state: TrainerState, keep: int, shared: bool = True) -> None:
+    """Rank 0, once every rank's part of `path` is written: trainer.json, the COMMITTED marker,
+    best-eval.json when this is the best evaluation's checkpoint, then pruning. `state`: as of the saved step."""
+    atomic_write_text(path / TRAINER_STATE, json.dumps(asdict(state), indent=1))
+    if shared:
+        require_every_part(path, dist.get_world_size())
+    marker = {"step": state.step, "worldSize": state.world_size, "strategy": state.strategy, "time": now_rfc3339()}
+    atomic_write_text(path / COMMIT_MARKER, json.dumps(marker) + "\n")
+    best = (state.best_eval or {}).get("step")
+    if best == state.step:
+        atomic_write_text(root / BEST_EVAL, json.dumps({**(state.best_eval or {}), "path": path.name}) + "\n")
+    prune(root, keep, best)
 
 
 def missing_parts(path: Path, world_size: int) -> list[int]:

@@ -1,33 +1,60 @@
 """When the loop checkpoints and where it starts from: the policy over checkpoint.py's directory format.
 
-:class:`CheckpointManager` resumes from the newest committed checkpoint at start and, after
+:class:`CheckpointManager` resumes at start from the newest state the gang holds (the memory tier's
+newest step every rank holds, when it is at least the durable tier's newest committed step, else
+that committed checkpoint: :func:`plan_resume`) and, after
 every step, decides by itself whether a save is due (every ``everySteps``, the last step, a
 stop requested by a signal when ``onSigterm``). Each commit is timed, counted and reported.
+
+With ``asyncSave`` (ddp, fsdp) a due save stages the state and returns; the write runs in the background
+and is committed after a later step's all-reduce says every rank's write finished (:meth:`write_done`,
+:meth:`after_step`; async_save.py). The last step's save and a save on a stop wait for their write.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
-from kubetrain.core.api import CheckpointSpec
+from kubetrain.core.api import CheckpointSpec, ResumeTier
 from kubetrain.core.progress import latest_checkpoint
-from kubetrain.trainer.checkpoint import TrainerState, load_checkpoint, save_checkpoint
+from kubetrain.trainer.async_save import (
+    DcpWriter,
+    InFlight,
+    commit_due,
+    save_waits_for_its_write,
+    writes_in_background,
+    writes_running,
+)
+from kubetrain.trainer.checkpoint import (
+    TrainerState,
+    commit_checkpoint,
+    load_checkpoint,
+    prepare_dir,
+    save_checkpoint,
+    save_rng,
+)
 from kubetrain.trainer.engines import Engine
+from kubetrain.trainer.memory_tier import MemoryTier, Offer, choose_tier, common_step
 from kubetrain.trainer.metrics import Metrics
 
 log = logging.getLogger("kubetrain.trainer")
+
+DEFAULT_WAIT_SECONDS = 600.0
+"""How long a save waits for the previous background write when no timeout is given (torch's default)."""
 
 
 class CheckpointReporter(Protocol):
     """Where resumes and commits are reported (the loop's progress Reporter)."""
 
-    def resumed(self, step: int) -> None: ...
+    def resumed(self, step: int, tier: ResumeTier) -> None: ...
 
     def checkpoint(self, state: TrainerState, path: Path, seconds: float) -> None: ...
 
@@ -36,6 +63,35 @@ def save_due(policy: CheckpointSpec, step: int, *, final: bool, stopping: bool) 
     """Whether the step just finished ends with a checkpoint. Every rank must get the same answer:
     ``stopping`` is the gang's agreed stop, not this process's own signal."""
     return final or step % policy.every_steps == 0 or (stopping and policy.on_sigterm)
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What the gang resumes from, the same on every rank (computed from the same gathered offers)."""
+
+    tier: ResumeTier | None
+    """None: nothing to resume from (a fresh start)."""
+    step: int
+    durable_path: str | None
+    """The durable checkpoint to load (tier durable)."""
+    keep_memory: bool
+    """The gang keeps its memory tier this generation: it has one, and every rank's state fits it."""
+    unfit_ranks: tuple[int, ...] = ()
+
+
+def plan_resume(offers: list[Offer | None], durable: tuple[int, str] | None) -> ResumePlan:
+    """The gang's resume from every rank's memory-tier offer (None: the tier is off) and rank 0's newest
+    committed durable checkpoint (step, path)."""
+    memory_step = common_step([o.steps if o is not None else None for o in offers])
+    durable_step = durable[0] if durable is not None else None
+    tier = choose_tier(memory_step, durable_step)
+    unfit = tuple(r for r, o in enumerate(offers) if o is not None and not o.fits)
+    keep = bool(offers) and all(o is not None for o in offers) and not unfit
+    if tier == "memory":
+        return ResumePlan("memory", memory_step or 0, None, keep, unfit)
+    if tier == "durable" and durable is not None:
+        return ResumePlan("durable", durable[0], durable[1], keep, unfit)
+    return ResumePlan(None, 0, None, keep, unfit)
 
 
 @dataclass
@@ -47,25 +103,46 @@ class CheckpointManager:
     engine: Engine
     metrics: Metrics
     reporter: CheckpointReporter
+    memory: MemoryTier | None = None
+    """checkpoint.memory on this rank (None: off)."""
+    timeout: timedelta | None = None
+    """The gang's collective timeout: how long background writes' collectives, and a save waiting for the
+    previous write, wait for the other ranks (None: torch's default)."""
+    in_flight: InFlight | None = field(default=None, init=False)
+    """The save whose write runs in the background (at most one)."""
+    writer: DcpWriter | None = field(default=None, init=False)
+    """The background writes' process group and staging buffers (None: this job saves synchronously)."""
+
+    def __post_init__(self) -> None:
+        # Collective (it creates a process group): every rank constructs its manager at the same point, and
+        # the group's set-up (a store round trip) is then no part of the first save's stall.
+        if writes_in_background(self.policy, self.engine.spec.strategy):
+            self.writer = DcpWriter(self.engine.device, self.timeout)
 
     def resume(self, state: TrainerState) -> TrainerState:
-        """Load the newest committed checkpoint into the engine (and this rank's RNG); the state to go on
-        from. ``state`` is what the progress file carried over; without a checkpoint it is returned as is."""
-        # Rank 0 picks the checkpoint so that every rank loads the same one.
-        found = [latest_checkpoint(self.root) if dist.get_rank() == 0 else None]
-        dist.broadcast_object_list(found, src=0)
-        if found[0] is None:
+        """Load the newest state the gang holds into the engine (and this rank's RNG); the state to go on
+        from. ``state`` is what the progress file carried over; without a checkpoint it is returned as is.
+        One collective picks it: every rank offers the memory-tier steps it holds, rank 0 the durable tier's
+        newest committed checkpoint, and every rank computes the same plan from what all offered."""
+        rank = dist.get_rank()
+        durable = latest_checkpoint(self.root) if rank == 0 else None
+        mine: dict[str, Any] = {"offer": self.memory.offer() if self.memory is not None else None,
+                                "durable": (durable[0], str(durable[1])) if durable is not None else None}
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        plan = plan_resume([g["offer"] for g in gathered], gathered[0]["durable"])
+        saved = self._load(plan) if plan.tier is not None else None
+        if self.memory is not None:
+            self.memory.keep_only_up_to(plan.step)  # later steps: a lineage this gang abandoned
+            if not plan.keep_memory:
+                self.memory.turn_off()
+                if rank == 0 and plan.unfit_ranks:
+                    log.info("checkpoint.memory is off for this generation: rank(s) %s cannot hold their state "
+                             "(each says why in its log)", list(plan.unfit_ranks))
+        if saved is None:
             return state
-        step, path = found[0]
-        t0 = time.perf_counter()
-        saved = load_checkpoint(Path(path), self.engine)
-        seconds = time.perf_counter() - t0
-        self.metrics.observe_checkpoint_load(seconds)
         if saved.world_size != state.world_size:
             log.info("resharding checkpoint from world size %d to %d", saved.world_size, state.world_size)
-        self.reporter.resumed(step)
-        if dist.get_rank() == 0:
-            log.info("resumed from %s (step %d) in %.2fs", path, step, seconds)
         return replace(
             state,
             step=saved.step,
@@ -74,11 +151,28 @@ class CheckpointManager:
             checkpoints=sorted(set(saved.checkpoints) | set(state.checkpoints)),
         )
 
+    def _load(self, plan: ResumePlan) -> TrainerState:
+        t0 = time.perf_counter()
+        if plan.tier == "memory" and self.memory is not None:
+            saved = self.memory.load(plan.step)
+            where = f"the memory tier ({self.memory.settings.directory})"
+        else:
+            saved = load_checkpoint(Path(str(plan.durable_path)), self.engine)
+            where = str(plan.durable_path)
+        seconds = time.perf_counter() - t0
+        self.metrics.observe_checkpoint_load(seconds)
+        self.reporter.resumed(plan.step, plan.tier or "durable")
+        if dist.get_rank() == 0:
+            log.info("resumed from %s (step %d) in %.2fs", where, plan.step, seconds)
+        return saved
+
     def due(self, step: int, *, final: bool, stopping: bool) -> bool:
         return save_due(self.policy, step, final=final, stopping=stopping)
 
     def maybe_save(self, state: TrainerState, *, final: bool, stopping: bool) -> Path | None:
-        """Save and commit ``state.step`` when a save is due; the committed directory, or None."""
+        """Save ``state.step`` when a save is due. The directory committed now, or None (not due, or written
+        in the background: committed by a later :meth:`after_step`). A write still in flight is waited for
+        and committed first (one in flight at most; the wait is part of this save's stall)."""
         if not self.due(state.step, final=final, stopping=stopping):
             return None
         t0 = time.perf_counter()
@@ -86,11 +180,68 @@ class CheckpointManager:
         evaluated_now = state.eval_step == state.step and state.eval_loss is not None
         if evaluated_now and (state.best_eval is None or state.eval_loss < state.best_eval["loss"]):
             state.best_eval = {"step": state.step, "loss": state.eval_loss}
+        self._finish_in_flight()
+        if self.writer is not None and not save_waits_for_its_write(final=final, stopping=stopping):
+            self._start(self.writer, state, t0)
+            return None
         # Ephemeral checkpoints sit in each pod's own directory: nothing to require of the others.
         path = save_checkpoint(self.root, self.engine, state, self.policy.keep, shared=not self.policy.ephemeral)
         seconds = time.perf_counter() - t0
-        self.metrics.observe_checkpoint_save(seconds)
-        self.reporter.checkpoint(state, path, seconds)
+        self._committed(state, path, seconds)
         if dist.get_rank() == 0:
-            log.info("checkpoint step %d committed in %.2fs: %s", state.step, seconds, path)
+            log.info("checkpoint step %d committed in %.3f s: %s", state.step, seconds, path)
         return path
+
+    def write_done(self) -> bool:
+        """This rank's vote in the step's all-reduce: its in-flight write finished. Raises
+        CheckpointWriteError when the write failed (never committed, never dropped silently)."""
+        return self.in_flight is not None and self.in_flight.finished()
+
+    def after_step(self, finished_ranks: int) -> Path | None:
+        """After the step's all-reduce (``finished_ranks``: the sum of every rank's :meth:`write_done`, the
+        same number on every rank): commit the in-flight save once every rank's write finished."""
+        if not commit_due(self.in_flight is not None, finished_ranks, dist.get_world_size()):
+            return None
+        return self._commit_in_flight()
+
+    def close(self) -> None:
+        """At exit, however it comes. A write still in flight is never committed here (no rank can know that
+        the others finished); it stays a torn directory that resume ignores and the next commit removes."""
+        job, self.in_flight = self.in_flight, None
+        if job is not None:
+            log.warning("checkpoint step %d not committed: exiting with its background write %s (%s)",
+                        job.step, job.status(), job.path)
+        if self.writer is not None and not writes_running():  # the writer thread reads the staging buffers
+            self.writer.close()
+
+    def _start(self, writer: DcpWriter, state: TrainerState, t0: float) -> None:
+        """Stage this rank's part of ``state.step`` and start writing it; returns once training may go on."""
+        path = prepare_dir(self.root, state.step)
+        future = self.engine.save_async(path, writer)
+        save_rng(path)
+        now = time.perf_counter()
+        self.in_flight = InFlight(state.step, path, copy.deepcopy(state), future, started=now, stall=now - t0)
+        if dist.get_rank() == 0:
+            log.info("checkpoint step %d staged in %.3f s (writing in the background)", state.step, now - t0)
+
+    def _finish_in_flight(self) -> None:
+        """Wait for the in-flight write (at most the gang's timeout), then commit it."""
+        if self.in_flight is None:
+            return
+        self.in_flight.wait(self.timeout.total_seconds() if self.timeout else DEFAULT_WAIT_SECONDS)
+        dist.barrier()  # every rank's write finished
+        self._commit_in_flight()
+
+    def _commit_in_flight(self) -> Path:
+        job, self.in_flight = self.in_flight, None
+        assert job is not None
+        if dist.get_rank() == 0:
+            commit_checkpoint(self.root, job.path, job.state, self.policy.keep, shared=not self.policy.ephemeral)
+            log.info("checkpoint step %d committed: write took %.2f s", job.step, job.write_seconds())
+        self._committed(job.state, job.path, job.stall)
+        return job.path
+
+    def _committed(self, state: TrainerState, path: Path, stall: float) -> None:
+        """A commit's metrics and report: ``stall`` is how long training stopped for the save."""
+        self.metrics.observe_checkpoint_save(stall)
+        self.reporter.checkpoint(state, path, stall)

@@ -14,9 +14,10 @@ import importlib
 import json
 import os
 import sys
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,9 @@ from kubetrain.trainer.checkpoint import safe_load
 from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.model import transformer_blocks
 from kubetrain.trainer.schedule import lr_factor
+
+if TYPE_CHECKING:
+    from kubetrain.trainer.async_save import DcpWriter
 
 DEFAULT_FP16_INIT_SCALE = 2.0**16
 FP16_INIT_SCALE_ENV = "KUBETRAIN_FP16_INIT_SCALE"
@@ -66,6 +70,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, spec: TrainingJobSpec) -> L
 class Engine:
     model: nn.Module
     spec: TrainingJobSpec
+    device: torch.device
 
     def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Forward + backward over the micro-batches; the local mean loss (0-dim fp32 tensor)."""
@@ -82,6 +87,10 @@ class Engine:
         raise NotImplementedError
 
     def save(self, path: Path) -> None:
+        raise NotImplementedError
+
+    def save_async(self, path: Path, writer: DcpWriter) -> Future[Any]:
+        """Strategies ddp and fsdp (async_save.BACKGROUND_STRATEGIES): stage now, write in the background."""
         raise NotImplementedError
 
     def load(self, path: Path, saved_world_size: int) -> None:
@@ -255,6 +264,16 @@ class TorchEngine(Engine):
         import torch.distributed.checkpoint as dcp  # noqa: PLC0415
 
         dcp.save(self._state(), checkpoint_id=str(path / "dcp"))
+        self._save_small(path)
+
+    def save_async(self, path: Path, writer: DcpWriter) -> Future[Any]:
+        """Stage the model/optimizer state into CPU memory and write it to ``path/dcp`` in the background
+        (the future); the small parts (scheduler, scaler, compression state) are written now."""
+        future = writer.write(self._state(), path / "dcp")
+        self._save_small(path)
+        return future
+
+    def _save_small(self, path: Path) -> None:
         if dist.get_rank() == 0:
             extra = {"scheduler": self.scheduler.state_dict()}
             if self.scaler is not None:

@@ -18,15 +18,17 @@ import torch
 import torch.distributed as dist
 
 from kubetrain.core import contract, hangs, hardware
-from kubetrain.core.api import TrainingJobSpec
+from kubetrain.core.api import ResumeTier, TrainingJobSpec
 from kubetrain.core.contract import SIGTERM_EXIT_CODE
 from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
 from kubetrain.trainer import flight_recorder, nccl_transport, preflight
+from kubetrain.trainer.async_save import writes_running
 from kubetrain.trainer.checkpoint import TrainerState, now_rfc3339
 from kubetrain.trainer.ckpt_manager import CheckpointManager
 from kubetrain.trainer.config import ConfigError, Env, checkpoint_dir
 from kubetrain.trainer.data import Sampler, eval_batches, load_corpus, split_eval
 from kubetrain.trainer.engines import Engine, StepInfo, make_engine
+from kubetrain.trainer.memory_tier import MemoryTier
 from kubetrain.trainer.metrics import Metrics, peak_flops
 from kubetrain.trainer.model import build_model, flops_per_token, vocab_size
 from kubetrain.trainer.pod_progress import PodProgressReporter
@@ -183,8 +185,9 @@ class Reporter:
             checkpoints=list(self.progress.checkpoints),
         )
 
-    def resumed(self, step: int) -> None:
+    def resumed(self, step: int, tier: ResumeTier) -> None:
         self.progress.resumed_from = step
+        self.progress.resumed_tier = tier
 
     def started(self, step: int) -> None:
         """Out at once: the step this generation starts from."""
@@ -345,16 +348,18 @@ def inject_failure(env: Env, step: int) -> None:
 
 
 def mean_loss_and_stop(
-    local_loss: torch.Tensor, stop_requested: bool, device: torch.device, world_size: int
-) -> tuple[float, bool]:
-    """One collective per step: the mean loss over ranks and whether any rank was asked to stop."""
-    red = torch.stack(
-        [local_loss.to(torch.float64).cpu(), torch.tensor(1.0 if stop_requested else 0.0, dtype=torch.float64)]
-    )
+    local_loss: torch.Tensor, stop_requested: bool, device: torch.device, world_size: int, write_done: bool = False
+) -> tuple[float, bool, int]:
+    """One collective per step: the mean loss over ranks, whether any rank was asked to stop, and how many
+    ranks' background checkpoint write has finished (``write_done``; CheckpointManager.after_step commits
+    when all have: this all-reduce is the agreement, so committing costs no collective of its own)."""
+    flags = torch.tensor([1.0 if stop_requested else 0.0, 1.0 if write_done else 0.0], dtype=torch.float64)
+    red = torch.cat([local_loss.to(torch.float64).cpu().reshape(1), flags])
     if device.type == "cuda":
         red = red.to(device)
     dist.all_reduce(red)
-    return float(red[0]) / world_size, float(red[1]) > 0
+    loss, stops, done = red.tolist()
+    return loss / world_size, stops > 0, round(done)
 
 
 def train(env: Env, spec: TrainingJobSpec) -> int:
@@ -369,7 +374,9 @@ def train(env: Env, spec: TrainingJobSpec) -> int:
         transport = network_transport(env, spec, device, nccl_log)
         return _train(env, spec, stop, ckpt_root, corpus, device, transport, held)
     finally:
-        if dist.is_initialized():
+        # Destroying the groups under a running background checkpoint write would wait for its collective
+        # (gloo joins its threads): the process exits without, and the write is never committed.
+        if dist.is_initialized() and not writes_running():
             dist.destroy_process_group()
 
 
@@ -424,11 +431,14 @@ def _train(
     check_vocab(corpus, held, vocab_size(model))
     fpt = flops_per_token(model, spec.model)
     engine = make_engine(spec, model, device, env.world_size)
-    with Reporter(env, spec, ckpt_root) as reporter:
+    with Reporter(env, spec, ckpt_root) as reporter, contextlib.ExitStack() as exits:
         reporter.progress.network_transport = transport
         reporter.progress.preflight = checked
         _bf16_notice(env, spec, device)
-        checkpoints = CheckpointManager(ckpt_root, spec.checkpoint, engine, metrics, reporter)
+        memory = MemoryTier.from_env(os.environ, spec, engine, env.rank, env.world_size)
+        checkpoints = CheckpointManager(ckpt_root, spec.checkpoint, engine, metrics, reporter, memory=memory,
+                                        timeout=env.dist_timeout)
+        exits.callback(checkpoints.close)
         state = checkpoints.resume(reporter.carried_state())
         reporter.started(state.step)
         observer = StepObserver(env, spec, engine, metrics, fpt, peak_flops(device, spec.precision))
@@ -444,7 +454,8 @@ def _train(
             profiler.after_step(state.step)
             state.samples_seen += global_batch(spec, ws)
             inject_failure(env, state.step)
-            loss, stopping = mean_loss_and_stop(local_loss, stop.set, device, ws)
+            loss, stopping, writes_done = mean_loss_and_stop(local_loss, stop.set, device, ws, checkpoints.write_done())
+            checkpoints.after_step(writes_done)
             hangs.write_beat(state.step)
             record = observer.observe(state, loss, lr, info, time.perf_counter() - t0)
             final = state.step >= spec.max_steps
@@ -455,6 +466,10 @@ def _train(
             if due:
                 hangs.write_beat(state.step, hangs.CHECKPOINT, force=True)
             checkpoints.maybe_save(state, final=final, stopping=stopping)
+            if memory is not None:
+                memory.maybe_save(state, final=final)
+            if due:  # the stall is over (a background write goes on): judged as training again
+                hangs.write_beat(state.step)
             if final:
                 break
             if stopping:

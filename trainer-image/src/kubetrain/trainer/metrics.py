@@ -69,7 +69,8 @@ class Metrics:
         self.eval_loss = gauge("kubetrain_trainer_eval_loss", "Loss on the held-out text at the last evaluation "
                                "(mean over ranks; spec.evalEverySteps)")
         self.checkpoint_save_seconds = gauge(
-            "kubetrain_trainer_checkpoint_save_seconds", "Duration of the last checkpoint save"
+            "kubetrain_trainer_checkpoint_save_seconds",
+            "Seconds training stopped for the last committed checkpoint save (a background write not included)",
         )
         self.checkpoint_load_seconds = gauge(
             "kubetrain_trainer_checkpoint_load_seconds", "Duration of the checkpoint load at start"
@@ -117,7 +118,8 @@ class Metrics:
         self.checkpoint_load_seconds.labels(**self.labels).set(seconds)
 
     def observe_checkpoint_save(self, seconds: float) -> None:
-        """A committed save: its duration, and one more in the count."""
+        """A committed save: how long training stopped for it (the whole save when synchronous; waiting for
+        the previous write plus staging when written in the background), and one more in the count."""
         self.checkpoint_save_seconds.labels(**self.labels).set(seconds)
         self.checkpoints.labels(**self.labels).inc()
 

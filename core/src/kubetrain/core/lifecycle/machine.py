@@ -99,6 +99,7 @@ def _new_gang(status: TrainingJobStatus, generation: int) -> None:
     status.running_since = None
     status.gang_created_time = None
     status.resumed_from_step = 0  # until rank 0 of the new generation reports what it loaded
+    status.resumed_from = None
     status.network_transport = None  # likewise: the new gang may land on other nodes
 
 

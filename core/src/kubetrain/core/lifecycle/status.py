@@ -34,8 +34,9 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
     the current generation -- a gang resumed from an older checkpoint re-trains steps below
     currentStep, and that is progress too, not a hang. The checkpoint is taken whenever it changed
     (rank 0 reports the commit after the step itself). resumedFromStep is the current generation's
-    own report of the checkpoint it loaded (none: it started from scratch). networkTransport is the
-    current generation's report too, kept while a record does not say (an older trainer).
+    own report of the checkpoint it loaded (none: it started from scratch), and resumedFrom the tier that
+    checkpoint came from (memory or durable). networkTransport is the current generation's report too, kept
+    while a record does not say (an older trainer).
     """
     progress = observed.progress
     if progress is not None:
@@ -49,6 +50,7 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
             status.last_progress_time = format_time(now)
         if current_gen:
             status.resumed_from_step = progress.resumed_from or 0
+            status.resumed_from = progress.resumed_tier if progress.resumed_from is not None else None
             status.network_transport = progress.network_transport or status.network_transport
             _take_rates(status, progress)
         ck = progress.last_checkpoint

@@ -354,6 +354,7 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
             restart_generation=generation,
             metrics_port=spec.metrics_port,
             hang=hangs.setting(spec.hang_limits),
+            memory_tier=memory_tier(spec),
         ),
     }
     cores = contract.cpu_cores(spec.resources.cpu) if spec.resources.cpu else None
@@ -372,6 +373,24 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
     env.append({"name": contract.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})  # preflight
     user = {e["name"]: e for e in spec.env or [] if "name" in e}
     return [e for e in env if e["name"] not in user] + list(user.values())
+
+
+def memory_tier(spec: TrainingJobSpec) -> contract.MemoryTier | None:
+    """checkpoint.memory in a pod: /dev/shm (its memory emptyDir `dshm`), a budget per process out of the
+    pod's memory limit (else /dev/shm's size). Only for pods that restart in place, the one restart that
+    keeps a pod's memory, and where the podTemplate leaves `dshm` the memory emptyDir kubetrain makes (a
+    volume another pod could share, or a later pod find, would offer another lineage's state)."""
+    tier = spec.checkpoint.memory
+    if not tier.enabled or not spec.restarts_in_place or _template_replaces_dshm(spec):
+        return None
+    memory = spec.resources.memory or fabrics.profile(spec).default_memory or spec.resources.shm_size
+    return contract.MemoryTier(contract.POD_MEMORY_CKPT_DIR, tier.every_steps,
+                               tier.budget_bytes(int(quantity_value(memory)), spec.procs))
+
+
+def _template_replaces_dshm(spec: TrainingJobSpec) -> bool:
+    volumes = ((spec.pod_template or {}).get("spec") or {}).get("volumes") or []
+    return any(isinstance(v, dict) and v.get("name") == "dshm" and set(v) != {"name", "emptyDir"} for v in volumes)
 
 
 def in_place_wait_seconds(spec: TrainingJobSpec) -> float:
@@ -600,6 +619,14 @@ def worker_requests(job: TrainingJob) -> dict[str, str]:
 _SUFFIX_FACTORS = {"": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
                    **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTPE")},
                    **{s + "i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")}}
+
+
+def quantity_value(quantity: str) -> Decimal:
+    """A resource quantity in base units (`16Gi` -> 17179869184)."""
+    match = _QUANTITY.match(quantity)
+    if match is None:
+        raise ValueError(f"not a resource quantity: {quantity!r}")
+    return Decimal(match["number"]) * _SUFFIX_FACTORS[match["suffix"] or ""]
 
 
 def _add_quantities(a: str, b: str) -> str:
