@@ -123,6 +123,8 @@ def prepare_dir(root: Path, step: int) -> Path:
             shutil.rmtree(path)
         path.mkdir(parents=True)
     dist.barrier()
+    # Ephemeral checkpoints: each pod has a directory of its own, where rank 0 created nothing.
+    path.mkdir(parents=True, exist_ok=True)
     return path
 
 
