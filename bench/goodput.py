@@ -69,6 +69,8 @@ from support.real_pods import (
     RealJobs,
     build_images,
     claim_dir,
+    cmdline,
+    parent_pid,
     quickstart,
     real_node_missing,
     trainer_ranks,
@@ -325,24 +327,10 @@ def training_runtime(upstream: dict[str, Any], ns: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- faults, from the host
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
 def container_main(rank: int) -> int:
     """The container's first process above a rank: its launcher (kubetrain) or torchrun (Trainer v2)."""
     pid = rank
-    while "kubetrain.trainer" in _cmdline(parent := _parent(pid)):
+    while "kubetrain.trainer" in cmdline(parent := parent_pid(pid)):
         pid = parent
     return pid
 
@@ -441,7 +429,7 @@ def apply_fault(kind: str, core: client.CoreV1Api, ns: str, pod: client.V1Pod) -
     now = time.time()
     if kind == gl.KILL:
         main = container_main(ranks[0])
-        what = _cmdline(main)
+        what = cmdline(main)
         os.kill(main, signal.SIGKILL)
         return f"SIGKILL to pid {main} ({what[:60]})", now
     if kind == gl.HANG:

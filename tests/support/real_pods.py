@@ -144,23 +144,29 @@ def pod_cgroup(uid: str) -> Path | None:
     return next((Path(p) for pattern in POD_CGROUPS for p in glob.glob(pattern.format(uid=uid))), None)
 
 
+def cmdline(pid: int) -> str:
+    """A host process's command line, arguments joined by spaces ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def parent_pid(pid: int) -> int:
+    """A host process's parent (0 once it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def trainer_ranks(uid: str) -> list[int]:
     """The host PIDs of a real-node pod's trainer ranks: the `kubetrain.trainer` processes whose parent is one
     too (the launcher), found through the pod's cgroup."""
     where = pod_cgroup(uid)
     pids = {int(x) for f in (where.rglob("cgroup.procs") if where else []) for x in f.read_text().split()}
-    def cmdline(pid: int) -> str:
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            return ""
-    def parent(pid: int) -> int:
-        try:
-            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            return 0
     trainers = {p for p in pids if "kubetrain.trainer" in cmdline(p)}
-    return sorted(p for p in trainers if parent(p) in trainers)
+    return sorted(p for p in trainers if parent_pid(p) in trainers)
 
 
 def claim_dir(core: client.CoreV1Api, namespace: str, claim: str) -> Path:
