@@ -636,7 +636,7 @@ def _add_quantities(a: str, b: str) -> str:
         raise ValueError(f"not resource quantities: {a!r}, {b!r}")
     if ma["suffix"] == mb["suffix"]:
         return format((Decimal(ma["number"]) + Decimal(mb["number"])).normalize(), "f") + (ma["suffix"] or "")
-    total = sum((Decimal(m["number"]) * _SUFFIX_FACTORS[m["suffix"] or ""] for m in (ma, mb)), Decimal(0))
+    total = quantity_value(a) + quantity_value(b)
     if total == total.to_integral_value():
         return str(int(total))
     milli = total * 1000
