@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,21 @@ def sigterm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (torn / "dcp" / "__0_0.distcp").write_bytes(b"\x00" * 100)
     gen1 = Gang(out, SIGTERM_SPEC, generation=1).wait()
     return {"gen0": gen0, "gen1": gen1, "stopped_at": stopped_at, "metrics": metrics, "torn": torn}
+
+
+def test_sigterm_while_joining_a_gang_that_never_forms_ends_the_rank_at_once(tmp_path: Path) -> None:
+    """Both ranks wait in init_process_group for a third that never comes (a gang being torn down): a
+    SIGTERM there must end them now (nothing to save yet), not after the collective timeout (60 s here)."""
+    beats = tmp_path / "beats"
+    beats.mkdir()
+    gang = Gang(tmp_path / "out", SIGTERM_SPEC, env={"WORLD_SIZE": "3", "KUBETRAIN_HEARTBEAT_DIR": str(beats)})
+    wait_for(lambda: all((beats / f"rank-{r}.beat").exists() for r in (0, 1)), 120, what="both ranks joining")
+    time.sleep(1.0)  # into init_process_group's wait
+    t0 = time.monotonic()
+    gang.signal(signal.SIGTERM)
+    run = gang.wait()
+    assert run.exit_codes == [143, 143]
+    assert time.monotonic() - t0 < 20  # the collective timeout is 60 s
 
 
 def test_sigterm_on_one_rank_checkpoints_on_all_and_exits_143(sigterm: dict[str, Any]) -> None:

@@ -394,3 +394,37 @@ def test_the_configmap_launcher_finds_a_silent_rank_saves_every_stack_and_exits_
     saved = tmp_path / "hangs" / "gen-2"
     assert sorted(f.name for f in saved.iterdir()) == ["rank-0.txt", "rank-1.txt"]
     assert 'line 9 in stuck_in_the_data_loader' in (saved / "rank-1.txt").read_text()
+
+
+def test_a_worker_whose_gang_restarted_while_it_saved_its_stacks_runs_the_new_generation(configmap_dir, tmp_path):
+    """Both workers of a hung gang find it silent at about the same moment; the first report restarts the
+    gang. The second worker, which learns of the new generation while it saves its stacks, runs it instead
+    of exiting 124: that exit would be counted as a failure of the new generation."""
+    gen = tmp_path / "generation"
+    gen.write_text("0")
+    env = {"PET_NPROC_PER_NODE": "2", contract.HANG: "min=1,factor=2,phase=5,start=5",
+           contract.OUTPUT_DIR: str(tmp_path / "out"), contract.HANG_DIR: str(tmp_path / "hangs"),
+           contract.RESTART_GENERATION: "0", contract.GENERATION_FILE: str(gen), contract.IN_PLACE_WAIT: "60"}
+    rank = "import os, sys\nif os.environ['KUBETRAIN_RESTART_GENERATION'] != '0': sys.exit(0)\n" + BEATING_RANK
+    p = pod_launcher(configmap_dir, sys.executable, "-c", rank, env=env)
+    wait_for_files(tmp_path / "hangs" / "gen-0", "rank-1.txt")  # saved; it now waits HANG_SETTLE_SECONDS
+    gen.write_text("1")
+    _out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "generation 1 began while this worker reported its hang" in err
+    assert "starting generation 1 in place (was 0)" in err
+
+
+def test_a_stopping_worker_whose_rank_hangs_ends_without_waiting_out_the_grace_period(configmap_dir, tmp_path):
+    """SIGTERM reaches a rank that cannot act on it (here it ignores it and stops beating; in a gang, one
+    blocked joining peers that are gone): the hang watch ends it instead of the pod's grace period."""
+    env = {"PET_NPROC_PER_NODE": "2", contract.HANG: "min=1,factor=2,phase=5,start=5",
+           contract.OUTPUT_DIR: str(tmp_path / "out"), contract.HANG_DIR: str(tmp_path / "hangs")}
+    rank = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + BEATING_RANK.replace(
+        'rank == "1" and step == 4', 'step == 30')
+    p = pod_launcher(configmap_dir, sys.executable, "-c", rank, env=env)
+    wait_for_files(tmp_path / "out" / "hang-watch" / "beats", "rank-0.beat", "rank-1.beat")
+    p.send_signal(signal.SIGTERM)
+    _out, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert "hang: " in err and (tmp_path / "hangs" / "gen-0" / "rank-0.txt").exists()

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from kubetrain.core import contract
+from kubetrain.core.hangs import HangReport, RankReport
 from kubetrain.core.lifecycle import WorkerPhase
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs import pod_facts
@@ -139,3 +140,22 @@ def test_a_pod_of_the_same_name_and_version_but_another_uid_is_read_afresh() -> 
     second = pod("61", "Failed")
     second["metadata"]["uid"] = "u-2"
     assert facts(second).phase == WorkerPhase.FAILED
+
+
+def hung(generation: int | None) -> dict[str, Any]:
+    """A launcher's exit 124 with its hang report, which names the generation its ranks ran."""
+    report = HangReport(7, 40.0, 30.0, (RankReport(1, 7, "stopped (SIGSTOP)", "main (t.py:3)"),), "/d", 1.0, generation)
+    return {"exitCode": contract.HUNG_EXIT_CODE, "reason": "Error", "message": report.encode()}
+
+
+def test_a_hang_reported_for_the_generation_before_the_pods_is_not_a_failure_of_the_new_one() -> None:
+    """Both workers' launchers report one hang; the first restarts the gang in place (this pod is relabelled
+    generation 2) and the second report, of generation 1, comes after: the kubelet restarts the container,
+    whose launcher runs generation 2. Counting that exit would restart the gang a second time."""
+    for p in (in_pod("60", 0, {"terminated": hung(1)}), in_pod("61", 1, {"running": {}}, hung(1))):
+        f = facts(p)
+        assert (f.phase, f.failures, f.restartable, f.running, f.hang) == (WorkerPhase.RUNNING, 1, False, True, None)
+    for report_gen in (2, None):  # its own generation's hang, or a launcher that does not say
+        f = facts(in_pod(f"62-{report_gen}", 0, {"terminated": hung(report_gen)}))
+        assert (f.phase, f.exit_code, f.restartable) == (WorkerPhase.FAILED, contract.HUNG_EXIT_CODE, True)
+        assert f.hang is not None and f.hang.generation == report_gen and f.hang.ranks[0].rank == 1

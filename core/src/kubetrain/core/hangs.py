@@ -218,12 +218,16 @@ class HangReport:
     dumps: str = ""
     at: float = 0.0
     """When the worker was found hung (seconds since the epoch)."""
+    generation: int | None = None
+    """The restart generation the hung ranks ran: a report that arrives after the gang moved on is an old
+    generation's, not a failure of the new one."""
 
     def encode(self) -> str:
         ranks = [[r.rank, r.step, r.state, r.where[:WHERE_LIMIT]] for r in self.ranks[:MAX_REPORTED_RANKS]]
         return json.dumps({"hang": {"step": self.step, "silent": round(self.silent_seconds, 1),
                                     "limit": round(self.limit_seconds, 1), "ranks": ranks,
-                                    "dumps": self.dumps[:300], "at": round(self.at, 1)}}, separators=(",", ":"))
+                                    "dumps": self.dumps[:300], "at": round(self.at, 1),
+                                    "gen": self.generation}}, separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: str | None) -> HangReport | None:
@@ -232,7 +236,7 @@ class HangReport:
             ranks = tuple(RankReport(int(r[0]), None if r[1] is None else int(r[1]), str(r[2]), str(r[3]))
                           for r in h["ranks"])
             return cls(h.get("step"), float(h["silent"]), float(h["limit"]), ranks, str(h.get("dumps") or ""),
-                       float(h.get("at") or 0.0))
+                       float(h.get("at") or 0.0), None if h.get("gen") is None else int(h["gen"]))
         except (ValueError, KeyError, TypeError, IndexError):
             return None
 

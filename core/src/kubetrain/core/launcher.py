@@ -35,6 +35,7 @@ it arrives.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -175,6 +176,7 @@ class HangWatch:
     beats: str = ""
     guard: hangs.Guard | None = None
     next_check: float = 0.0
+    generation: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], envs: list[dict[str, str]]) -> HangWatch | None:
@@ -194,7 +196,7 @@ class HangWatch:
     def arm(self, generation: int) -> None:
         hangs.clear_beats(self.beats)
         dest = hangs.dump_dir(self.env, generation)
-        self.guard, self.next_check = hangs.Guard(self.limits, self.beats, dest), 0.0
+        self.guard, self.next_check, self.generation = hangs.Guard(self.limits, self.beats, dest), 0.0, generation
 
     def check(self, children: list[Any], now: float) -> bool:
         """True when the worker is hung: its stacks are saved, its report written and printed."""
@@ -205,17 +207,22 @@ class HangWatch:
         report = self.guard.hung(pids, now)
         if report is None:
             return False
-        report = self.guard.save(report)
+        report = dataclasses.replace(self.guard.save(report), generation=self.generation)
         for line in hangs.report_lines(report, hangs.verdict(report.ranks, self.ranks)):
             _say(line)
-        if os.path.exists(contract.TERMINATION_LOG):  # in a pod (the kubelet made it); never create it elsewhere
-            try:
-                with open(contract.TERMINATION_LOG, "w") as f:
-                    f.write(report.encode())
-            except OSError:
-                pass  # the lines above are the report
+        _termination_message(report.encode())
         time.sleep(HANG_SETTLE_SECONDS)
         return True
+
+
+def _termination_message(text: str) -> None:
+    """What the kubelet reports of this container's end; never created outside a pod (the kubelet makes it)."""
+    if os.path.exists(contract.TERMINATION_LOG):
+        try:
+            with open(contract.TERMINATION_LOG, "w") as f:
+                f.write(text)
+        except OSError:
+            pass  # the lines printed are the report
 
 
 def launch(command: Sequence[str], env: Mapping[str, str] | None = None, standby: bool = False) -> int:
@@ -431,9 +438,8 @@ def _supervise(children: list[Any], stop: list[int], in_place: InPlace | None = 
             return Outcome(newer=newer) if _kill(children) else Outcome(contract.IN_PLACE_GAVE_UP_EXIT_CODE)
         if not any(c.poll() is None for c in children):
             return _ended(contract.root_cause(codes) or 0, stop, in_place)
-        if watch is not None and not stop and not codes and watch.check(children, time.monotonic()):
-            _kill(children)  # hung: what they hold is in the latest complete checkpoint
-            return Outcome(contract.HUNG_EXIT_CODE)
+        if watch is not None and not codes and watch.check(children, time.monotonic()):
+            return _hung(children, stop, in_place)
         # Stopping: every child got the signal and is writing its checkpoint; wait for all of them
         # (the pod's grace period bounds it). Otherwise a failure ends the worker, except that a rank
         # which lost its peer usually dies a moment before the rank that caused it: while that is all
@@ -447,6 +453,22 @@ def _supervise(children: list[Any], stop: list[int], in_place: InPlace | None = 
                 _terminate(children)
                 return _ended(contract.root_cause(codes) or 1, stop, in_place)
         time.sleep(POLL_SECONDS)
+
+
+def _hung(children: list[Any], stop: list[int], in_place: InPlace | None) -> Outcome:
+    """This worker's ranks stopped advancing: what they hold is in the latest complete checkpoint. Stopping,
+    the worker ends now rather than at the end of the pod's grace period. When another worker's report has
+    already restarted the gang (a newer generation came while the stacks were saved), this worker runs it
+    instead of failing: its exit would count as a failure of the new generation."""
+    alive = _kill(children)
+    if stop:
+        return Outcome(128 + stop[0])
+    newer = in_place.newer() if in_place is not None else None
+    if newer is None or not alive:
+        return Outcome(contract.HUNG_EXIT_CODE)
+    _termination_message("")  # the report is the old generation's; an exit later says its own
+    _say(f"generation {newer} began while this worker reported its hang")
+    return Outcome(newer=newer)
 
 
 GANG_ENDED = (contract.PEER_LOST_EXIT_CODE, contract.SIGTERM_EXIT_CODE)

@@ -47,10 +47,15 @@ NCCL_PASSTHROUGH = ("NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "N
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT; acted on at the next step boundary by all ranks together."""
+    """Set by SIGTERM/SIGINT once training has begun; acted on at the next step boundary by all ranks
+    together. Before that the signals keep their default action: a rank still joining the gang, running
+    preflight or loading its checkpoint holds nothing to save, and may be blocked in a C++ call (a
+    rendezvous with a peer that is gone) where a Python handler would never run until a timeout."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -364,7 +369,6 @@ def mean_loss_and_stop(
 
 def train(env: Env, spec: TrainingJobSpec) -> int:
     stop = StopFlag()
-    stop.install()
     hangs.write_beat(0, hangs.START, force=True)  # from here its supervisor watches this rank
     ckpt_root = checkpoint_dir(spec, env)
     corpus, held = split_eval(load_corpus(spec.data, spec.model.seq_len), spec)  # config errors before the gang
@@ -446,6 +450,7 @@ def _train(
         profiler = StepProfiler(spec, env.rank, ckpt_root, device, reporter.profile_request)
         mbs, ga, ws = spec.micro_batch_size, spec.gradient_accumulation_steps, env.world_size
         first = True
+        stop.install()
         while state.step < spec.max_steps:
             t0 = time.perf_counter()
             profiler.before_step(state.step + 1)

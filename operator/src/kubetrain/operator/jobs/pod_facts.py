@@ -82,7 +82,7 @@ def _read(pod: dict[str, Any]) -> PodFacts:
     restarts_here = (pod.get("spec") or {}).get("restartPolicy") == "OnFailure"
     failures, last = _failures(pod) if restarts_here else (0, None)
     handled = int(notes.get(contract.FAILURES_HANDLED_ANNOTATION) or 0)
-    phase, exit_code, reason = (restarts_here and _restarted(pod, failures, handled, last)) or _worker(pod)
+    phase, exit_code, reason = (restarts_here and _restarted(pod, failures, handled, last, generation)) or _worker(pod)
     told = notes.get(contract.GENERATION_ANNOTATION)  # lags the label while a kept pod waits for its backoff
     pending = status.get("phase", "Pending") == "Pending" and not meta.get("deletionTimestamp")
     restartable = phase == WorkerPhase.FAILED and failures == 1 and last is not None
@@ -135,17 +135,27 @@ def _failures(pod: dict[str, Any]) -> tuple[int, dict[str, Any] | None]:
     return (count, dict(last)) if count and last else (0, None)
 
 
-def _restarted(pod: dict[str, Any], failures: int, handled: int,
-               last: dict[str, Any] | None) -> tuple[WorkerPhase, int | None, str | None] | None:
+def _restarted(pod: dict[str, Any], failures: int, handled: int, last: dict[str, Any] | None,
+               generation: int) -> tuple[WorkerPhase, int | None, str | None] | None:
     """A worker in a pod that restarts it (restarts_here), as the lifecycle sees it: a failure the operator has not acted on
-    yet, or running again (a failure it has); None where the pod tells it alone (_worker)."""
-    if failures > handled and last is not None:
+    yet, or running again (a failure it has, or one of a generation before the pod's: the gang had already
+    restarted when it came); None where the pod tells it alone (_worker)."""
+    if failures > handled and last is not None and not _older_generation(last, generation):
         return WorkerPhase.FAILED, container_exit_code(last), "OOMKilled" if last.get("reason") == "OOMKilled" else None
     if failures:
         return WorkerPhase.RUNNING, None, None  # the kubelet starts the container again at once
     if (init := _init_failed(pod)) is not None:
         return WorkerPhase.FAILED, container_exit_code(init), "InitContainerFailed"
     return None
+
+
+def _older_generation(terminated: dict[str, Any], generation: int) -> bool:
+    """The container ended running a generation before `generation`, as its hang report says (the other
+    workers' reports restart the gang while this one still saves its stacks)."""
+    if container_exit_code(terminated) != contract.HUNG_EXIT_CODE:
+        return False
+    report = _hang(terminated)
+    return report is not None and report.generation is not None and report.generation < generation
 
 
 def _init_failed(pod: dict[str, Any]) -> dict[str, Any] | None:
