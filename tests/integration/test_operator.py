@@ -245,7 +245,7 @@ def test_ephemeral_checkpoints_warn_before_the_job_runs(jobs: Jobs) -> None:
     fail_pod(jobs.core, jobs.ns, "eph-worker-1", exit_code=137)
     st = jobs.wait_running("eph", 2, generation=1)
     restart = jobs.warnings("eph", "ExitCode")[0]
-    assert "restarting the whole gang from step 0: checkpoints are ephemeral (spec.checkpoint.ephemeral)" \
+    assert "restarting the whole gang from step 0 (or a checkpoint in memory): checkpoints are ephemeral (spec.checkpoint.ephemeral)" \
         in restart.message
     assert st["resumedFromStep"] == 0 and len(jobs.warnings("eph", "EphemeralCheckpoints")) == 1
 

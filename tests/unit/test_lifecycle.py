@@ -192,25 +192,31 @@ def test_active_deadline_fails_the_job():
 
 
 @pytest.mark.parametrize(
-    ("observed", "origin"),
+    ("observed", "memory", "origin"),
     [
-        ({"last_checkpoint": 40}, "restarting the whole gang from the checkpoint at step 40 (restart 1 of at most 2"),
-        ({}, "restarting the whole gang from step 0: no complete checkpoint yet (restart 1"),
-        ({"last_checkpoint": 40, "checkpoints_durable": False},
+        ({"last_checkpoint": 40}, False,
+         "restarting the whole gang from the checkpoint at step 40 (restart 1 of at most 2"),
+        ({}, False, "restarting the whole gang from step 0: no complete checkpoint yet (restart 1"),
+        ({"last_checkpoint": 40, "checkpoints_durable": False}, False,
          "restarting the whole gang from step 0: checkpoints are ephemeral (spec.checkpoint.ephemeral) (restart 1"),
+        # checkpoint.memory (the default): the ranks may load a newer step they all hold in memory
+        ({"last_checkpoint": 40}, True,
+         "restarting the whole gang from the checkpoint at step 40 (or a newer one in memory) (restart 1"),
+        ({}, True, "restarting the whole gang from step 0 (or a checkpoint in memory): no complete checkpoint yet"),
     ],
 )
-def test_restart_message_names_the_step_the_next_generation_starts_from(observed, origin):
-    d = decide(spec(), gang(R, F, R, codes={1: 137}, **observed), History(start_time=T0), T0)
+def test_restart_message_names_the_step_the_next_generation_starts_from(observed, memory, origin):
+    s = spec(checkpoint={"memory": {"enabled": memory}})
+    d = decide(s, gang(R, F, R, codes={1: 137}, **observed), History(start_time=T0), T0)
     assert d.action == Action.RESTART_GANG
     assert d.message.startswith(f"worker 1 exited with code 137: {origin}"), d.message
     assert d.message.endswith("in 4s)")
     # the next generation's own messages say the same while it waits and starts
     h = History(restart_count=1, start_time=T0, last_restart_time=T0)
     gone = Observed(1, fresh(gen=1).workers, **observed)
-    waiting = decide(spec(), gone, h, T0 + timedelta(seconds=1))
-    created = decide(spec(), gone, h, T0 + timedelta(seconds=4))
-    step_part = origin.removeprefix("restarting the whole gang ").split(" (restart")[0]
+    waiting = decide(s, gone, h, T0 + timedelta(seconds=1))
+    created = decide(s, gone, h, T0 + timedelta(seconds=4))
+    step_part = d.message.removeprefix("worker 1 exited with code 137: restarting the whole gang ").split(" (restart")[0]
     assert waiting.message.startswith(f"starting generation 1 {step_part} in 3.0s")
     assert created.message == f"creating 3 of 3 worker(s) of generation 1 {step_part}"
 

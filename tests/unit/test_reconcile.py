@@ -329,15 +329,15 @@ def test_gang_restart_names_the_checkpoint_it_restarts_from():
     failed = [pod(0), pod(1, phase="Failed", exit_code=137)]
     spec = {"restartPolicy": {"backoffLimit": 3, "backoffSeconds": 0}}
     p = plan(Observation(body(status=st, **spec), failed, {}, T0), S)
-    assert "restarting the whole gang from the checkpoint at step 40 in place, keeping 1 of 2 workers " \
-        "(restart 1 of at most 3" in p.status["message"]
+    assert "restarting the whole gang from the checkpoint at step 40 (or a newer one in memory) in place, " \
+        "keeping 1 of 2 workers (restart 1 of at most 3" in p.status["message"]
     assert p.events[0][2] == p.status["message"] and p.status["lastCheckpoint"]["step"] == 40
     assert p.status["resumedFromStep"] == 0  # until the new generation reports what it loaded
     eph = plan(Observation(body(status=st, checkpoint={"ephemeral": True}, **spec), failed, {}, T0), S)
-    assert "from step 0: checkpoints are ephemeral (spec.checkpoint.ephemeral)" in eph.status["message"]
+    assert "from step 0 (or a checkpoint in memory): checkpoints are ephemeral (spec.checkpoint.ephemeral)" in eph.status["message"]
     assert "lastCheckpoint" not in eph.status  # it was in the pods being deleted
     none = plan(Observation(body(status={k: v for k, v in st.items() if k != "lastCheckpoint"}, **spec), failed, {}, T0), S)
-    assert "from step 0: no complete checkpoint yet" in none.status["message"]
+    assert "from step 0 (or a checkpoint in memory): no complete checkpoint yet" in none.status["message"]
 
 
 @pytest.mark.parametrize(("message", "code"), [

@@ -67,13 +67,17 @@ def backoff_seconds(spec: TrainingJobSpec, restart_count: int) -> float:
     return min(policy.backoff_seconds * 2.0 ** min(restart_count, 64), policy.max_backoff_seconds)
 
 
-def restart_origin(job: JobView) -> str:
-    """Where the next generation starts, as every restart message says it (both backends)."""
+def restart_origin(spec: TrainingJobSpec, job: JobView) -> str:
+    """Where the next generation starts, as every restart message says it (both backends). With
+    checkpoint.memory the ranks pick a newer step they all hold in memory where they can (a worker whose
+    pod was recreated holds none): only they know, and status.resumedFrom says which they loaded."""
+    memory = spec.checkpoint.memory.enabled
     if not job.checkpoints_durable:
-        return "from step 0: checkpoints are ephemeral (spec.checkpoint.ephemeral)"
+        return f"from step 0{' (or a checkpoint in memory)' if memory else ''}: checkpoints are ephemeral " \
+            "(spec.checkpoint.ephemeral)"
     if not job.last_checkpoint:
-        return "from step 0: no complete checkpoint yet"
-    return f"from the checkpoint at step {job.last_checkpoint}"
+        return f"from step 0{' (or a checkpoint in memory)' if memory else ''}: no complete checkpoint yet"
+    return f"from the checkpoint at step {job.last_checkpoint}{' (or a newer one in memory)' if memory else ''}"
 
 
 def suspend(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None:
@@ -110,7 +114,7 @@ def resize(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | Non
     delay = max(IGNORED_RESTART_FLOOR, backoff_seconds(spec, max(0, job.counted_restarts - 1)))
     return Decision(Action.RESTART_GANG, Phase.RESTARTING, Reason.RESIZED,
                     f"spec.workers changed from {job.gang_size} to {spec.workers}: restarting the whole gang "
-                    f"{restart_origin(job)} (a planned restart, not counted against backoffLimit, in {delay:g}s)",
+                    f"{restart_origin(spec, job)} (a planned restart, not counted against backoffLimit, in {delay:g}s)",
                     job.generation + 1, requeue_after=delay, ignored=True)
 
 
@@ -264,7 +268,7 @@ def failure(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | No
     keep = kept_in_place(spec, job, failures)
     how = f" in place, keeping {len(keep)} of {spec.workers} workers" if keep else ""
     return Decision(Action.RESTART_GANG, Phase.RESTARTING, kind.value,
-                    f"{what}: restarting the whole gang {restart_origin(job)}{how} ({count}, in {delay:g}s)",
+                    f"{what}: restarting the whole gang {restart_origin(spec, job)}{how} ({count}, in {delay:g}s)",
                     job.generation + 1, requeue_after=delay, failure_kind=kind, failed_workers=failed,
                     ignored=ignored, keep=keep, hang=hang)
 
@@ -343,9 +347,9 @@ def start(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None
         if now < ready_at:
             wait = (ready_at - now).total_seconds()
             return Decision(Action.WAIT, Phase.RESTARTING, Reason.BACKOFF_WAIT,
-                            f"starting generation {gen} {restart_origin(job)} in {wait:.1f}s", gen,
+                            f"starting generation {gen} {restart_origin(spec, job)} in {wait:.1f}s", gen,
                             requeue_after=wait)
-    origin = f" {restart_origin(job)}" if gen > 0 else ""
+    origin = f" {restart_origin(spec, job)}" if gen > 0 else ""
     kept = f" and restarting {held} in place" if held else ""
     return Decision(Action.CREATE_WORKERS, Phase.CREATED if gen == 0 else Phase.RESTARTING,
                     Reason.CREATING_WORKERS,
