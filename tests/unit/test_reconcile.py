@@ -211,6 +211,32 @@ def test_invalid_spec_fails_with_field_path():
     assert not p.create
 
 
+def test_a_field_from_a_newer_crd_holds_a_new_job_and_leaves_a_running_one_running():
+    """The CRD was upgraded before the operator: the API server gives every stored job the new fields'
+    defaults. A job not started yet waits (Pending, OperatorOutdated, one Event) instead of failing as an
+    invalid spec; a running job goes on without them and says so once."""
+    new = body(futureParallelism={"degree": 1}, checkpoint={"everySteps": 10, "futureTier": {}})
+    p = plan(Observation(new, [], {}, T0), S)
+    assert not p.create and p.status["phase"] == "Pending" and p.status["reason"] == "UnknownFields"
+    assert p.status["message"].startswith("spec.checkpoint.futureTier, spec.futureParallelism: not known to this "
+                                          "operator (the TrainingJob CRD is newer than the operator); the job waits")
+    assert [e[:2] for e in p.events] == [("Warning", "UnknownFields")]
+    cond = {c["type"]: c for c in p.status["conditions"]}["OperatorOutdated"]
+    assert (cond["status"], cond["reason"]) == ("True", "UnknownFields")
+    again = plan(Observation({**new, "status": p.status}, [], {}, T0 + timedelta(seconds=5)), S)
+    assert again.status is None and again.events == [] and not again.create  # said once, still waiting
+
+    st = {"phase": "Running", "gangCreated": True, "startTime": "2026-03-01T12:00:00Z"}
+    running = body(status=st, futureParallelism={"degree": 1})
+    p = plan(Observation(running, [pod(0), pod(1)], {}, T0), S)
+    assert p.status["phase"] == "Running" and not p.create and not p.delete_pods
+    cond = {c["type"]: c for c in p.status["conditions"]}["OperatorOutdated"]
+    assert cond["status"] == "True" and "goes on without them" in cond["message"]
+    assert [e[:2] for e in p.events] == [("Warning", "UnknownFields")]
+    again = plan(Observation({**running, "status": p.status}, [pod(0), pod(1)], {}, T0 + timedelta(seconds=5)), S)
+    assert again.status is None and again.events == []
+
+
 def test_condition_time_moves_only_on_change():
     c = set_condition([], "Running", True, "A", "m", T0)
     c2 = set_condition(c, "Running", True, "B", "other message", T0 + timedelta(seconds=9))

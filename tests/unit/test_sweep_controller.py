@@ -252,6 +252,20 @@ def test_a_spec_the_model_refuses_fails_the_sweep_once() -> None:
     assert again.status is None and not again.events and again.finished
 
 
+def test_a_field_from_a_newer_crd_stops_new_trials_but_fails_nothing() -> None:
+    """The TrainingSweep CRD was upgraded before the operator (here a new field in the trial template): no trial
+    starts, as one made without the field could train something else; the sweep says why, once."""
+    body = sweep_body(template={"spec": {"workers": 1, "maxSteps": 100, "futureParallelism": {"degree": 1}}})
+    p = sw.plan(body, [], T0)
+    assert not p.create and not p.finished and p.status is not None and p.status.get("phase") != "Failed"
+    assert p.status["message"].startswith("spec.template.spec.futureParallelism: not known to this operator")
+    assert [e[:2] for e in p.events] == [("Warning", "UnknownFields")]
+    [cond] = [c for c in p.status["conditions"] if c["type"] == api.OPERATOR_OUTDATED]
+    assert (cond["status"], cond["reason"]) == ("True", "UnknownFields")
+    again = sw.plan({**body, "status": p.status}, [], T0)
+    assert again.status is None and not again.events and not again.create
+
+
 # --------------------------------------------------------------------------- cache and metrics
 
 

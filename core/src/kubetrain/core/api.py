@@ -127,6 +127,9 @@ job the sweep does not own); its trial waits Pending and the create is retried w
 FABRIC_DEGRADED = "FabricDegraded"
 """Condition: spec.fabric names a fabric, but NCCL on rank 0 chose another network transport (most often
 TCP sockets, which NCCL falls back to without a word when the fabric is not wired into the pods)."""
+OPERATOR_OUTDATED = "OperatorOutdated"
+"""Condition: the stored spec has fields the operator does not know (its CRD is newer than the operator): a job
+not started yet waits for an operator that knows them; a running job goes on without them."""
 NODE_DEGRADED = "NodeDegraded"
 """Condition: the preflight before the current generation's first step found a rank whose compute or neighbour
 exchange is below spec.preflight.degradedFraction of the gang's median (the message names rank, worker and node)."""
@@ -182,6 +185,8 @@ class ConditionReason(enum.StrEnum):
     """Admitted False: the WorkloadPriorityClass named by the label kueue.x-k8s.io/priority-class does not exist."""
     TRIALS_CREATED = "TrialsCreated"
     """TrialsBlocked False (TrainingSweep): the trial job create that was refused has been made."""
+    UNKNOWN_FIELDS = "UnknownFields"
+    """OperatorOutdated: the spec has fields this operator does not know (the message names them)."""
     PROGRESS_REPORTING_FORBIDDEN = "ProgressReportingForbidden"
     """A Warning Event, no condition: the API server refused the job's progress Role or RoleBinding (the operator lacks RBAC for it); the job trains, its status shows no progress."""
 

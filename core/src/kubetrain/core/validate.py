@@ -11,6 +11,7 @@ with CEL (see api.SPEC_RULES). No input makes this raise anything but ManifestEr
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from kubetrain.core.api import (
@@ -478,16 +479,38 @@ def stored_object(model: type[Stored], body: Mapping[str, Any]) -> tuple[Stored 
     """An object the API server accepted, as `model`; else None and the problems its schema could not express
     (the Python-only rules, and objects stored before a field got stricter). Metadata beyond name, namespace,
     labels and annotations is not read."""
-    meta = body.get("metadata") or {}
-    data: dict[str, Any] = {k: body.get(k) for k in ("apiVersion", "kind", "spec") if body.get(k) is not None}
-    data["metadata"] = {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                        "labels": meta.get("labels"), "annotations": meta.get("annotations")}
     try:
-        obj = model.model_validate(data)
+        obj = model.model_validate(_stored_data(body))
     except ValidationError as exc:
         return None, [f"{_path(e['loc'])}: {_reason(e)}" for e in exc.errors()]
     problems = [f"spec.{p}: {m}" for p, m in obj.spec.rule_violations()]
     return (None if problems else obj), problems
+
+
+def _stored_data(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = body.get("metadata") or {}
+    data: dict[str, Any] = {k: body.get(k) for k in ("apiVersion", "kind", "spec") if body.get(k) is not None}
+    data["metadata"] = {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                        "labels": meta.get("labels"), "annotations": meta.get("annotations")}
+    return data
+
+
+def known_fields_only(model: type[BaseModel], body: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`body` without the spec fields `model` does not know, and their paths. Such fields come from a CRD newer
+    than this code: the API server fills in a new field's default on every object it returns, so an operator
+    not yet upgraded must tell them from a bad spec rather than fail every job that runs."""
+    try:
+        model.model_validate(_stored_data(body))
+        return dict(body), []
+    except ValidationError as exc:
+        locs = [e["loc"] for e in exc.errors() if e["type"] == "extra_forbidden" and e["loc"][:1] == ("spec",)]
+    out = copy.deepcopy(dict(body))
+    for loc in locs:
+        parent: Any = out
+        for part in loc[:-1]:
+            parent = parent[part]
+        del parent[loc[-1]]
+    return out, [_path(loc) for loc in locs]
 
 
 def problems_of(doc: Any) -> list[Problem]:

@@ -10,11 +10,12 @@ have (`Want`); `announce` tells whether that is news worth one Warning Event.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from kubetrain.core.api import CHECKPOINTS_DURABLE, WORKERS_BLOCKED, ConditionReason, TrainingJob
+from kubetrain.core.api import CHECKPOINTS_DURABLE, OPERATOR_OUTDATED, WORKERS_BLOCKED, ConditionReason, TrainingJob
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs.pod_facts import facts
 
@@ -130,6 +131,19 @@ def _claim_note(name: str, phase: str) -> str:
         return f"the checkpoint claim {name} does not exist"
     return (f"the checkpoint claim {name} is {phase}, not bound to a volume: its StorageClass must provision it "
             f"(`kubectl describe pvc {name}` says why); or set spec.checkpoint.claimName to a bound claim")
+
+
+def operator_outdated(unknown: Sequence[str], started: bool) -> Want:
+    """OperatorOutdated: the spec fields this operator does not know, and what it does about them."""
+    if not unknown:
+        return Want(OPERATOR_OUTDATED, False, R.UNKNOWN_FIELDS, "the operator knows every field of the spec",
+                    bad_value=True)
+    what = ", ".join(unknown)
+    then = ("the job goes on without them until the operator is upgraded" if started else
+            "the job waits for an operator that knows them (upgrade the operator to the CRD's version)")
+    return Want(OPERATOR_OUTDATED, True, R.UNKNOWN_FIELDS,
+                f"{what}: not known to this operator (the TrainingJob CRD is newer than the operator); {then}",
+                bad_value=True)
 
 
 def workers_blocked(job: TrainingJob, blocked: list[BlockedPod], claim_phase: str | None = None) -> Want:

@@ -34,13 +34,14 @@ from kubetrain.core.lifecycle import (
     step,
 )
 from kubetrain.core.progress import Progress
-from kubetrain.core.validate import stored_object
+from kubetrain.core.validate import known_fields_only, stored_object
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs import fabrics
 from kubetrain.operator.jobs.conditions import (
     announce,
     blocked_pods,
     checkpoints_durable,
+    operator_outdated,
     recheck_after,
     refused,
     waits_for_volume,
@@ -170,11 +171,14 @@ class Observation:
 
 def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     """One reconcile of the job `seen` observed."""
-    body, now, view = seen.body, seen.now, seen.queue
+    body, unknown = known_fields_only(TrainingJob, seen.body)
+    now, view = seen.now, seen.queue
     old = _status_of(body)
     job, problems = _job_model(body)
     if job is None:
         return _invalid(old, problems, now, kueue.plan_invalid(view, now))
+    if unknown and not _started(old):
+        return _outdated(old, unknown, now)
     refused = admission_problems(job, old, settings)
     if refused:
         return _invalid(old, refused, now, kueue.plan_invalid(view, now))
@@ -201,7 +205,8 @@ def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     for name, notes in profile_request(body, ours, t.status.restart_generation).items():
         _patch(out, name, "annotations", notes)
     if t.decision is not None:
-        status = _presented(job, body, ours, t, Blocked(seen.claim_phase, seen.create_refused, seen.foreign), now, out)
+        blocked = Blocked(seen.claim_phase, seen.create_refused, seen.foreign, tuple(unknown))
+        status = _presented(job, body, ours, t, blocked, now, out)
         if status != old.dump():
             out.status = status
     return out
@@ -211,7 +216,7 @@ def admission_problems(job: TrainingJob, old: TrainingJobStatus, settings: b.Wor
     """What this operator's settings refuse of a job that has not started (its podTemplate's host-level fields,
     a missing queue): a job that already ran keeps running when they are tightened (an upgrade never fails a
     running job)."""
-    if old.phase not in (Phase.PENDING, None) or old.restart_count:
+    if _started(old):
         return []
     found = []
     ns = job.metadata.namespace or ""
@@ -234,6 +239,26 @@ def profile_request(body: dict[str, Any], pods: list[dict[str, Any]], generation
             have = (p["metadata"].get("annotations") or {}).get(contract.PROFILE_ANNOTATION)
             return {name: {contract.PROFILE_ANNOTATION: asked}} if asked and asked != have else {}
     return {}
+
+
+def _started(old: TrainingJobStatus) -> bool:
+    return old.phase not in (Phase.PENDING, None) or bool(old.restart_count)
+
+
+def _outdated(old: TrainingJobStatus, unknown: list[str], now: datetime) -> Plan:
+    """A job not started yet whose spec has fields this operator does not know: it waits, Pending, for an
+    operator that knows them (running it without them could run it wrong; failing it would lose it to a CRD
+    applied a moment before the operator's upgrade)."""
+    out, want = Plan(), operator_outdated(unknown, started=False)
+    raw = [c.dump() for c in old.conditions]
+    if announce(raw, want):
+        out.events.append(("Warning", want.reason, want.message))
+    new = old.model_copy(update={"phase": Phase.PENDING, "reason": want.reason, "message": want.message})
+    new.conditions = [Condition.model_validate(c)
+                      for c in set_condition(raw, want.type, want.value, want.reason, want.message, now)]
+    if new.dump() != old.dump():
+        out.status = new.dump()
+    return out
 
 
 def _invalid(old: TrainingJobStatus, problems: list[str], now: datetime, queue: kueue.QueuePlan) -> Plan:
@@ -312,6 +337,8 @@ class Blocked:
     claim_phase: str | None = None
     create_refused: str | None = None
     foreign: str | None = None
+    unknown: tuple[str, ...] = ()
+    """Spec fields this operator does not know (a newer CRD): a running job goes on without them."""
 
 
 def _presented(
@@ -344,7 +371,8 @@ def _side_conditions(
     raw, queued = kueue.admitted_condition([x.dump() for x in conds], out.queue, now)
     if queued is not None:
         out.events.append(queued)
-    for want in (checkpoints_durable(job), stuck or workers_blocked(job, pods, blocked.claim_phase)):
+    for want in (checkpoints_durable(job), stuck or workers_blocked(job, pods, blocked.claim_phase),
+                 operator_outdated(blocked.unknown, started=True)):
         if want is not stuck and announce(raw, want):
             out.events.append(("Warning", want.reason, want.message))
         # CheckpointsDurable=False is there from the start; WorkersBlocked appears once it holds.

@@ -36,7 +36,7 @@ from kubetrain.core.contract import format_time
 from kubetrain.core.lifecycle import set_condition
 from kubetrain.core.sweep import policy, space
 from kubetrain.core.sweep.model import StartTrial, StopTrial, SweepEvent, TrialObservation
-from kubetrain.core.validate import stored_object
+from kubetrain.core.validate import known_fields_only, stored_object
 
 __all__ = ["SweepPlan", "finished", "needs_live_look", "observation", "observe",
            "owned_jobs", "plan", "sweep_owner_reference", "trial_key"]
@@ -173,6 +173,8 @@ def plan(body: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]], now: dateti
     message) of the last trial job create the API server refused or found its name taken, None once one was made."""
     owned, foreign = owned_jobs(body, jobs)
     old = _status_of(body)
+    if old.phase not in FINISHED_SWEEP_PHASES and (unknown := known_fields_only(TrainingSweep, body)[1]):
+        return _outdated(old, unknown, now, foreign)
     sweep, problems = _sweep_model(body)
     if sweep is None:
         if old.phase in FINISHED_SWEEP_PHASES:
@@ -241,6 +243,21 @@ def _invalid(old: TrainingSweepStatus, problems: list[str], now: datetime, forei
                                  "completion_time": format_time(now)})
     return SweepPlan(status=new.dump(), events=[("Warning", SweepReason.INVALID_SPEC, message)], foreign=foreign,
                      finished=True)
+
+
+def _outdated(old: TrainingSweepStatus, unknown: list[str], now: datetime, foreign: list[str]) -> SweepPlan:
+    """Fields this operator does not know (the CRD is newer): the sweep starts no trial until an operator that
+    knows them comes (a trial made without them would train something else than the manifest says); the trials
+    already running go on. OperatorOutdated and one Event say so."""
+    message = (f"{', '.join(unknown)}: not known to this operator (the TrainingSweep CRD is newer than the "
+               "operator); no trial starts until the operator is upgraded")
+    conds = [c.dump() for c in old.conditions]
+    said = any(c.get("type") == api.OPERATOR_OUTDATED and c.get("status") == "True" for c in conds)
+    new = old.model_copy(update={"message": message})
+    new.conditions = [Condition.model_validate(c) for c in set_condition(
+        conds, api.OPERATOR_OUTDATED, True, ConditionReason.UNKNOWN_FIELDS, message, now)]
+    events: list[Event] = [] if said else [("Warning", ConditionReason.UNKNOWN_FIELDS, message)]
+    return SweepPlan(status=None if new.dump() == old.dump() else new.dump(), events=events, foreign=foreign)
 
 
 def foreign_message(names: Sequence[str]) -> str:
