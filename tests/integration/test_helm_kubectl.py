@@ -1,4 +1,4 @@
-"""kubectl ergonomics of the chart's CRD and the `kubetrain submit/list/status/logs` commands,
+"""kubectl ergonomics of the chart's CRD and the `kubetrain submit/list/status/describe/wait/logs` commands,
 against the real control plane with the operator (watching the test namespace) running.
 
 - `kubectl explain trainingjob.spec.restartPolicy` shows the field docs from the API models;
@@ -85,6 +85,12 @@ def test_cli_and_kubectl_follow_a_job_to_succeeded(
     assert rc == 0 and out.splitlines()[1].split()[:4] == ["ergo", "Running", "2/2", "0/10"]
     rc, out, _ = kubetrain(capsys, "status", "ergo", "-n", namespace)
     assert rc == 0 and "Phase:       Running" in out and "Running" in out.split("Conditions:")[1]
+    rc, out, _ = kubetrain(capsys, "wait", "ergo", "-n", namespace, "--for", "Running", "--timeout", "30")
+    assert rc == 0 and out.splitlines()[-1] == "trainingjob.kubetrain.io/ergo Running", out
+    rc, out, _ = kubetrain(capsys, "describe", "ergo", "-n", namespace)
+    assert rc == 0 and "ergo-worker-1" in out.split("Per worker:")[1] and "Events (last" in out, out
+    rc, out, _ = kubetrain(capsys, "list", "-n", namespace, "-o", "yaml")
+    assert rc == 0 and yaml.safe_load(out)["items"][0]["status"]["phase"] == "Running", out
     # kwok nodes have no kubelet to serve logs; either way the command must pick the right pod.
     for rank in (0, 1):
         rc, out, err = kubetrain(capsys, "logs", "ergo", "-n", namespace, *(["--rank", "1"] if rank else []))

@@ -1,4 +1,4 @@
-"""`kubetrain` command line: crd, validate, run, sweep.
+"""`kubetrain` command line: crd, validate, run, sweep; the cluster verbs are kubetrain.core.kube_cli's.
 
 Exit codes: 0 success, 1 the job failed, 2 bad input (with one line per problem),
 130 stopped by Ctrl-C (the run can be resumed by running it again).
@@ -254,7 +254,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kubetrain",
         description="Distributed PyTorch training jobs: run a TrainingJob or a TrainingSweep locally, validate them, "
-        "print the CRDs, and submit / list / status / logs against the cluster of the current kubeconfig.",
+        "print the CRDs, and submit / list / status / describe / logs / wait / suspend / resume / delete against the "
+        "cluster of the current kubeconfig (or, with --local, the runs of this machine).",
     )
     p.add_argument("--version", action="version", version=f"kubetrain {__version__}")
     sub = p.add_subparsers(dest="command", required=True)

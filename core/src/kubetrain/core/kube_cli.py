@@ -1,7 +1,8 @@
-"""`kubetrain submit | list | status | logs`: TrainingJobs on the cluster of the current kubeconfig.
+"""`kubetrain submit | list | status | describe | logs | wait | suspend | resume | delete`: TrainingJobs on the
+cluster of the current kubeconfig (or, with --local, the runs of this machine), through kubetrain.core.client.
 
-The kubernetes client is imported only when one of these commands runs (kubetrain.core does
-not depend on it; install it with the operator package or `pip install kubernetes`).
+The kubernetes client is imported only when a cluster command runs (kubetrain.core does not depend
+on it; install it with the operator package or `pip install kubernetes`).
 `register(subparsers)` adds the commands to the `kubetrain` CLI.
 """
 
@@ -10,244 +11,214 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from kubetrain.core.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from kubetrain.core.contract import CONTAINER, LABEL_GENERATION, LABEL_INDEX, LABEL_JOB, parse_time
-from kubetrain.core.validate import ManifestError, load_documents, load_job
+import yaml
+
+from kubetrain.core.api import GROUP, TrainingJob, TrainingJobStatus, TrainingSweep
+from kubetrain.core.client import ClientError, ClusterClient, InvalidManifest, JobFailed, LocalClient, WaitTimeout
+from kubetrain.core.client.describe import age, describe_text, status_lines, table
+from kubetrain.core.client.model import ProgressUpdate, TrainingClient
+
+CliError = ClientError
+"""A problem printed as one line (exit 1): every error of the client."""
 
 
-class CliError(Exception):
-    """A problem to print as one line (exit 1)."""
+def _client(args: argparse.Namespace) -> TrainingClient:
+    if getattr(args, "local", False):
+        return LocalClient(args.root)
+    return ClusterClient(args.namespace, kubeconfig=args.kubeconfig, context=args.context)
 
 
-def _clients(args: argparse.Namespace) -> tuple[Any, Any, str]:
-    """(CustomObjectsApi, CoreV1Api, namespace) for the kubeconfig context."""
-    try:
-        from kubernetes import client, config  # noqa: PLC0415 - optional: only these commands need it
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise CliError("these commands need the kubernetes client: pip install kubernetes") from exc
-    try:
-        config.load_kube_config(config_file=args.kubeconfig, context=args.context)
-        _, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
-    except (config.ConfigException, OSError, TypeError) as exc:
-        raise CliError(f"no usable kubeconfig: {exc}") from exc
-    if args.context:
-        contexts, _ = config.list_kube_config_contexts(config_file=args.kubeconfig)
-        active = next((c for c in contexts if c["name"] == args.context), active)
-    ns = args.namespace or (active or {}).get("context", {}).get("namespace") or "default"
-    api = client.ApiClient()
-    return client.CustomObjectsApi(api), client.CoreV1Api(api), ns
+def _dump(data: Any, output: str) -> None:
+    """-o json|yaml: what kubectl prints for the same flag."""
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
 
 
-def _api_error(exc: Exception, what: str) -> CliError:
-    status = getattr(exc, "status", None)
-    body = getattr(exc, "body", None)
-    message = str(exc)
-    if body:
-        try:
-            message = json.loads(body).get("message", message)
-        except (ValueError, AttributeError):
-            message = str(body)
-    if status == 404:
-        return CliError(f"{what}: not found")
-    return CliError(f"{what}: {message}" if status is None else f"{what}: {message} (HTTP {status})")
-
-
-def _age(ts: str | None, now: datetime) -> str:
-    then = parse_time(ts)
-    if then is None:
-        return "-"
-    seconds = int((now - then).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{max(seconds, 0)}s"
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+def _wire(obj: TrainingJob | TrainingSweep) -> dict[str, Any]:
+    """An object as the API server shows it (its metadata whole)."""
+    return obj.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
 # ----------------------------------------------------------------------------------- commands
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    client = _client(args)
     try:
-        job = load_job(Path(args.file))
-        # Submit what the user wrote (the API server applies the CRD's defaults), not a dump of the model.
-        body = next(d for d in load_documents(Path(args.file)) if isinstance(d, dict) and d.get("kind") == KIND)
-    except ManifestError as exc:
-        print(exc, file=sys.stderr)
+        # -n overrides the manifest's namespace on a cluster, as it always has
+        created = (client.submit(args.file, namespace=args.namespace) if isinstance(client, ClusterClient)
+                   else client.submit(args.file))
+    except InvalidManifest as exc:
+        for problem in exc.problems:
+            print(f"{exc.source}: {problem}", file=sys.stderr)
         return 2
-    except OSError as exc:
-        raise CliError(f"{args.file}: cannot read: {exc.strerror}") from exc
-    custom, _, ns = _clients(args)
-    body.pop("status", None)
-    body["apiVersion"] = API_VERSION
-    ns = args.namespace or job.metadata.namespace or ns
-    body["metadata"]["namespace"] = ns
-    what = body["metadata"].get("name") or f"{body['metadata'].get('generateName', '')}*"
-    try:
-        created = custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
-    except Exception as exc:
-        raise _api_error(exc, f"submitting {ns}/{what}") from exc
-    name = (created.get("metadata") or {}).get("name") if isinstance(created, dict) else None
-    print(f"trainingjob.{GROUP}/{name or job.metadata.name} created in namespace {ns}")  # generateName: the API's
+    kind = created.kind.lower()
+    print(f"{kind}.{GROUP}/{created.metadata.name} created in namespace {created.metadata.namespace}")
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    custom, _, ns = _clients(args)
-    try:
-        if args.all_namespaces:
-            items = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-        else:
-            items = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
-    except Exception as exc:
-        raise _api_error(exc, "listing TrainingJobs") from exc
+    client = _client(args)
+    every = bool(args.all_namespaces) and isinstance(client, ClusterClient)
+    items = client.list(args.selector, all_namespaces=True) if isinstance(client, ClusterClient) and every \
+        else client.list(args.selector)
+    if args.output in ("json", "yaml"):
+        _dump({"apiVersion": "v1", "kind": "List", "items": [_wire(j) for j in items]}, args.output)
+        return 0
     if not items:
-        print("No TrainingJobs found" + ("" if args.all_namespaces else f" in namespace {ns}."), file=sys.stderr)
+        where = "" if every else f" in namespace {getattr(client, 'namespace', 'local')}."
+        print("No TrainingJobs found" + where, file=sys.stderr)
         return 0
     now = datetime.now(UTC)
-    head = (["NAMESPACE"] if args.all_namespaces else []) + ["NAME", "PHASE", "WORKERS", "STEP", "RESTARTS", "AGE"]
-    rows = [head]
-    for j in sorted(items, key=lambda j: (j["metadata"].get("namespace", ""), j["metadata"]["name"])):
-        st = j.get("status") or {}
-        step = f"{st.get('currentStep', 0)}/{st['maxSteps']}" if st.get("maxSteps") else str(st.get("currentStep", 0))
-        rows.append(([j["metadata"]["namespace"]] if args.all_namespaces else []) + [
-            j["metadata"]["name"], st.get("phase", "Pending"), st.get("workersSummary") or "-", step,
-            str(st.get("restartCount", 0)), _age(j["metadata"].get("creationTimestamp"), now)])
-    print(_table(rows))
+    rows = [(["NAMESPACE"] if every else []) + ["NAME", "PHASE", "WORKERS", "STEP", "RESTARTS", "AGE"]]
+    for j in items:
+        st, meta = j.status or TrainingJobStatus(), j.metadata  # no status yet: Pending, as the operator will say
+        step = f"{st.current_step}/{st.max_steps}" if st.max_steps else str(st.current_step)
+        rows.append(([meta.namespace or ""] if every else []) + [
+            meta.name, st.phase, st.workers_summary or "-", step, str(st.restart_count),
+            age(getattr(meta, "creationTimestamp", None), now)])
+    print(table(rows))
     return 0
-
-
-def _get(custom: Any, ns: str, name: str) -> dict[str, Any]:
-    try:
-        return custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-    except Exception as exc:
-        raise _api_error(exc, f"TrainingJob {ns}/{name}") from exc
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    custom, _, ns = _clients(args)
-    job = _get(custom, ns, args.name)
-    st = job.get("status") or {}
-    if args.output == "json":
-        print(json.dumps({"name": args.name, "namespace": ns, "status": st}, indent=2))
+    client = _client(args)
+    job = client.get(args.name)
+    ns = job.metadata.namespace or "-"
+    st = job.status.dump() if job.status else {}
+    if args.output in ("json", "yaml"):
+        _dump({"name": args.name, "namespace": ns, "status": st}, args.output)
         return 0
-    lines = [
-        f"Name:        {args.name}",
-        f"Namespace:   {ns}",
-        f"Phase:       {st.get('phase', 'Pending')}" + (f" ({st['reason']})" if st.get("reason") else ""),
-        f"Workers:     {st.get('workersSummary') or '-'}",
-        f"Step:        {st.get('currentStep', 0)}" + (f"/{st['maxSteps']}" if st.get("maxSteps") else "")
-        + (f"  loss {st['loss']}" if st.get("loss") else "")
-        + (f"  ({st['percentComplete']}, ETA {st.get('eta') or '-'})" if st.get("percentComplete") else ""),
-        f"Restarts:    {st.get('restartCount', 0)} (generation {st.get('restartGeneration', 0)})",
-    ]
-    if st.get("tokensPerSecond"):
-        lines.append(f"Throughput:  {st['tokensPerSecond']:,} tokens/s" + (f", MFU {st['mfu']}" if st.get("mfu") else ""))
-    if st.get("failures"):
-        lines.append("Failures:    " + ", ".join(f"{k}={v}" for k, v in sorted(st["failures"].items())))
-    ckpt = st.get("lastCheckpoint")
-    if ckpt:
-        lines.append(f"Checkpoint:  step {ckpt.get('step')} at {ckpt.get('path')} ({ckpt.get('time', '')})")
-    if st.get("resumedFromStep") or st.get("resumedFrom"):
-        tier = f" ({st['resumedFrom']} tier)" if st.get("resumedFrom") else ""
-        lines.append(f"Resumed:     from step {st.get('resumedFromStep', 0)}{tier}")
-    if st.get("message"):
-        lines.append(f"Message:     {st['message']}")
-    lines += _hang_lines(st.get("lastHang"))
-    conds = st.get("conditions") or []
-    if conds:
-        lines.append("Conditions:")
-        rows = [["TYPE", "STATUS", "REASON", "LAST TRANSITION", "MESSAGE"]] + [
-            [c.get("type", ""), c.get("status", ""), c.get("reason", ""), c.get("lastTransitionTime") or "",
-             c.get("message", "")] for c in conds]
-        lines += ["  " + line for line in _table(rows).splitlines()]
-    print("\n".join(lines))
+    print("\n".join(status_lines(args.name, ns, job.status or TrainingJobStatus())))
     return 0
 
 
-def _hang_lines(hang: dict[str, Any] | None) -> list[str]:
-    """status.lastHang: the verdict, when and where the stacks are."""
-    if not hang:
-        return []
-    return [f"Last hang:   {hang.get('time', '')} generation {hang.get('generation')} step {hang.get('step')}: "
-            f"{hang.get('message', '')}",
-            f"             silent {hang.get('silentSeconds')}s (limit {hang.get('limitSeconds')}s); stacks in "
-            f"{hang.get('dumps') or '-'} (the checkpoint volume) and the workers' previous logs"]
+def cmd_describe(args: argparse.Namespace) -> int:
+    client = _client(args)
+    job = client.get(args.name)
+    events, workers = client.events(args.name), client.workers(args.name)
+    if args.output in ("json", "yaml"):
+        _dump({**_wire(job), "events": [e.__dict__ for e in events], "workers": [w.__dict__ for w in workers]},
+              args.output)
+        return 0
+    print(describe_text(job, events, workers, datetime.now(UTC)))
+    return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    custom, core, ns = _clients(args)
-    _get(custom, ns, args.name)  # a clear "not found" for a wrong job name
-    selector = f"{LABEL_JOB}={args.name},{LABEL_INDEX}={args.rank}"
-    try:
-        pods = core.list_namespaced_pod(ns, label_selector=selector).items
-    except Exception as exc:
-        raise _api_error(exc, f"listing pods of {ns}/{args.name}") from exc
-    if not pods:
-        raise CliError(f"TrainingJob {ns}/{args.name} has no pod for rank {args.rank} (yet)")
-
-    def generation(p: Any) -> int:
-        return int((p.metadata.labels or {}).get(LABEL_GENERATION, "0"))
-
-    pod = max(pods, key=lambda p: (generation(p), p.metadata.creation_timestamp))
-    kwargs: dict[str, Any] = {"container": CONTAINER}
-    if args.tail is not None:
-        kwargs["tail_lines"] = args.tail
-    try:
-        if args.follow:
-            resp = core.read_namespaced_pod_log(pod.metadata.name, ns, follow=True, _preload_content=False, **kwargs)
-            for chunk in resp.stream():
-                sys.stdout.write(chunk.decode(errors="replace"))
-                sys.stdout.flush()
-        else:
-            sys.stdout.write(core.read_namespaced_pod_log(pod.metadata.name, ns, **kwargs))
-    except Exception as exc:
-        raise _api_error(exc, f"logs of pod {ns}/{pod.metadata.name}") from exc
+    client = _client(args)
+    if args.follow:
+        for chunk in client.logs(args.name, args.rank, follow=True, tail=args.tail):
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+    else:
+        sys.stdout.write(client.logs(args.name, args.rank, tail=args.tail))
     return 0
 
 
-def _wrap(func: Any) -> Any:
+def progress_line(u: ProgressUpdate) -> str:
+    """One line per change `kubetrain wait` sees."""
+    step = f"step {u.step}/{u.max_steps}" if u.max_steps else f"step {u.step}"
+    return (f"{u.name}: {u.phase}" + (f" ({u.reason})" if u.reason else "") + f", {step}"
+            + (f", loss {u.loss:.4f}" if u.loss is not None else "") + (f", ETA {u.eta}" if u.eta else ""))
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    client = _client(args)
+    show: Callable[[ProgressUpdate], None] | None = None if args.quiet else (lambda u: print(progress_line(u), flush=True))
+    try:
+        job = client.wait(args.name, until=args.until, timeout=args.timeout, on_progress=show)
+    except JobFailed as exc:
+        print(f"kubetrain: {exc}", file=sys.stderr)
+        return 1
+    except WaitTimeout as exc:
+        print(f"kubetrain: {exc}", file=sys.stderr)
+        return 1
+    print(f"trainingjob.{GROUP}/{args.name} {job.status.phase if job.status else args.until}")
+    return 0
+
+
+def _patch_verb(verb: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        client = _client(args)
+        job = client.suspend(args.name) if verb == "suspended" else client.resume(args.name)
+        print(f"trainingjob.{GROUP}/{job.metadata.name} {verb}")
+        return 0
+
+    return run
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    _client(args).delete(args.name)
+    print(f"trainingjob.{GROUP}/{args.name} deleted")
+    return 0
+
+
+def _wrap(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
             return int(func(args))
-        except CliError as exc:
+        except ClientError as exc:
             print(f"kubetrain: {exc}", file=sys.stderr)
             return 1
 
     return run
 
 
-def register(subparsers: Any) -> None:
-    """Add submit, list, status and logs to the `kubetrain` CLI's subparsers."""
+def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, else default)")
     common.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     common.add_argument("--context", help="kubeconfig context (default: the current one)")
+    common.add_argument("--local", action="store_true",
+                        help="the runs of this machine (kubetrain.client.LocalClient under --root), not a cluster")
+    common.add_argument("--root", default="runs", help="with --local: where the runs are (default runs/)")
+    return common
 
-    s = subparsers.add_parser("submit", parents=[common], help="validate a TrainingJob manifest and create it on the cluster")
-    s.add_argument("file", metavar="FILE")
-    s.set_defaults(func=_wrap(cmd_submit))
 
-    ls = subparsers.add_parser("list", parents=[common], help="list TrainingJobs with phase, workers, step and restarts")
+def register(subparsers: Any) -> None:
+    """Add the cluster commands to the `kubetrain` CLI's subparsers."""
+    common = _common()
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], text: str) -> argparse.ArgumentParser:
+        p = subparsers.add_parser(name, parents=[common], help=text)
+        p.set_defaults(func=_wrap(func))
+        return p
+
+    def output(p: argparse.ArgumentParser, default: str) -> None:
+        p.add_argument("-o", "--output", choices=[default, "json", "yaml"], default=default)
+
+    add("submit", cmd_submit, "validate a TrainingJob (or TrainingSweep) manifest and create it").add_argument(
+        "file", metavar="FILE")
+    ls = add("list", cmd_list, "list TrainingJobs with phase, workers, step and restarts")
     ls.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
-    ls.set_defaults(func=_wrap(cmd_list))
-
-    st = subparsers.add_parser("status", parents=[common], help="a TrainingJob's phase, progress, restarts and conditions")
-    st.add_argument("name", metavar="NAME")
-    st.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    st.set_defaults(func=_wrap(cmd_status))
-
-    lg = subparsers.add_parser("logs", parents=[common], help="logs of one worker (rank 0 by default) of the current gang")
+    ls.add_argument("-l", "--selector", help="label selector (e.g. team=nlp,tier!=dev)")
+    output(ls, "table")
+    verbs: tuple[tuple[str, Callable[[argparse.Namespace], int], str], ...] = (("status", cmd_status, "a TrainingJob's phase, progress, restarts and conditions"),
+                             ("describe", cmd_describe, "status, workers, goodput, recent Events and what to do next"))
+    for name, func, text in verbs:
+        p = add(name, func, text)
+        p.add_argument("name", metavar="NAME")
+        output(p, "text")
+    lg = add("logs", cmd_logs, "logs of one worker (rank 0 by default) of the current gang")
     lg.add_argument("name", metavar="NAME")
-    lg.add_argument("--rank", type=int, default=0, help="worker index (default 0)")
+    lg.add_argument("--rank", type=int, default=0, help="worker index (default 0; with --local: the process rank)")
     lg.add_argument("-f", "--follow", action="store_true")
     lg.add_argument("--tail", type=int, help="only the last N lines")
-    lg.set_defaults(func=_wrap(cmd_logs))
+    w = add("wait", cmd_wait, "wait until a TrainingJob is Succeeded (or --for PHASE); exit 1 when it fails")
+    w.add_argument("name", metavar="NAME")
+    w.add_argument("--for", dest="until", default="Succeeded", metavar="PHASE",
+                   choices=["Created", "Running", "Suspended", "Succeeded", "Failed"],
+                   help="the phase to wait for (default Succeeded)")
+    w.add_argument("--timeout", type=float, help="give up after this many seconds (exit 1)")
+    w.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    for name, func, text in (("suspend", _patch_verb("suspended"), "stop the workers after a checkpoint; keep the job"),
+                             ("resume", _patch_verb("resumed"), "start a suspended job again from its checkpoint"),
+                             ("delete", cmd_delete, "delete a TrainingJob (its workers stop)")):
+        add(name, func, text).add_argument("name", metavar="NAME")
