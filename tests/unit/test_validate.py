@@ -30,6 +30,11 @@ RESERVED_ENV_LINE = ("spec.env: env cannot set the variables kubetrain sets for 
                      "KUBETRAIN_MEMORY_CKPT_BYTES")
 IMAGE_LINE = ("spec.image: must be an image reference, [registry[:port]/]repository[:tag][@digest]: a lowercase "
               "repository, no spaces or shell characters")
+TENSOR_PROCS_LINE = ("spec.parallelism.tensor: parallelism.tensor must divide the processes per worker (procsPerWorker, "
+                     "default resources.gpusPerWorker or 1): tensor parallelism stays inside one worker, and the world "
+                     "size is then a multiple of it")
+TENSOR_STRATEGY_LINE = ("spec.parallelism.tensor: parallelism.tensor > 1 needs strategy fsdp: tensor parallelism composes "
+                        "with FSDP2 only, not yet with ddp (nor its gradientCompression) or deepspeed")
 # file -> the exact line(s) `kubetrain validate` must print for it
 EXPECTED = {
     "bad-workers.yaml": ["spec.workers: must be >= 1"],
@@ -107,6 +112,17 @@ EXPECTED = {
     "bad-annotations-size.yaml": [
         "metadata.annotations: must total at most 262144 bytes, keys and values (the API server's limit); these take "
         "278841"],
+    "bad-tensor-procs.yaml": [TENSOR_PROCS_LINE],
+    "bad-tensor-gpus.yaml": [TENSOR_PROCS_LINE],
+    "bad-tensor-heads.yaml": [
+        "spec.parallelism.tensor: parallelism.tensor must divide model.nHeads (each process computes whole attention "
+        "heads)"],
+    "bad-tensor-deepspeed.yaml": [TENSOR_STRATEGY_LINE],
+    "bad-tensor-powersgd.yaml": [TENSOR_STRATEGY_LINE],
+    "bad-tensor-hf.yaml": [
+        "spec.parallelism.tensor: parallelism.tensor > 1 runs the built-in model only: model.hfPath models do not "
+        "support tensor parallelism yet"],
+    "bad-tensor-zero.yaml": ["spec.parallelism.tensor: must be >= 1"],
     "bad-gpu-in-extra.yaml": [
         "spec.resources.extra: resources.extra cannot set nvidia.com/gpu, cpu, memory: use resources.gpusPerWorker "
         "(it also sets the processes per worker), resources.cpu and resources.memory"],
@@ -314,3 +330,21 @@ def test_an_empty_command_without_args_is_the_built_in_trainer(tmp_path):
     f.write_text(HEADER + "spec: {command: []}\n")
     spec = load_job(f).spec
     assert spec.command == [] and spec.runs_launcher  # the built-in trainer runs its own launcher
+
+
+@pytest.mark.parametrize(("spec", "line"), [
+    ("{strategy: fsdp, workers: 3, procsPerWorker: 4, parallelism: {tensor: 4}}", None),  # one group per worker
+    ("{strategy: fsdp, workers: 2, procsPerWorker: 4, parallelism: {tensor: 2}}", None),  # two groups per worker
+    ("{strategy: fsdp, resources: {gpusPerWorker: 2}, parallelism: {tensor: 2}}", None),  # procs from the GPUs
+    ("{strategy: ddp, parallelism: {tensor: 1}}", None),  # T=1: data parallelism only, any strategy
+    ("{strategy: fsdp, workers: 4, parallelism: {tensor: 2}}", TENSOR_PROCS_LINE),  # world 4, but across workers
+    ("{strategy: fsdp, procsPerWorker: 6, parallelism: {tensor: 4}}", TENSOR_PROCS_LINE),
+    ("{strategy: ddp, procsPerWorker: 2, parallelism: {tensor: 2}}", TENSOR_STRATEGY_LINE),
+])
+def test_tensor_parallel_layouts(spec, line, tmp_path, capsys):
+    """T divides a worker's processes (so the world too) and the heads; T > 1 only with FSDP2 and the built-in model."""
+    f = tmp_path / "tp.yaml"
+    f.write_text(HEADER + f"spec: {spec}\n")
+    assert main(["validate", str(f)]) == (0 if line is None else 2)
+    out = capsys.readouterr()
+    assert out.err.strip().splitlines() == ([] if line is None else [f"{f}: {line}"])

@@ -244,6 +244,13 @@ class DDPSpec(_Model):
     """PowerSGD: optimizer steps that use the plain all-reduce before compression starts (at least 2; PyTorch suggests about 10% of the steps, and no fewer than the learning-rate warm-up steps)."""
 
 
+class ParallelismSpec(_Model):
+    """How each model is split across processes beyond data parallelism (docs/trainer.md#tensor-parallelism)."""
+
+    tensor: int = Field(1, ge=1, le=MAX_PROCS_PER_WORKER)
+    """Tensor-parallel degree T: every block's attention and MLP projections are split across T processes of one worker (their fast intra-node links), and data parallelism (strategy fsdp) runs over the world size / T groups. T must divide procsPerWorker and model.nHeads; T > 1 needs strategy fsdp and the built-in model. 1 (the default): data parallelism only."""
+
+
 class ModelSpec(_Model):
     """The model to train: the built-in decoder-only transformer, or a Hugging Face causal LM from a local path."""
 
@@ -541,6 +548,10 @@ class Rule:
     """Takes the object the rule is attached to (a TrainingJobSpec for SPEC_RULES)."""
 
 
+_PROCS_CEL = ("(has(self.procsPerWorker) ? self.procsPerWorker"
+              " : (self.resources.gpusPerWorker > 0 ? self.resources.gpusPerWorker : 1))")
+"""TrainingJobSpec.procs in CEL: the processes per worker after defaults."""
+
 SPEC_RULES: list[Rule] = [
     Rule(
         "profile.steps",
@@ -684,9 +695,35 @@ SPEC_RULES: list[Rule] = [
         lambda s: s.checkpoint.dir is None or not re.search(SYSTEM_DIR_PATTERN, s.checkpoint.dir),
     ),
     Rule(
+        "parallelism.tensor",
+        f"self.parallelism.tensor == 1 || {_PROCS_CEL} % self.parallelism.tensor == 0",
+        "parallelism.tensor must divide the processes per worker (procsPerWorker, default resources.gpusPerWorker "
+        "or 1): tensor parallelism stays inside one worker, and the world size is then a multiple of it",
+        lambda s: s.procs % s.parallelism.tensor == 0,
+    ),
+    Rule(
+        "parallelism.tensor",
+        "self.parallelism.tensor == 1 || self.model.nHeads % self.parallelism.tensor == 0",
+        "parallelism.tensor must divide model.nHeads (each process computes whole attention heads)",
+        lambda s: s.model.n_heads % s.parallelism.tensor == 0,
+    ),
+    Rule(
+        "parallelism.tensor",
+        "self.parallelism.tensor == 1 || self.strategy == 'fsdp'",
+        "parallelism.tensor > 1 needs strategy fsdp: tensor parallelism composes with FSDP2 only, not yet with ddp "
+        "(nor its gradientCompression) or deepspeed",
+        lambda s: s.parallelism.tensor == 1 or s.strategy == "fsdp",
+    ),
+    Rule(
+        "parallelism.tensor",
+        "self.parallelism.tensor == 1 || !has(self.model.hfPath)",
+        "parallelism.tensor > 1 runs the built-in model only: model.hfPath models do not support tensor "
+        "parallelism yet",
+        lambda s: s.parallelism.tensor == 1 or s.model.hf_path is None,
+    ),
+    Rule(
         "metricsPort",
-        "self.metricsPort + (has(self.procsPerWorker) ? self.procsPerWorker"
-        " : (self.resources.gpusPerWorker > 0 ? self.resources.gpusPerWorker : 1)) - 1 <= 65535",
+        f"self.metricsPort + {_PROCS_CEL} - 1 <= 65535",
         "metricsPort + processes per worker - 1 must be <= 65535 (each process serves metrics on the next port)",
         lambda s: s.metrics_port + s.procs - 1 <= 65535,
     ),
@@ -793,6 +830,8 @@ class TrainingJobSpec(_Model):
     """Seed for initialisation and data order; the same seed gives the same run. At most 4294967295."""
     model: ModelSpec = Field(default_factory=ModelSpec)
     """The model."""
+    parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
+    """Model parallelism: tensor-parallel degree (data parallelism over the rest of the world)."""
     data: DataSpec = Field(default_factory=DataSpec)
     """The training data."""
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)

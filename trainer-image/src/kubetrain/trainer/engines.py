@@ -25,10 +25,9 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.trainer import grad_compression
+from kubetrain.trainer import grad_compression, parallel
 from kubetrain.trainer.checkpoint import safe_load
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.model import transformer_blocks
 from kubetrain.trainer.schedule import lr_factor
 
 if TYPE_CHECKING:
@@ -97,27 +96,45 @@ class Engine:
         raise NotImplementedError
 
     def local_param_sq_norm(self) -> float:
-        """Sum of squares of this rank's parameter shard (for debugging / tests)."""
+        """Sum of squares of this rank's parameter shard, each element divided by the ranks that hold it
+        (a DTensor's copies): summed over the gang, every element counts once (for debugging / tests)."""
         total = 0.0
         for p in self.model.parameters():
             t = p.to_local() if hasattr(p, "to_local") else p
-            total += float(t.detach().float().pow(2).sum())
+            total += float(t.detach().float().pow(2).sum()) / parallel.copies(p)
         return total
 
 
-def clip_gradients(model: nn.Module, max_norm: float) -> float:
-    """Clip the global gradient norm to ``max_norm``; returns the norm before clipping.
+def grad_norm(grads: list[torch.Tensor]) -> float:
+    """The global L2 norm of the gradients, the same number on every rank.
 
-    One reduction for the norm (FSDP2's DTensor shards are reduced once, by ``full_tensor``),
-    then an in-place scale of the local gradients only when the norm is above ``max_norm``.
+    Plain tensors (DDP) are whole on every rank. DTensors (FSDP2, tensor parallelism) are reduced by one
+    all-reduce of every rank's local squares, each element counted once over the gang (parallel.copies):
+    DTensor's own reduction would take one collective per mesh (the blocks' projections live on the
+    (dp, tp) mesh, the rest on dp's), and sum them in an order that may differ between ranks.
     """
+    if not any(hasattr(g, "to_local") for g in grads):
+        return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+    device = grads[0].device
+    if device.type == "cpu" and dist.get_backend() == "nccl":  # FSDP2 CPU offload keeps gradients in host memory
+        device = torch.device("cuda", torch.cuda.current_device())
+    by_copies: dict[int, list[torch.Tensor]] = {}
+    for g in grads:
+        by_copies.setdefault(parallel.copies(g), []).append(g.to_local() if hasattr(g, "to_local") else g)
+    squares = torch.zeros((), dtype=torch.float64, device=device)
+    for copies, local in by_copies.items():  # one fused norm per group (torch's foreach kernels)
+        squares += torch.nn.utils.get_total_norm(local, norm_type=2.0).to(device, torch.float64).square() / copies
+    dist.all_reduce(squares)
+    return float(squares.sqrt())
+
+
+def clip_gradients(model: nn.Module, max_norm: float) -> float:
+    """Clip the global gradient norm to ``max_norm``; returns the norm before clipping (one reduction for
+    the norm, then an in-place scale of the local gradients only when it is above ``max_norm``)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
         return 0.0
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    if hasattr(total, "full_tensor"):
-        total = total.full_tensor()
-    norm = float(total)
+    norm = grad_norm(grads)
     coef = max_norm / (norm + 1e-6)
     if coef < 1.0:
         for g in grads:
@@ -138,7 +155,8 @@ class TorchEngine(Engine):
         self.precision = spec.precision
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
         if spec.strategy == "fsdp":
-            self.model = self._shard(model, world_size)
+            layout = parallel.Layout(world_size, spec.parallelism.tensor)
+            self.model = parallel.parallelize(model, spec, device, layout, self.amp_dtype)
         else:
             from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
 
@@ -161,34 +179,6 @@ class TorchEngine(Engine):
                 self.scaler = ShardedGradScaler(device=device.type, init_scale=_fp16_init_scale())
             else:
                 self.scaler = torch.amp.GradScaler(device.type, init_scale=_fp16_init_scale())
-
-    def _shard(self, model: nn.Module, world_size: int) -> nn.Module:
-        from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard  # noqa: PLC0415
-
-        fs = self.spec.fsdp
-        reshard = fs.reshard_after_forward if fs else True
-        offload: OffloadPolicy = (
-            CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if fs and fs.cpu_offload else OffloadPolicy()
-        )
-        if self.amp_dtype is not None:
-            mp = MixedPrecisionPolicy(param_dtype=self.amp_dtype, reduce_dtype=torch.float32)
-        else:
-            mp = MixedPrecisionPolicy()
-        if not (fs and fs.cpu_offload):
-            model.to(self.device)
-        # An explicit mesh on our device: without it fully_shard may pick CUDA where one exists.
-        mesh = init_device_mesh(self.device.type, (world_size,))
-        blocks = transformer_blocks(model)
-        for i, block in enumerate(blocks):
-            # The last block's parameters would be all-gathered again right away by backward: keep them.
-            keep = i == len(blocks) - 1
-            fully_shard(
-                block, mesh=mesh, reshard_after_forward=reshard and not keep, mp_policy=mp, offload_policy=offload
-            )
-        # The root (embeddings, final norm, head) is never resharded after forward (torch's default for roots).
-        fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
-        return model
 
     def _sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
         if self.strategy == "fsdp":
@@ -284,12 +274,17 @@ class TorchEngine(Engine):
 
     def load(self, path: Path, saved_world_size: int) -> None:
         import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+        from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
         from torch.distributed.checkpoint.state_dict import set_state_dict  # noqa: PLC0415
 
         if not (path / "dcp").is_dir():
             raise ConfigError("strategy", f"checkpoint {path} was not written by strategy ddp/fsdp (no dcp/ directory)")
         state = self._state()
-        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        try:
+            dcp.load(state, checkpoint_id=str(path / "dcp"))
+        except (Exception, CheckpointException):  # DCP's CheckpointException is a BaseException
+            refuse_fused_attention(path / "dcp")
+            raise
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = safe_load(path / "engine.pt")
         self.scheduler.load_state_dict(extra["scheduler"])
@@ -297,6 +292,26 @@ class TorchEngine(Engine):
             self.scaler.load_state_dict(extra["scaler"])
         if self.compression is not None:
             self.compression.load(path)
+
+
+FUSED_QKV = ".attn.qkv.weight"
+"""How the built-in model's attention weights were named before q, k and v became three projections."""
+
+
+def refuse_fused_attention(dcp_dir: Path) -> None:
+    """A checkpoint of the built-in model with one fused qkv projection (what earlier trainer images wrote)
+    cannot be loaded into separate q, k and v: ConfigError (a permanent failure) saying so; else nothing,
+    and the caller's own error stands."""
+    from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415
+
+    try:
+        keys = FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
+    except Exception:  # noqa: BLE001 - no readable metadata: the load's own error says more
+        return
+    if any(key.endswith(FUSED_QKV) for key in keys):
+        raise ConfigError("image", f"checkpoint {dcp_dir.parent} holds the built-in model with one fused qkv "
+                          "projection, as earlier trainer images wrote it; this trainer has separate q, k and v "
+                          "projections: resume the job with the image that wrote it, or start afresh")
 
 
 # --------------------------------------------------------------------------- DeepSpeed

@@ -21,7 +21,7 @@ from kubetrain.core import contract, hangs, hardware
 from kubetrain.core.api import ResumeTier, TrainingJobSpec
 from kubetrain.core.contract import SIGTERM_EXIT_CODE
 from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
-from kubetrain.trainer import flight_recorder, nccl_transport, preflight
+from kubetrain.trainer import flight_recorder, nccl_transport, parallel, preflight
 from kubetrain.trainer.async_save import writes_running
 from kubetrain.trainer.checkpoint import TrainerState, now_rfc3339
 from kubetrain.trainer.ckpt_manager import CheckpointManager
@@ -280,7 +280,7 @@ class StepObserver:
         self.metrics = metrics
         self.flops_per_token = fpt
         self.peak = peak
-        self.tokens_per_step = global_batch(spec, env.world_size) * spec.model.seq_len
+        self.tokens_per_step = global_batch(spec, layout_of(env, spec).data) * spec.model.seq_len
         self.debug_norm = os.environ.get(PARAM_NORM_ENV) == "1"
         self.total_tokens = 0
         self.total_seconds = 0.0
@@ -329,9 +329,15 @@ class StepObserver:
         return record
 
 
-def global_batch(spec: TrainingJobSpec, world_size: int) -> int:
-    """Samples per optimizer step over all ranks."""
-    return spec.micro_batch_size * spec.gradient_accumulation_steps * world_size
+def global_batch(spec: TrainingJobSpec, data_replicas: int) -> int:
+    """Samples per optimizer step over all ranks: each data-parallel replica draws its own (the world size
+    without tensor parallelism; the ranks of one tensor-parallel group share theirs)."""
+    return spec.micro_batch_size * spec.gradient_accumulation_steps * data_replicas
+
+
+def layout_of(env: Env, spec: TrainingJobSpec) -> parallel.Layout:
+    """The gang's (dp, tp) grid: the sampler reads the data-parallel rank and size from it."""
+    return parallel.Layout(env.world_size, spec.parallelism.tensor)
 
 
 def train_step(
@@ -364,6 +370,7 @@ def mean_loss_and_stop(
         red = red.to(device)
     dist.all_reduce(red)
     loss, stops, done = red.tolist()
+    # Under tensor parallelism the T ranks of a group hold the same loss: the mean over all is still theirs.
     return loss / world_size, stops > 0, round(done)
 
 
@@ -406,7 +413,8 @@ class Evaluator:
     def __init__(self, env: Env, spec: TrainingJobSpec, engine: Engine, held: torch.Tensor | None,
                  device: torch.device, metrics: Metrics) -> None:
         self.env, self.spec, self.engine, self.device, self.metrics = env, spec, engine, device, metrics
-        self.batches = eval_batches(held, spec, env.world_size, env.rank) if held is not None else None
+        layout = layout_of(env, spec)
+        self.batches = eval_batches(held, spec, layout.data, layout.data_rank(env.rank)) if held is not None else None
 
     def after_step(self, state: TrainerState, record: dict[str, Any], final: bool) -> None:
         every = self.spec.eval_every_steps
@@ -449,15 +457,17 @@ def _train(
         evaluator = Evaluator(env, spec, engine, held, device, metrics)
         profiler = StepProfiler(spec, env.rank, ckpt_root, device, reporter.profile_request)
         mbs, ga, ws = spec.micro_batch_size, spec.gradient_accumulation_steps, env.world_size
+        layout = layout_of(env, spec)
+        data_rank = layout.data_rank(env.rank)
         first = True
         stop.install()
         while state.step < spec.max_steps:
             t0 = time.perf_counter()
             profiler.before_step(state.step + 1)
-            local_loss, lr, info = train_step(engine, sampler.micro_batches(state.step, mbs, ga, ws, env.rank))
+            local_loss, lr, info = train_step(engine, sampler.micro_batches(state.step, mbs, ga, layout.data, data_rank))
             state.step += 1
             profiler.after_step(state.step)
-            state.samples_seen += global_batch(spec, ws)
+            state.samples_seen += global_batch(spec, layout.data)
             inject_failure(env, state.step)
             loss, stopping, writes_done = mean_loss_and_stop(local_loss, stop.set, device, ws, checkpoints.write_done())
             checkpoints.after_step(writes_done)

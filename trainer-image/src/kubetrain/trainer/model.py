@@ -22,17 +22,27 @@ from kubetrain.trainer.config import ConfigError
 
 
 class Attention(nn.Module):
+    """Separate q, k and v projections (not one fused one) so that tensor parallelism can split each by
+    heads: a column split of a fused [q|k|v] weight would give a process q of every head and no v."""
+
     def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
-        self.n_heads = n_heads
-        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.head_dim = d_model // n_heads
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
         self.proj = nn.Linear(d_model, d_model)
 
+    def _heads(self, y: torch.Tensor) -> torch.Tensor:
+        # The heads this process holds: all of them, or 1/T of them under tensor parallelism.
+        b, t, width = y.shape
+        return y.view(b, t, width // self.head_dim, self.head_dim).transpose(1, 2)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, d // self.n_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+        b, heads, t, hd = y.shape
+        return self.proj(y.transpose(1, 2).reshape(b, t, heads * hd))
 
 
 class MLP(nn.Module):
@@ -71,6 +81,7 @@ class Transformer(nn.Module):
         self.ln_f = nn.LayerNorm(spec.d_model)
         self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         self.n_layers = spec.n_layers
+        self.n_heads = spec.n_heads
         self.d_model = spec.d_model
         self.reset_parameters()
 
