@@ -1,6 +1,6 @@
 """The trainer's parallel layout: the (dp, tp) grid, the data each rank reads, the head split that tensor
-parallelism relies on, and (in a one-process gloo group) the refusal of checkpoints of the fused attention
-it replaced. The multi-process runs are tests/e2e/test_tensor_parallel.py."""
+parallelism relies on, and (in a one-process gloo group) loading checkpoints of the fused attention it
+replaced. The multi-process runs are tests/e2e/test_tensor_parallel.py."""
 
 from __future__ import annotations
 
@@ -85,15 +85,66 @@ def test_attention_split_by_heads_sums_to_the_whole() -> None:
     torch.testing.assert_close(total, full(x), rtol=1e-5, atol=1e-6)
 
 
-def test_a_checkpoint_of_the_fused_attention_is_refused_naming_the_image(tmp_path: Path) -> None:
-    """Checkpoints of the built-in model written before q, k and v were split (one `attn.qkv`) cannot load:
-    a configuration error (permanent, exit 2) instead of a load error that restarts the gang for ever."""
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _fused(tensors: dict) -> dict:
+    """q, k and v's entries of a state dict as the earlier layout had them: one `attn.qkv` of their rows."""
+    out = {}
+    for key, value in tensors.items():
+        if ".attn.q." in key:
+            parts = [tensors[key.replace(".attn.q.", f".attn.{n}.")] for n in "qkv"]
+            if isinstance(value, dict):  # an optimizer's per-parameter state
+                out[key.replace(".attn.q.", ".attn.qkv.")] = {
+                    k: torch.cat([_whole(p[k]) for p in parts]) if v.dim() else v.clone() for k, v in value.items()}
+            else:
+                out[key.replace(".attn.q.", ".attn.qkv.")] = torch.cat([_whole(p) for p in parts])
+        elif ".attn.k." not in key and ".attn.v." not in key:
+            out[key] = value
+    return out
+
+
+def test_a_checkpoint_of_the_fused_attention_loads_into_q_k_and_v(tmp_path: Path) -> None:
+    """Checkpoints of the built-in model written before q, k and v were split (one `attn.qkv`, rows [q; k; v],
+    for the model and the optimizer's moments) resume into the split layout: the same weights and moments."""
     spec = TrainingJobSpec.model_validate(tiny_spec(strategy="fsdp"))
+    batch = [(torch.randint(0, 256, (2, spec.model.seq_len)), torch.randint(0, 256, (2, spec.model.seq_len)))]
+    with gloo_world_of_one():
+        trained = make_engine(spec, build_model(spec.model, False, spec.seed), torch.device("cpu"), 1)
+        for _ in range(2):
+            trained.forward_backward(batch)
+            trained.optimizer_step()
+        state = trained._state()
+        groups = [{**g, "params": [p.replace(".attn.q.", ".attn.qkv.") for p in g["params"]
+                                   if ".attn.k." not in p and ".attn.v." not in p]} for g in state["optim"]["param_groups"]]
+        old = {"model": _fused(state["model"]),
+               "optim": {"state": _fused(state["optim"]["state"]), "param_groups": groups}}
+        dcp.save(old, checkpoint_id=str(tmp_path / "dcp"))
+        trained._save_small(tmp_path)
+        fresh = make_engine(spec, build_model(spec.model, False, spec.seed + 1), torch.device("cpu"), 1)
+        fresh.load(tmp_path, 1)
+        want, got = trained._state(), fresh._state()
+    for key, value in want["model"].items():
+        torch.testing.assert_close(got["model"][key].full_tensor(), value.full_tensor(), rtol=0, atol=0)
+    q = next(k for k in want["optim"]["state"] if ".attn.k.weight" in k)
+    for moment in ("exp_avg", "exp_avg_sq"):
+        torch.testing.assert_close(got["optim"]["state"][q][moment].full_tensor(),
+                                   want["optim"]["state"][q][moment].full_tensor(), rtol=0, atol=0)
+    assert float(got["optim"]["state"][q]["step"]) == 2.0
+
+
+def test_a_deepspeed_checkpoint_of_the_fused_attention_is_refused_naming_the_image(tmp_path: Path) -> None:
+    """ZeRO's flat optimizer partitions follow the parameters' order, which the split changed: no safe
+    conversion, so a permanent configuration error (exit 2) instead of a load error retried for ever."""
+    spec = TrainingJobSpec.model_validate(tiny_spec(strategy="deepspeed", precision="fp32"))
     with gloo_world_of_one():
         engine = make_engine(spec, build_model(spec.model, False, spec.seed), torch.device("cpu"), 1)
-        state = engine._state()
-        state["model"] = {k.replace(".attn.q.", ".attn.qkv."): v for k, v in state["model"].items()}
-        dcp.save(state, checkpoint_id=str(tmp_path / "dcp"))
+        engine.save(tmp_path)
+        states = next(tmp_path.rglob("mp_rank_00_model_states.pt"))
+        saved = torch.load(states, weights_only=False)
+        saved["module"] = _fused(saved["module"])
+        torch.save(saved, states)
         with pytest.raises(ConfigError) as refused:
             engine.load(tmp_path, 1)
-    assert refused.value.field == "image" and "fused qkv" in refused.value.message
+    assert refused.value.field == "image" and "fused attn.qkv" in refused.value.message

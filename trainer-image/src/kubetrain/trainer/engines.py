@@ -25,7 +25,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.trainer import grad_compression, parallel
+from kubetrain.trainer import grad_compression, legacy_ckpt, parallel
 from kubetrain.trainer.checkpoint import safe_load
 from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.schedule import lr_factor
@@ -274,17 +274,15 @@ class TorchEngine(Engine):
 
     def load(self, path: Path, saved_world_size: int) -> None:
         import torch.distributed.checkpoint as dcp  # noqa: PLC0415
-        from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
         from torch.distributed.checkpoint.state_dict import set_state_dict  # noqa: PLC0415
 
         if not (path / "dcp").is_dir():
             raise ConfigError("strategy", f"checkpoint {path} was not written by strategy ddp/fsdp (no dcp/ directory)")
         state = self._state()
-        try:
+        if legacy_ckpt.is_fused(path / "dcp"):
+            legacy_ckpt.load_fused(state, path / "dcp")
+        else:
             dcp.load(state, checkpoint_id=str(path / "dcp"))
-        except (Exception, CheckpointException):  # DCP's CheckpointException is a BaseException
-            refuse_fused_attention(path / "dcp")
-            raise
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = safe_load(path / "engine.pt")
         self.scheduler.load_state_dict(extra["scheduler"])
@@ -292,26 +290,6 @@ class TorchEngine(Engine):
             self.scaler.load_state_dict(extra["scaler"])
         if self.compression is not None:
             self.compression.load(path)
-
-
-FUSED_QKV = ".attn.qkv.weight"
-"""How the built-in model's attention weights were named before q, k and v became three projections."""
-
-
-def refuse_fused_attention(dcp_dir: Path) -> None:
-    """A checkpoint of the built-in model with one fused qkv projection (what earlier trainer images wrote)
-    cannot be loaded into separate q, k and v: ConfigError (a permanent failure) saying so; else nothing,
-    and the caller's own error stands."""
-    from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415
-
-    try:
-        keys = FileSystemReader(str(dcp_dir)).read_metadata().state_dict_metadata
-    except Exception:  # noqa: BLE001 - no readable metadata: the load's own error says more
-        return
-    if any(key.endswith(FUSED_QKV) for key in keys):
-        raise ConfigError("image", f"checkpoint {dcp_dir.parent} holds the built-in model with one fused qkv "
-                          "projection, as earlier trainer images wrote it; this trainer has separate q, k and v "
-                          "projections: resume the job with the image that wrote it, or start afresh")
 
 
 # --------------------------------------------------------------------------- DeepSpeed
@@ -430,9 +408,18 @@ class DeepSpeedEngine(Engine):
                 "(or convert it to a universal checkpoint with DeepSpeed's ds_to_universal)",
             )
         # Unsafe: DeepSpeed 0.19.8 unpickles these files with torch.load(weights_only=False), and offers no option.
-        load_path, _ = self.engine.load_checkpoint(
-            str(path), tag=self.TAG, load_optimizer_states=True, load_lr_scheduler_states=True
-        )
+        try:
+            load_path, _ = self.engine.load_checkpoint(
+                str(path), tag=self.TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+            )
+        except RuntimeError as exc:
+            # ZeRO's flat optimizer partitions follow the parameters' order, which the split changed: such a
+            # checkpoint cannot be converted safely, so it is refused for good rather than retried.
+            if legacy_ckpt.FUSED in str(exc):
+                raise ConfigError("image", f"DeepSpeed checkpoint {path} holds the built-in model with one fused "
+                                  "attn.qkv projection, as trainers before tensor parallelism wrote it: resume it "
+                                  "with the trainer image that wrote it (spec.image), or start afresh") from exc
+            raise
         if load_path is None:
             raise RuntimeError(f"DeepSpeed could not load checkpoint {path}")
 
