@@ -6,10 +6,12 @@ import io
 import json
 import math
 import os
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from kubetrain.core import contract
 from kubetrain.core.api import DataSpec, ModelSpec, OptimizerSpec, TrainingJobSpec
@@ -18,7 +20,7 @@ from kubetrain.trainer.checkpoint import TrainerState, missing_parts, prune, req
 from kubetrain.trainer.config import ConfigError, load_spec, parse_fail_at, read_env
 from kubetrain.trainer.data import Sampler, eval_batches, load_corpus, split_eval
 from kubetrain.trainer.engines import deepspeed_config
-from kubetrain.trainer.main import await_generation
+from kubetrain.trainer.main import await_generation, peer_lost
 from kubetrain.trainer.metrics import PEAK_FLOPS_ENV, peak_flops
 from kubetrain.trainer.model import Transformer, flops_per_token
 from kubetrain.trainer.schedule import lr_factor
@@ -268,3 +270,15 @@ def test_a_local_runs_metrics_listen_on_loopback_only(tmp_path: Path) -> None:
     Metrics("t", 0, port, CollectorRegistry(), addr=parsed.metrics_addr)
     listening = {c.laddr for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     assert ("127.0.0.1", port) in listening and ("0.0.0.0", port) not in listening
+
+
+def test_a_checkpoint_exception_of_lost_peers_is_a_lost_peer_and_of_a_rank_s_own_failure_is_not() -> None:
+    """DCP wraps each rank's failure in a CheckpointException, a BaseException: a save or load cut by a peer
+    that went away must still exit 3 (so the launcher blames the peer), a rank's own failure 1."""
+    def wrapped(exc: BaseException) -> tuple[BaseException, traceback.StackSummary]:
+        return exc, traceback.StackSummary()
+
+    lost = RuntimeError("[gloo] Connection closed by peer [10.0.0.7]:4242")
+    assert peer_lost(CheckpointException("load failed", {0: wrapped(lost), 1: wrapped(lost)}))
+    assert not peer_lost(CheckpointException("save failed", {0: wrapped(lost), 1: wrapped(OSError(28, "No space"))}))
+    assert not peer_lost(CheckpointException("save failed", {1: wrapped(OSError(28, "No space left on device"))}))

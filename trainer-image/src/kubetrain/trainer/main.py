@@ -47,19 +47,29 @@ def main() -> int:
         print(f"kubetrain.trainer: configuration error: {exc}", file=sys.stderr, flush=True)
         return CONFIG_ERROR_EXIT_CODE
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero; the backend decides about restarts
-        traceback.print_exc()
-        if peer_lost(exc):
-            print(
-                f"kubetrain.trainer: a collective failed because another rank went away; exiting "
-                f"{contract.PEER_LOST_EXIT_CODE} (look for the first failure among the other ranks)",
-                file=sys.stderr, flush=True,
-            )
-            sys.stdout.flush()
-            # Skip interpreter teardown: the process group's threads abort it ("terminate called
-            # without an active exception", exit 134), which would hide this exit code.
-            os._exit(contract.PEER_LOST_EXIT_CODE)
-        sys.stderr.flush()
-        return 1
+        return crashed(exc)
+    except BaseException as exc:
+        if type(exc).__name__ != "CheckpointException":  # DCP's is a BaseException; KeyboardInterrupt is not ours
+            raise
+        return crashed(exc)
+
+
+def crashed(exc: BaseException) -> int:
+    """The exit code of a rank that raised `exc`: PEER_LOST_EXIT_CODE (at once, see below) when another rank
+    went away mid-collective, else 1; the traceback goes to stderr."""
+    traceback.print_exc()
+    if peer_lost(exc):
+        print(
+            f"kubetrain.trainer: a collective failed because another rank went away; exiting "
+            f"{contract.PEER_LOST_EXIT_CODE} (look for the first failure among the other ranks)",
+            file=sys.stderr, flush=True,
+        )
+        sys.stdout.flush()
+        # Skip interpreter teardown: the process group's threads abort it ("terminate called
+        # without an active exception", exit 134), which would hide this exit code.
+        os._exit(contract.PEER_LOST_EXIT_CODE)
+    sys.stderr.flush()
+    return 1
 
 
 def await_generation() -> bool:
@@ -91,6 +101,9 @@ def peer_lost(exc: BaseException) -> bool:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and isinstance(exc, getattr(dist, "DistError", ())):
         return True
+    failures = getattr(exc, "failures", None)  # DCP's CheckpointException: each rank's (exception, trace)
+    if isinstance(failures, dict) and failures:
+        return all(isinstance(f, tuple) and f and peer_lost(f[0]) for f in failures.values())
     text = str(exc)
     return isinstance(exc, RuntimeError) and any(m in text for m in _PEER_LOST_MARKERS)
 
