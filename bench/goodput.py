@@ -600,8 +600,10 @@ class Campaign:
 
 
 def tokens_per_step(spec: dict[str, Any]) -> int:
-    """Samples per optimizer step over all ranks times the sequence length (kubetrain.trainer.loop.global_batch)."""
-    return spec["microBatchSize"] * spec["gradientAccumulationSteps"] * spec["workers"] * spec["model"]["seqLen"]
+    """Samples per optimizer step over all data-parallel replicas times the sequence length
+    (kubetrain.trainer.loop.global_batch): every process is one, but tensor-parallel peers share theirs."""
+    replicas = spec["workers"] * spec.get("procsPerWorker", 1) // (spec.get("parallelism") or {}).get("tensor", 1)
+    return spec["microBatchSize"] * spec["gradientAccumulationSteps"] * replicas * spec["model"]["seqLen"]
 
 
 # --------------------------------------------------------------------------- namespaces, controllers, calibration
