@@ -184,11 +184,13 @@ def read_records(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_cli(args: list[str], env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`kubetrain ARGS...` (python -m kubetrain.core), its output captured as text."""
+def run_cli(args: list[str], env: dict[str, str] | None = None, timeout: float = 120,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`kubetrain ARGS...` (python -m kubetrain.core), its output captured as text; `cwd`: where it runs (a
+    custom command's relative paths resolve there)."""
     return subprocess.run(
         [sys.executable, "-m", "kubetrain.core", *args], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **(env or {})}, cwd=cwd,
     )
 
 

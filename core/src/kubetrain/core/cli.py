@@ -123,7 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"loss {summary.initial_loss:.4f} -> {summary.final_loss:.4f}"
         if summary.initial_loss is not None and summary.final_loss is not None
         else "no loss reported"
-    ) + (f" (eval {summary.eval_loss:.4f}, best at step {summary.best_eval_step})" if summary.eval_loss else "")
+    ) + (f" (eval {summary.eval_loss:.4f}{best_eval_text(summary.best_eval_step)})" if summary.eval_loss else "")
     print(
         f"{summary.name}: {summary.phase} ({summary.reason}) after {summary.steps}/{summary.max_steps} steps, "
         f"{loss}, {summary.restarts} restart(s), {summary.tokens_per_second:,.0f} tokens/s, "
@@ -312,6 +312,11 @@ def preflight_line(p: dict[str, Any]) -> str:
     degraded = f", degraded ranks {p['degradedRanks']}" if p.get("degradedRanks") else ""
     return (f"preflight: {p.get('worldSize')} rank(s), compute median {p.get('medianGflops', 0):.1f} GFLOP/s, "
             f"slowest rank {p.get('slowestRank')}{busbw}{degraded}; {p.get('seconds', 0):.2f}s")
+
+
+def best_eval_text(step: int | None) -> str:
+    """Only the built-in trainer keeps a best-eval checkpoint; a custom command's eval loss comes alone."""
+    return f", best at step {step}" if step is not None else ""
 
 
 def resumed_text(steps: list[int], tiers: list[str | None]) -> str:

@@ -29,7 +29,7 @@ from typing import IO, Any
 from kubetrain.core import contract, hangs, hardware, launcher, owned_dirs
 from kubetrain.core import lifecycle as lc
 from kubetrain.core.api import FINISHED_PHASES, CheckpointRef, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
-from kubetrain.core.progress import Progress, complete_checkpoints, read_progress
+from kubetrain.core.progress import Progress, committed_checkpoints, read_progress
 
 PYTHON_WORDS = ("python", "python3")
 """A custom command starting with one of these runs under the interpreter kubetrain runs under."""
@@ -194,7 +194,7 @@ def prepare_output_dir(spec: TrainingJobSpec, opts: RunOptions) -> str | None:
     except owned_dirs.NotOwnedError as exc:
         raise LocalRunError(str(exc)) from None
     previous = read_progress(out)
-    done = complete_checkpoints(ckpt)
+    done = committed_checkpoints(ckpt)
     if not opts.fresh and previous is not None and not previous.finished and done:
         return f"resuming the unfinished run in {out} from step {done[-1][0]} (pass --fresh to start over)"
     owned_dirs.clear(ckpt)
@@ -286,7 +286,7 @@ class LocalRun:
         logs = self.out / "logs" / f"gen-{number}"
         ensure_writable(Path(spec.checkpoint.dir or ""), self.out, logs)
         self.config_path.write_text(json.dumps(spec.dump(), indent=1))
-        latest = complete_checkpoints(Path(spec.checkpoint.dir or ""))
+        latest = committed_checkpoints(Path(spec.checkpoint.dir or ""))
         base_step = latest[-1][0] if latest else 0
         if latest:
             self.resumed[number] = (base_step, None)
@@ -388,7 +388,7 @@ class LocalRun:
     def _last_checkpoint(self) -> CheckpointRef | None:
         """The newest complete checkpoint. Local checkpoints live in one directory that outlives every
         generation, so Observed.checkpoints_durable keeps its default (spec.checkpoint.ephemeral is for pods)."""
-        done = complete_checkpoints(Path(self.spec.checkpoint.dir or ""))
+        done = committed_checkpoints(Path(self.spec.checkpoint.dir or ""))
         return CheckpointRef(step=done[-1][0], path=str(done[-1][1])) if done else None
 
     def _watch_hangs(self) -> None:
@@ -575,7 +575,7 @@ class LocalRun:
             reason=st.reason,
             message=st.message,
             steps=p.step,
-            max_steps=self.spec.max_steps,
+            max_steps=p.max_steps or self.spec.max_steps,  # a custom command reports its own
             initial_loss=p.initial_loss,
             final_loss=p.loss,
             restarts=st.restart_count,

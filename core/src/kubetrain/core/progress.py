@@ -22,6 +22,9 @@ from kubetrain.core.api import Preflight, _Model
 
 COMMIT_MARKER = "COMMITTED"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
+_HF_DIR = re.compile(r"^checkpoint-(\d+)$")
+"""A Hugging Face Trainer checkpoint (transformers' PREFIX_CHECKPOINT_DIR); kubetrain.integrations.transformers
+commits it with the same marker once every rank has written it."""
 
 
 class CheckpointRecord(_Model):
@@ -72,6 +75,8 @@ class Progress(_Model):
     """When this record was written (RFC 3339 UTC)."""
     finished: bool = False
     """True once maxSteps is reached and the final checkpoint is committed."""
+    learning_rate: float | None = None
+    """The learning rate at the newest logged step, where the trainer reports it (the Hugging Face callback)."""
     network_transport: str | None = None
     """The network transport NCCL chose (contract.TRANSPORT_*: IB, OFI, GPUDirectTCPX, FasTrak, Socket,
     P2P/SHM) or gloo; None: not known (not probed, or an older trainer)."""
@@ -123,6 +128,28 @@ def complete_checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
         if m and (entry / COMMIT_MARKER).is_file():
             found.append((int(m.group(1)), entry))
     return sorted(found)
+
+
+def committed_hf_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every Hugging Face `checkpoint-N` directory holding COMMIT_MARKER, oldest first: the ones
+    kubetrain.integrations.transformers committed. A folder without it (a save cut off, or a script without the
+    callback) is not one kubetrain vouches for."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        m = _HF_DIR.match(entry.name)
+        if m and (entry / COMMIT_MARKER).is_file():
+            found.append((int(m.group(1)), entry))
+    return sorted(found)
+
+
+def committed_checkpoints(checkpoint_dir: Path) -> list[tuple[int, Path]]:
+    """Every committed checkpoint a job may have left in its checkpoint directory, oldest first: the built-in
+    trainer's `step-N` and a Hugging Face Trainer script's `checkpoint-N`. For the backends (status, resume
+    step); the built-in trainer itself loads only its own (complete_checkpoints)."""
+    return sorted(complete_checkpoints(checkpoint_dir) + committed_hf_checkpoints(checkpoint_dir))
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> tuple[int, Path] | None:

@@ -49,6 +49,8 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
             status.loss = f"{progress.loss:.4f}" if progress.loss is not None else status.loss
             status.last_progress_time = format_time(now)
         if current_gen:
+            # A custom command knows its own step count (spec.maxSteps is the built-in trainer's, equal to it there).
+            status.max_steps = progress.max_steps or status.max_steps
             status.resumed_from_step = progress.resumed_from or 0
             status.resumed_from = progress.resumed_tier if progress.resumed_from is not None else None
             status.network_transport = progress.network_transport or status.network_transport
