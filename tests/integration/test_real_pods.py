@@ -203,6 +203,29 @@ def test_a_worker_killed_in_place_resumes_from_the_memory_tier(jobs: RealJobs, r
     assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
 
 
+def test_tensor_parallel_two_by_two_resumes_exactly_after_a_kill(jobs: RealJobs, real_namespace: str,
+                                                                  tmp_path: Path) -> None:
+    """examples/tensor-parallel.yaml (T=2 x data 2: 2 workers x 2 processes, FSDP2 over the data dimension)
+    on real pods; rank 2 (worker 1's first process) exits 137 after step 25, once. The gang restarts in
+    place, resumes, Succeeds, and ends on the loss of the same manifest run uninterrupted."""
+    start = time.monotonic()
+    body = yaml.safe_load((REPO_ROOT / "examples" / "tensor-parallel.yaml").read_text())
+    reference = _start_reference(tmp_path, body)  # beside the job, without the injected failure
+    body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "2:25"}]
+    name = jobs.create(body, name="tensor-parallel")
+    st = jobs.wait_phase(name, "Succeeded", timeout=900)
+    fields = {k: st.get(k) for k in ("restartCount", "resumedFrom", "resumedFromStep", "currentStep", "failures")}
+    print(f"tensor parallel T=2 x data 2: Succeeded in {elapsed(start)} s: {json.dumps(fields)}")
+    assert st["restartCount"] == 1 and st["resumedFromStep"] >= 20 and st["failures"] == {"ExitCode": 1}, \
+        jobs.describe(name)
+    pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace)
+    final = float(json.loads(pod.metadata.annotations["kubetrain.io/progress"])["loss"])
+    expected = reference()
+    print(f"tensor parallel: final loss {final!r} (resumed) vs {expected!r} (uninterrupted, local), "
+          f"relative difference {abs(final - expected) / expected:.2e}")
+    assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
+
+
 def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJobs, real_namespace: str) -> None:
     name = jobs.create(quickstart(**{**RESUMABLE, "checkpoint": {"everySteps": 1000}}), name="graceful")
     jobs.wait(name, lambda st: st.get("currentStep", 0) >= 15, 300, "step >= 15")
