@@ -76,7 +76,7 @@ def trainer_step(rt: Runtime, spec: TrainingJobSpec, compiled: bool) -> Step:
     def step(i: int) -> float:
         batches = sampler.micro_batches(i, mbs, ga, rt.world_size, rt.rank)
         local_loss, _lr, _info = train_step(engine, batches)
-        loss, _stop, _writes = mean_loss_and_stop(local_loss, False, rt.device, rt.world_size)
+        loss, _stop, _writes = mean_loss_and_stop(local_loss, False, rt.device)
         return loss
 
     return step

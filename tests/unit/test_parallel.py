@@ -1,6 +1,7 @@
-"""The trainer's parallel layout: the (dp, tp) grid, the data each rank reads, the head split that tensor
-parallelism relies on, and (in a one-process gloo group) loading checkpoints of the fused attention it
-replaced. The multi-process runs are tests/e2e/test_tensor_parallel.py."""
+"""The trainer's parallel layout: the (pp, dp, tp) grid, the data each rank reads, the head split that tensor
+parallelism relies on, the pipeline stages' split of the blocks, and (in a one-process gloo group) loading
+checkpoints of the fused attention tensor parallelism replaced. The multi-process runs are
+tests/e2e/test_tensor_parallel.py and tests/e2e/test_pipeline_parallel.py."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from kubetrain.trainer.data import Sampler
 from kubetrain.trainer.engines import make_engine
 from kubetrain.trainer.model import Attention, build_model
 from kubetrain.trainer.parallel import Layout
+from kubetrain.trainer.parallel.pipeline import RankPart, rank_stages, split_stage, split_stages, stage_blocks
 
 
 @pytest.mark.parametrize(("world", "tensor", "shape", "names"), [
@@ -148,3 +150,96 @@ def test_a_deepspeed_checkpoint_of_the_fused_attention_is_refused_naming_the_ima
         with pytest.raises(ConfigError) as refused:
             engine.load(tmp_path, 1)
     assert refused.value.field == "image" and "fused attn.qkv" in refused.value.message
+
+
+# --------------------------------------------------------------------------- pipeline parallelism
+
+
+@pytest.mark.parametrize(("world", "tensor", "pipeline", "shape", "names"), [
+    (2, 1, 2, (2, 1), ("pp", "dp")),
+    (4, 1, 2, (2, 2), ("pp", "dp")),
+    (8, 2, 2, (2, 2, 2), ("pp", "dp", "tp")),
+    (4, 1, 4, (4, 1), ("pp", "dp")),
+])
+def test_the_mesh_is_stages_by_data_replicas_by_tensor_degree(world: int, tensor: int, pipeline: int,
+                                                              shape: tuple[int, ...], names: tuple[str, ...]) -> None:
+    layout = Layout(world, tensor, pipeline)
+    assert (layout.shape, layout.names, layout.data) == (shape, names, world // tensor // pipeline)
+
+
+def test_stages_are_the_outer_dimension_and_their_ranks_read_the_same_batches() -> None:
+    """rank = (pp_rank x D + dp_rank) x T + tp_rank: stage s's ranks are one contiguous run, each stage has
+    every data replica once, and the replica (the data a rank reads) is the same down a pipeline."""
+    layout = Layout(8, 1, 2)
+    assert [layout.pipeline_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [layout.data_rank(r) for r in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    grid = Layout(8, 2, 2)
+    assert [(grid.pipeline_rank(r), grid.data_rank(r), grid.tensor_rank(r)) for r in range(8)] == [
+        (p, d, t) for p in range(2) for d in range(2) for t in range(2)]
+
+
+def test_a_pipeline_that_does_not_divide_the_world_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Layout(6, 2, 2)
+    assert refused.value.field == "parallelism.pipeline"
+
+
+@pytest.mark.parametrize(("layers", "stages", "runs"), [
+    (2, 2, [[0], [1]]),
+    (4, 2, [[0, 1], [2, 3]]),
+    (5, 2, [[0, 1, 2], [3, 4]]),
+    (7, 3, [[0, 1, 2], [3, 4], [5, 6]]),
+    (3, 3, [[0], [1], [2]]),
+])
+def test_stages_take_consecutive_runs_of_blocks_covering_the_model(layers: int, stages: int,
+                                                                   runs: list[list[int]]) -> None:
+    assert [list(stage_blocks(layers, stages, s)) for s in range(stages)] == runs
+
+
+def test_more_stages_than_blocks_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as refused:
+        stage_blocks(2, 3, 0)
+    assert refused.value.field == "parallelism.pipeline"
+
+
+def test_stages_keep_the_whole_models_parameter_names_and_together_hold_all_of_it() -> None:
+    """Deleted, not renamed: a checkpoint written by any layout names the same tensors."""
+    spec = TrainingJobSpec.model_validate(tiny_spec(model={"dModel": 16, "nLayers": 3, "nHeads": 2, "seqLen": 8}))
+    whole = build_model(spec.model, False, spec.seed)
+    names = {n: p for n, p in whole.named_parameters()}
+    stages = [split_stage(build_model(spec.model, False, spec.seed), s, 2) for s in range(2)]
+    parts = [dict(stage.named_parameters()) for stage in stages]
+    assert not set(parts[0]) & set(parts[1]) and set(parts[0]) | set(parts[1]) == set(names)
+    assert {"tok.weight", "pos.weight", "blocks.0.attn.q.weight", "blocks.1.mlp.out.bias"} <= set(parts[0])
+    assert {"blocks.2.ln1.weight", "ln_f.weight", "head.weight"} <= set(parts[1])
+    for part in parts:
+        assert all(torch.equal(p, names[n]) for n, p in part.items())
+
+
+def test_the_stages_in_turn_compute_the_whole_models_loss() -> None:
+    spec = TrainingJobSpec.model_validate(tiny_spec(model={"dModel": 16, "nLayers": 3, "nHeads": 2, "seqLen": 8}))
+    whole = build_model(spec.model, False, spec.seed)
+    first, last = (split_stage(build_model(spec.model, False, spec.seed), s, 2) for s in range(2))
+    x = torch.randint(0, 256, (2, 8))
+    y = torch.randint(0, 256, (2, 8))
+    with torch.no_grad():
+        assert torch.equal(last(first(x), y), whole(x, y))
+
+
+@pytest.mark.parametrize(("pp_rank", "pipeline", "schedule", "stages"), [
+    (0, 2, "1F1B", [0]), (1, 2, "GPipe", [1]),
+    (0, 2, "Interleaved1F1B", [0, 2]), (1, 2, "Interleaved1F1B", [1, 3]), (2, 4, "Interleaved1F1B", [2, 6]),
+])
+def test_interleaved_ranks_run_every_pth_stage(pp_rank: int, pipeline: int, schedule: str, stages: list[int]) -> None:
+    assert rank_stages(pp_rank, pipeline, schedule) == stages
+
+
+def test_a_ranks_interleaved_stages_are_one_module_under_the_whole_models_names() -> None:
+    """What the optimizer and the checkpoints see of rank 0's stages 0 and 2 of 4 (4 blocks)."""
+    spec = TrainingJobSpec.model_validate(tiny_spec(model={"dModel": 16, "nLayers": 4, "nHeads": 2, "seqLen": 8}))
+    whole = dict(build_model(spec.model, False, spec.seed).named_parameters())
+    part = RankPart(split_stages(build_model(spec.model, False, spec.seed), [0, 2], 4))
+    names = dict(part.named_parameters())
+    assert {n.split(".")[0] + "." + n.split(".")[1] for n in names if n.startswith("blocks.")} == {"blocks.0", "blocks.2"}
+    assert "tok.weight" in names and "head.weight" not in names
+    assert all(torch.equal(p, whole[n]) for n, p in names.items())

@@ -35,6 +35,17 @@ TENSOR_PROCS_LINE = ("spec.parallelism.tensor: parallelism.tensor must divide th
                      "size is then a multiple of it")
 TENSOR_STRATEGY_LINE = ("spec.parallelism.tensor: parallelism.tensor > 1 needs strategy fsdp: tensor parallelism composes "
                         "with FSDP2 only, not yet with ddp (nor its gradientCompression) or deepspeed")
+PIPELINE_WORLD_LINE = ("spec.parallelism.pipeline: parallelism.pipeline times parallelism.tensor must divide the world size "
+                       "(workers x processes per worker): every stage runs on the same number of processes")
+PIPELINE_MICROBATCHES_LINE = (
+    "spec.parallelism.pipelineSchedule: parallelism.pipelineSchedule 1F1B needs gradientAccumulationSteps (the "
+    "micro-batches of a step) >= parallelism.pipeline: use more micro-batches, or pipelineSchedule GPipe")
+PIPELINE_INTERLEAVED_LINE = (
+    "spec.parallelism.pipelineSchedule: parallelism.pipelineSchedule Interleaved1F1B runs 2 stages per process: it "
+    "needs gradientAccumulationSteps (the micro-batches of a step) a multiple of parallelism.pipeline and "
+    "model.nLayers >= 2 x parallelism.pipeline")
+PIPELINE_STRATEGY_LINE = ("spec.parallelism.pipeline: parallelism.pipeline > 1 needs strategy fsdp: pipelining composes "
+                          "with FSDP2 only, not yet with ddp or deepspeed")
 # file -> the exact line(s) `kubetrain validate` must print for it
 EXPECTED = {
     "bad-workers.yaml": ["spec.workers: must be >= 1"],
@@ -123,6 +134,21 @@ EXPECTED = {
         "spec.parallelism.tensor: parallelism.tensor > 1 runs the built-in model only: model.hfPath models do not "
         "support tensor parallelism yet"],
     "bad-tensor-zero.yaml": ["spec.parallelism.tensor: must be >= 1"],
+    "bad-pipeline-world.yaml": [PIPELINE_WORLD_LINE],
+    "bad-pipeline-layers.yaml": [
+        "spec.parallelism.pipeline: parallelism.pipeline must be at most model.nLayers (each stage runs at least one "
+        "block)"],
+    "bad-pipeline-microbatches.yaml": [PIPELINE_MICROBATCHES_LINE],
+    "bad-pipeline-ddp.yaml": [PIPELINE_STRATEGY_LINE],
+    "bad-pipeline-hf.yaml": [
+        "spec.parallelism.pipeline: parallelism.pipeline > 1 runs the built-in model only: model.hfPath models cannot "
+        "be split into stages yet"],
+    "bad-pipeline-fp16.yaml": [
+        "spec.parallelism.pipeline: parallelism.pipeline > 1 needs precision fp32 or bf16: the pipeline schedule runs "
+        "the backward passes itself, without fp16's loss scaling"],
+    "bad-pipeline-schedule.yaml": [
+        "spec.parallelism.pipelineSchedule: must be one of 'GPipe', '1F1B' or 'Interleaved1F1B'"],
+    "bad-pipeline-interleaved.yaml": [PIPELINE_INTERLEAVED_LINE],
     "bad-gpu-in-extra.yaml": [
         "spec.resources.extra: resources.extra cannot set nvidia.com/gpu, cpu, memory: use resources.gpusPerWorker "
         "(it also sets the processes per worker), resources.cpu and resources.memory"],
@@ -343,6 +369,34 @@ def test_an_empty_command_without_args_is_the_built_in_trainer(tmp_path):
 ])
 def test_tensor_parallel_layouts(spec, line, tmp_path, capsys):
     """T divides a worker's processes (so the world too) and the heads; T > 1 only with FSDP2 and the built-in model."""
+    _validate_layout(spec, line, tmp_path, capsys)
+
+
+@pytest.mark.parametrize(("spec", "line"), [
+    ("{strategy: fsdp, workers: 2, gradientAccumulationSteps: 2, parallelism: {pipeline: 2}}", None),
+    ("{strategy: fsdp, workers: 2, procsPerWorker: 2, gradientAccumulationSteps: 2, parallelism: {pipeline: 2}}", None),
+    ("{strategy: fsdp, workers: 2, parallelism: {pipeline: 2, pipelineSchedule: GPipe}}", None),  # any micro-batches
+    ("{strategy: fsdp, workers: 4, gradientAccumulationSteps: 8, model: {nLayers: 4}, parallelism: {pipeline: 4}}",
+     None),
+    ("{strategy: fsdp, workers: 2, procsPerWorker: 2, gradientAccumulationSteps: 2, "
+     "parallelism: {pipeline: 2, tensor: 2}}", None),  # P=2 x T=2: a stage per worker, split over its processes
+    ("{strategy: fsdp, workers: 2, gradientAccumulationSteps: 4, model: {nLayers: 4}, "
+     "parallelism: {pipeline: 2, pipelineSchedule: Interleaved1F1B}}", None),  # stages 0, 2 | 1, 3
+    ("{strategy: fsdp, workers: 2, gradientAccumulationSteps: 4, model: {nLayers: 3}, "
+     "parallelism: {pipeline: 2, pipelineSchedule: Interleaved1F1B}}", PIPELINE_INTERLEAVED_LINE),  # 4 stages > 3
+    ("{strategy: fsdp, workers: 3, gradientAccumulationSteps: 2, parallelism: {pipeline: 2}}", PIPELINE_WORLD_LINE),
+    ("{strategy: fsdp, workers: 3, procsPerWorker: 2, gradientAccumulationSteps: 2, "
+     "parallelism: {pipeline: 2, tensor: 2}}", PIPELINE_WORLD_LINE),  # world 6, T x P 4
+    ("{strategy: fsdp, workers: 2, parallelism: {pipeline: 2}}", PIPELINE_MICROBATCHES_LINE),  # 1F1B, 1 micro-batch
+    ("{strategy: deepspeed, workers: 2, gradientAccumulationSteps: 2, parallelism: {pipeline: 2}}",
+     PIPELINE_STRATEGY_LINE),
+])
+def test_pipeline_parallel_layouts(spec, line, tmp_path, capsys):
+    """P x T divides the world, P <= the blocks, 1F1B has >= P micro-batches; P > 1 only with FSDP2 (and T)."""
+    _validate_layout(spec, line, tmp_path, capsys)
+
+
+def _validate_layout(spec, line, tmp_path, capsys):
     f = tmp_path / "tp.yaml"
     f.write_text(HEADER + f"spec: {spec}\n")
     assert main(["validate", str(f)]) == (0 if line is None else 2)

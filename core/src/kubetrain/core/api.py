@@ -245,10 +245,14 @@ class DDPSpec(_Model):
 
 
 class ParallelismSpec(_Model):
-    """How each model is split across processes beyond data parallelism (docs/trainer.md#tensor-parallelism)."""
+    """How each model is split across processes beyond data parallelism (docs/trainer.md#tensor-parallelism, docs/trainer.md#pipeline-parallelism)."""
 
     tensor: int = Field(1, ge=1, le=MAX_PROCS_PER_WORKER)
     """Tensor-parallel degree T: every block's attention and MLP projections are split across T processes of one worker (their fast intra-node links), and data parallelism (strategy fsdp) runs over the world size / T groups. T must divide procsPerWorker and model.nHeads; T > 1 needs strategy fsdp and the built-in model. 1 (the default): data parallelism only."""
+    pipeline: int = Field(1, ge=1, le=1024)
+    """Pipeline-parallel degree P: the model's blocks are split into P consecutive stages (the first also holds the embeddings, the last the head and the loss), each run by world size / P processes, and the step's gradientAccumulationSteps micro-batches flow through them. P × tensor must divide the world size and P be at most model.nLayers; P > 1 needs strategy fsdp, the built-in model and precision fp32 or bf16; it composes with tensor (each stage split over T processes of a worker). 1 (the default): no pipeline."""
+    pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
+    """Order of the micro-batches' forward and backward passes on each stage: `1F1B` (the default) starts each micro-batch's backward as soon as the last stage has its loss and keeps at most P micro-batches' activations per stage (it needs gradientAccumulationSteps >= pipeline); `GPipe` runs all forwards, then all backwards (every micro-batch's activations held at once); `Interleaved1F1B` gives each process 2 smaller stages (process r runs stages r and r + P of 2P), a smaller idle bubble for twice the sends (it needs gradientAccumulationSteps a multiple of pipeline and model.nLayers >= 2 x pipeline)."""
 
 
 class ModelSpec(_Model):
@@ -722,6 +726,60 @@ SPEC_RULES: list[Rule] = [
         lambda s: s.parallelism.tensor == 1 or s.model.hf_path is None,
     ),
     Rule(
+        "parallelism.pipeline",
+        f"self.parallelism.pipeline == 1 || (self.workers * {_PROCS_CEL}) % (self.parallelism.tensor * self.parallelism.pipeline) == 0",
+        "parallelism.pipeline times parallelism.tensor must divide the world size (workers x processes per worker): "
+        "every stage runs on the same number of processes",
+        lambda s: s.parallelism.pipeline == 1 or s.world_size % (s.parallelism.tensor * s.parallelism.pipeline) == 0,
+    ),
+    Rule(
+        "parallelism.pipeline",
+        "self.parallelism.pipeline <= self.model.nLayers",
+        "parallelism.pipeline must be at most model.nLayers (each stage runs at least one block)",
+        lambda s: s.parallelism.pipeline <= s.model.n_layers,
+    ),
+    Rule(
+        "parallelism.pipelineSchedule",
+        "self.parallelism.pipeline == 1 || self.parallelism.pipelineSchedule != '1F1B' "
+        "|| self.gradientAccumulationSteps >= self.parallelism.pipeline",
+        "parallelism.pipelineSchedule 1F1B needs gradientAccumulationSteps (the micro-batches of a step) >= "
+        "parallelism.pipeline: use more micro-batches, or pipelineSchedule GPipe",
+        lambda s: s.parallelism.pipeline == 1 or s.parallelism.pipeline_schedule != "1F1B"
+        or s.gradient_accumulation_steps >= s.parallelism.pipeline,
+    ),
+    Rule(
+        "parallelism.pipelineSchedule",
+        "self.parallelism.pipeline == 1 || self.parallelism.pipelineSchedule != 'Interleaved1F1B' "
+        "|| (self.gradientAccumulationSteps % self.parallelism.pipeline == 0 "
+        "&& 2 * self.parallelism.pipeline <= self.model.nLayers)",
+        "parallelism.pipelineSchedule Interleaved1F1B runs 2 stages per process: it needs gradientAccumulationSteps "
+        "(the micro-batches of a step) a multiple of parallelism.pipeline and model.nLayers >= 2 x "
+        "parallelism.pipeline",
+        lambda s: s.parallelism.pipeline == 1 or s.parallelism.pipeline_schedule != "Interleaved1F1B"
+        or (s.gradient_accumulation_steps % s.parallelism.pipeline == 0
+            and 2 * s.parallelism.pipeline <= s.model.n_layers),
+    ),
+    Rule(
+        "parallelism.pipeline",
+        "self.parallelism.pipeline == 1 || self.strategy == 'fsdp'",
+        "parallelism.pipeline > 1 needs strategy fsdp: pipelining composes with FSDP2 only, not yet with ddp or "
+        "deepspeed",
+        lambda s: s.parallelism.pipeline == 1 or s.strategy == "fsdp",
+    ),
+    Rule(
+        "parallelism.pipeline",
+        "self.parallelism.pipeline == 1 || !has(self.model.hfPath)",
+        "parallelism.pipeline > 1 runs the built-in model only: model.hfPath models cannot be split into stages yet",
+        lambda s: s.parallelism.pipeline == 1 or s.model.hf_path is None,
+    ),
+    Rule(
+        "parallelism.pipeline",
+        "self.parallelism.pipeline == 1 || self.precision != 'fp16'",
+        "parallelism.pipeline > 1 needs precision fp32 or bf16: the pipeline schedule runs the backward passes "
+        "itself, without fp16's loss scaling",
+        lambda s: s.parallelism.pipeline == 1 or s.precision != "fp16",
+    ),
+    Rule(
         "metricsPort",
         f"self.metricsPort + {_PROCS_CEL} - 1 <= 65535",
         "metricsPort + processes per worker - 1 must be <= 65535 (each process serves metrics on the next port)",
@@ -831,7 +889,7 @@ class TrainingJobSpec(_Model):
     model: ModelSpec = Field(default_factory=ModelSpec)
     """The model."""
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
-    """Model parallelism: tensor-parallel degree (data parallelism over the rest of the world)."""
+    """Model parallelism: tensor- and pipeline-parallel degrees (data parallelism over the rest of the world)."""
     data: DataSpec = Field(default_factory=DataSpec)
     """The training data."""
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)

@@ -95,23 +95,34 @@ class Engine:
     def load(self, path: Path, saved_world_size: int) -> None:
         raise NotImplementedError
 
+    pipeline_degree: int = 1
+    """Pipeline stages (parallelism.pipeline): each rank holds one stage's parameters."""
+
+    @property
+    def loss_weight(self) -> float:
+        """How much this rank's loss counts in the mean over ranks: 1, and 0 on a pipeline stage that
+        computes none (all but the last)."""
+        return 1.0
+
     def local_param_sq_norm(self) -> float:
         """Sum of squares of this rank's parameter shard, each element divided by the ranks that hold it
         (a DTensor's copies): summed over the gang, every element counts once (for debugging / tests)."""
         total = 0.0
         for p in self.model.parameters():
             t = p.to_local() if hasattr(p, "to_local") else p
-            total += float(t.detach().float().pow(2).sum()) / parallel.copies(p)
+            total += float(t.detach().float().pow(2).sum()) / parallel.copies(p, self.pipeline_degree)
         return total
 
 
-def grad_norm(grads: list[torch.Tensor]) -> float:
+def grad_norm(grads: list[torch.Tensor], pipeline: int = 1) -> float:
     """The global L2 norm of the gradients, the same number on every rank.
 
     Plain tensors (DDP) are whole on every rank. DTensors (FSDP2, tensor parallelism) are reduced by one
     all-reduce of every rank's local squares, each element counted once over the gang (parallel.copies):
     DTensor's own reduction would take one collective per mesh (the blocks' projections live on the
-    (dp, tp) mesh, the rest on dp's), and sum them in an order that may differ between ranks.
+    (dp, tp) mesh, the rest on dp's), and sum them in an order that may differ between ranks. Under
+    pipeline parallelism the stages hold different parameters: the same all-reduce over the world adds
+    them up, each counted by the copies within its stage (``pipeline`` stages).
     """
     if not any(hasattr(g, "to_local") for g in grads):
         return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
@@ -120,7 +131,7 @@ def grad_norm(grads: list[torch.Tensor]) -> float:
         device = torch.device("cuda", torch.cuda.current_device())
     by_copies: dict[int, list[torch.Tensor]] = {}
     for g in grads:
-        by_copies.setdefault(parallel.copies(g), []).append(g.to_local() if hasattr(g, "to_local") else g)
+        by_copies.setdefault(parallel.copies(g, pipeline), []).append(g.to_local() if hasattr(g, "to_local") else g)
     squares = torch.zeros((), dtype=torch.float64, device=device)
     for copies, local in by_copies.items():  # one fused norm per group (torch's foreach kernels)
         squares += torch.nn.utils.get_total_norm(local, norm_type=2.0).to(device, torch.float64).square() / copies
@@ -128,13 +139,13 @@ def grad_norm(grads: list[torch.Tensor]) -> float:
     return float(squares.sqrt())
 
 
-def clip_gradients(model: nn.Module, max_norm: float) -> float:
+def clip_gradients(model: nn.Module, max_norm: float, pipeline: int = 1) -> float:
     """Clip the global gradient norm to ``max_norm``; returns the norm before clipping (one reduction for
     the norm, then an in-place scale of the local gradients only when it is above ``max_norm``)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
         return 0.0
-    norm = grad_norm(grads)
+    norm = grad_norm(grads, pipeline)
     coef = max_norm / (norm + 1e-6)
     if coef < 1.0:
         for g in grads:
@@ -154,9 +165,14 @@ class TorchEngine(Engine):
         self.strategy = spec.strategy
         self.precision = spec.precision
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+        self.pipeline: parallel.Pipeline | None = None
         if spec.strategy == "fsdp":
-            layout = parallel.Layout(world_size, spec.parallelism.tensor)
-            self.model = parallel.parallelize(model, spec, device, layout, self.amp_dtype)
+            layout = parallel.Layout(world_size, spec.parallelism.tensor, spec.parallelism.pipeline)
+            self.pipeline_degree = layout.pipeline
+            if layout.pipeline > 1:
+                self.model, self.pipeline = parallel.parallelize_pipeline(model, spec, device, layout, self.amp_dtype)
+            else:
+                self.model = parallel.parallelize(model, spec, device, layout, self.amp_dtype)
         else:
             from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
 
@@ -192,7 +208,13 @@ class TorchEngine(Engine):
             return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
         return contextlib.nullcontext()
 
+    @property
+    def loss_weight(self) -> float:
+        return 1.0 if self.pipeline is None or self.pipeline.is_last else 0.0
+
     def forward_backward(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        if self.pipeline is not None:  # the schedule syncs FSDP2's gradients on each stage's last backward
+            return self.pipeline.train_step(micro_batches)
         n = len(micro_batches)
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         for i, (x, y) in enumerate(micro_batches):
@@ -208,6 +230,8 @@ class TorchEngine(Engine):
         return total / n
 
     def eval_loss(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        if self.pipeline is not None:
+            return self.pipeline.eval_loss(micro_batches)
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         with torch.no_grad(), self._autocast():
             for x, y in micro_batches:
@@ -221,7 +245,7 @@ class TorchEngine(Engine):
         clip = self.spec.optimizer.grad_clip
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grad_norm = clip_gradients(self.model, clip) if clip > 0 else None
+        grad_norm = clip_gradients(self.model, clip, self.pipeline_degree) if clip > 0 else None
         skipped = False
         scale: float | None = None
         if self.scaler is not None:
@@ -279,10 +303,16 @@ class TorchEngine(Engine):
         if not (path / "dcp").is_dir():
             raise ConfigError("strategy", f"checkpoint {path} was not written by strategy ddp/fsdp (no dcp/ directory)")
         state = self._state()
+        own = [group["params"] for group in state["optim"]["param_groups"]]
         if legacy_ckpt.is_fused(path / "dcp"):
             legacy_ckpt.load_fused(state, path / "dcp")
         else:
             dcp.load(state, checkpoint_id=str(path / "dcp"))
+        # DCP keeps one rank's copy of non-tensor values: the optimizer's one group names that rank's
+        # parameters, another stage's under pipeline parallelism. The names only map the saved group's
+        # hyperparameters (the same on every rank) onto this rank's group: keep this rank's own.
+        for group, names in zip(state["optim"]["param_groups"], own, strict=True):
+            group["params"] = names
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = safe_load(path / "engine.pt")
         self.scheduler.load_state_dict(extra["scheduler"])

@@ -336,8 +336,8 @@ def global_batch(spec: TrainingJobSpec, data_replicas: int) -> int:
 
 
 def layout_of(env: Env, spec: TrainingJobSpec) -> parallel.Layout:
-    """The gang's (dp, tp) grid: the sampler reads the data-parallel rank and size from it."""
-    return parallel.Layout(env.world_size, spec.parallelism.tensor)
+    """The gang's (pp, dp, tp) grid: the sampler reads the data-parallel rank and size from it."""
+    return parallel.Layout(env.world_size, spec.parallelism.tensor, spec.parallelism.pipeline)
 
 
 def train_step(
@@ -358,20 +358,28 @@ def inject_failure(env: Env, step: int) -> None:
         os._exit(contract.FAIL_AT_EXIT_CODE)
 
 
-def mean_loss_and_stop(
-    local_loss: torch.Tensor, stop_requested: bool, device: torch.device, world_size: int, write_done: bool = False
-) -> tuple[float, bool, int]:
-    """One collective per step: the mean loss over ranks, whether any rank was asked to stop, and how many
-    ranks' background checkpoint write has finished (``write_done``; CheckpointManager.after_step commits
-    when all have: this all-reduce is the agreement, so committing costs no collective of its own)."""
-    flags = torch.tensor([1.0 if stop_requested else 0.0, 1.0 if write_done else 0.0], dtype=torch.float64)
-    red = torch.cat([local_loss.to(torch.float64).cpu().reshape(1), flags])
+def weighted_mean(local: torch.Tensor, weight: float, device: torch.device, *extra: float) -> list[float]:
+    """Collective: the mean of every rank's ``local`` weighed by its ``weight`` (1, or 0 on a pipeline stage
+    that computes no loss), then the sums over ranks of ``extra`` (in the same all-reduce)."""
+    red = torch.tensor([weight, *extra], dtype=torch.float64)
+    red = torch.cat([(local.to(torch.float64).cpu() * weight).reshape(1), red])
     if device.type == "cuda":
         red = red.to(device)
     dist.all_reduce(red)
-    loss, stops, done = red.tolist()
+    total, weights, *sums = red.tolist()
     # Under tensor parallelism the T ranks of a group hold the same loss: the mean over all is still theirs.
-    return loss / world_size, stops > 0, round(done)
+    return [total / weights, *sums]
+
+
+def mean_loss_and_stop(
+    local_loss: torch.Tensor, stop_requested: bool, device: torch.device, weight: float = 1.0, write_done: bool = False
+) -> tuple[float, bool, int]:
+    """One collective per step: the mean loss over the ranks that computed one (``weight``), whether any rank
+    was asked to stop, and how many ranks' background checkpoint write has finished (``write_done``;
+    CheckpointManager.after_step commits when all have: this all-reduce is the agreement, so committing
+    costs no collective of its own)."""
+    loss, stops, done = weighted_mean(local_loss, weight, device, float(stop_requested), float(write_done))
+    return loss, stops > 0, round(done)
 
 
 def train(env: Env, spec: TrainingJobSpec) -> int:
@@ -408,7 +416,8 @@ def check_vocab(corpus: torch.Tensor, held: torch.Tensor | None, vocab: int) -> 
 
 
 class Evaluator:
-    """evalEverySteps: the loss on the fixed held-out windows, averaged over all ranks (a collective)."""
+    """evalEverySteps: the loss on the fixed held-out windows, averaged over the ranks that compute one (all,
+    or a pipeline's last stage; a collective)."""
 
     def __init__(self, env: Env, spec: TrainingJobSpec, engine: Engine, held: torch.Tensor | None,
                  device: torch.device, metrics: Metrics) -> None:
@@ -421,10 +430,8 @@ class Evaluator:
         if self.batches is None or every is None or not (final or state.step % every == 0):
             return
         hangs.write_beat(state.step, hangs.EVAL, force=True)
-        red = self.engine.eval_loss(self.batches).to(torch.float64).reshape(1)
-        red = red.to(self.device) if self.device.type == "cuda" else red.cpu()
-        dist.all_reduce(red)
-        state.eval_loss, state.eval_step = float(red[0]) / self.env.world_size, state.step
+        local = self.engine.eval_loss(self.batches)
+        state.eval_loss, state.eval_step = weighted_mean(local, self.engine.loss_weight, self.device)[0], state.step
         record["eval_loss"] = state.eval_loss
         self.metrics.set_eval_loss(state.eval_loss)
         if self.env.rank == 0:
@@ -456,7 +463,7 @@ def _train(
         observer = StepObserver(env, spec, engine, metrics, fpt, peak_flops(device, spec.precision))
         evaluator = Evaluator(env, spec, engine, held, device, metrics)
         profiler = StepProfiler(spec, env.rank, ckpt_root, device, reporter.profile_request)
-        mbs, ga, ws = spec.micro_batch_size, spec.gradient_accumulation_steps, env.world_size
+        mbs, ga = spec.micro_batch_size, spec.gradient_accumulation_steps
         layout = layout_of(env, spec)
         data_rank = layout.data_rank(env.rank)
         first = True
@@ -469,7 +476,8 @@ def _train(
             profiler.after_step(state.step)
             state.samples_seen += global_batch(spec, layout.data)
             inject_failure(env, state.step)
-            loss, stopping, writes_done = mean_loss_and_stop(local_loss, stop.set, device, ws, checkpoints.write_done())
+            loss, stopping, writes_done = mean_loss_and_stop(local_loss, stop.set, device, engine.loss_weight,
+                                                             checkpoints.write_done())
             checkpoints.after_step(writes_done)
             hangs.write_beat(state.step)
             record = observer.observe(state, loss, lr, info, time.perf_counter() - t0)

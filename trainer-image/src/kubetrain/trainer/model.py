@@ -68,6 +68,21 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean next-token cross-entropy, in fp32."""
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def own_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks a model holds, in order: a pipeline stage keeps its own in a ModuleDict under their original
+    indices (so their parameter names, and a checkpoint's, stay those of the whole model)."""
+    blocks = model.blocks
+    if isinstance(blocks, nn.ModuleDict):
+        return list(blocks.values())
+    assert isinstance(blocks, nn.ModuleList)
+    return list(blocks)
+
+
 class Transformer(nn.Module):
     """``forward(tokens, targets)`` returns the mean next-token cross-entropy (fp32)."""
 
@@ -75,11 +90,12 @@ class Transformer(nn.Module):
         super().__init__()
         self.seq_len = spec.seq_len
         self.activation_checkpointing = activation_checkpointing
-        self.tok = nn.Embedding(spec.vocab_size, spec.d_model)
-        self.pos = nn.Embedding(spec.seq_len, spec.d_model)
+        # None on a pipeline stage that does not own them (parallel.pipeline)
+        self.tok: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.d_model)
+        self.pos: nn.Embedding | None = nn.Embedding(spec.seq_len, spec.d_model)
         self.blocks = nn.ModuleList(Block(spec.d_model, spec.n_heads) for _ in range(spec.n_layers))
-        self.ln_f = nn.LayerNorm(spec.d_model)
-        self.head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        self.ln_f: nn.LayerNorm | None = nn.LayerNorm(spec.d_model)
+        self.head: nn.Linear | None = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         self.n_layers = spec.n_layers
         self.n_heads = spec.n_heads
         self.d_model = spec.d_model
@@ -95,21 +111,28 @@ class Transformer(nn.Module):
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.tok(tokens) + self.pos(positions)
-        for block in self.blocks:
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean loss; without ``targets``, what this module's part of the model outputs. A pipeline stage
+        (parallel.pipeline) lacks the parts it does not own: without embeddings ``tokens`` are the previous
+        stage's hidden states, and without the head the hidden states are returned."""
+        x = tokens
+        if self.tok is not None and self.pos is not None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            x = self.tok(tokens) + self.pos(positions)
+        for block in own_blocks(self):
             if self.activation_checkpointing and self.training:
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
+        if self.head is None or self.ln_f is None:
+            return x
         logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        return logits if targets is None else lm_loss(logits, targets)
 
     def num_params(self, exclude_embeddings: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
         if exclude_embeddings:
-            n -= self.tok.weight.numel() + self.pos.weight.numel()
+            n -= sum(e.weight.numel() for e in (self.tok, self.pos) if e is not None)
         return n
 
 
@@ -130,8 +153,7 @@ class HFCausalLM(nn.Module):
         self.inner = inner
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.inner(input_ids=tokens).logits
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        return lm_loss(self.inner(input_ids=tokens).logits, targets)
 
 
 def vocab_size(model: nn.Module) -> int:
@@ -139,14 +161,14 @@ def vocab_size(model: nn.Module) -> int:
     if isinstance(model, HFCausalLM):
         embeddings: Any = model.inner.get_input_embeddings()  # type: ignore[operator]
         return int(embeddings.num_embeddings)
-    assert isinstance(model, Transformer)
+    assert isinstance(model, Transformer) and model.tok is not None  # the whole model, before any split
     return int(model.tok.num_embeddings)
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks to shard / checkpoint one by one."""
     if isinstance(model, Transformer):
-        return list(model.blocks)
+        return own_blocks(model)
     for name in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
         mod: nn.Module | None = model.inner if isinstance(model, HFCausalLM) else model
         for part in name.split("."):

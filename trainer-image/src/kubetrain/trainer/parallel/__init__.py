@@ -1,6 +1,6 @@
 """Splitting the model over one DeviceMesh: one function per dimension, applied in one order.
 
-The order is tensor parallelism first (it turns the blocks' projections into DTensors on the mesh's
+The order is the pipeline split first (each rank keeps its stage's part of the model), then tensor parallelism (it turns the blocks' projections into DTensors on the mesh's
 ``tp`` dimension), then data sharding (FSDP2 over the ``dp`` dimension, which shards those DTensors
 once more). Activation checkpointing is the model's own (``Transformer.activation_checkpointing``);
 it wraps whole blocks, so it composes with both.
@@ -8,21 +8,48 @@ it wraps whole blocks, so it composes with both.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from kubetrain.core.api import TrainingJobSpec
 from kubetrain.trainer.parallel.data import shard_data
-from kubetrain.trainer.parallel.mesh import DP, TP, Layout, build_mesh, copies
+from kubetrain.trainer.parallel.mesh import DP, PP, TP, Layout, build_mesh, copies
+from kubetrain.trainer.parallel.pipeline import Pipeline, RankPart, rank_stages, split_stages, virtual_stages
 from kubetrain.trainer.parallel.tensor import apply_tensor_parallel
 
-__all__ = ["DP", "TP", "Layout", "apply_tensor_parallel", "build_mesh", "copies", "parallelize", "shard_data"]
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["DP", "PP", "TP", "Layout", "Pipeline", "apply_tensor_parallel", "build_mesh", "copies", "parallelize",
+           "parallelize_pipeline", "shard_data"]
 
 
 def parallelize(model: nn.Module, spec: TrainingJobSpec, device: torch.device, layout: Layout,
                 amp_dtype: torch.dtype | None) -> nn.Module:
-    """Collective (it builds the mesh): ``model`` split over the gang as ``layout`` says, for strategy fsdp."""
+    """Collective (it builds the mesh): ``model`` split over the gang as ``layout`` says, for strategy fsdp
+    without pipeline parallelism."""
+    return _tensor_and_data(model, spec, device, build_mesh(device.type, layout), layout, amp_dtype)
+
+
+def parallelize_pipeline(model: nn.Module, spec: TrainingJobSpec, device: torch.device, layout: Layout,
+                         amp_dtype: torch.dtype | None) -> tuple[nn.Module, Pipeline]:
+    """Collective: this rank's pipeline stages of ``model`` (one module under the whole model's names),
+    each split further as ``layout`` says, and the schedule that runs them (``layout.pipeline`` > 1)."""
     mesh = build_mesh(device.type, layout)
+    schedule = spec.parallelism.pipeline_schedule
+    stages = rank_stages(layout.pipeline_rank(dist.get_rank()), layout.pipeline, schedule)
+    modules = split_stages(model, stages, layout.pipeline * virtual_stages(schedule))
+    for module in modules:
+        _tensor_and_data(module, spec, device, mesh, layout, amp_dtype)
+    pipeline = Pipeline(modules, stages, mesh[PP], device, schedule, spec.gradient_accumulation_steps)
+    return RankPart(modules), pipeline
+
+
+def _tensor_and_data(model: nn.Module, spec: TrainingJobSpec, device: torch.device, mesh: DeviceMesh,
+                     layout: Layout, amp_dtype: torch.dtype | None) -> nn.Module:
     if layout.tensor > 1:
         model.to(device)  # the shards are cut from the (seeded, identical) full weights on this device
         apply_tensor_parallel(model, mesh[TP])

@@ -1,9 +1,10 @@
-"""The gang as a (dp, tp) grid: which data-parallel replica a rank serves, and the DeviceMesh over it.
+"""The gang as a (pp, dp, tp) grid: which stage and data-parallel replica a rank serves, and the DeviceMesh.
 
-Ranks fill the grid row by row (``rank = dp_rank × T + tp_rank``), so the T ranks of one tensor-parallel
-group are consecutive. A worker's processes are consecutive ranks too (``NODE_RANK × procsPerWorker +
-LOCAL_RANK``) and T divides procsPerWorker: every tensor-parallel group stays inside one worker, on its
-fast intra-node links, while data parallelism crosses workers.
+Ranks fill the grid row by row (``rank = (pp_rank × D + dp_rank) × T + tp_rank``), so the T ranks of one
+tensor-parallel group are consecutive. A worker's processes are consecutive ranks too (``NODE_RANK ×
+procsPerWorker + LOCAL_RANK``) and T divides procsPerWorker: every tensor-parallel group stays inside one
+worker, on its fast intra-node links, while data parallelism and pipeline stages (the outermost dimension,
+whose point-to-point activations are the least traffic) cross workers.
 """
 
 from __future__ import annotations
@@ -21,41 +22,55 @@ if TYPE_CHECKING:
 
 DP = "dp"
 """The data-parallel dimension: ranks holding different batches (FSDP2 shards over it)."""
+PP = "pp"
+"""The pipeline dimension: ranks holding different blocks of the model, passing activations along."""
 TP = "tp"
 """The tensor-parallel dimension: ranks holding different parts of the same layers, and the same batch."""
 
 
 @dataclass(frozen=True)
 class Layout:
-    """The grid's shape from the world size and the tensor-parallel degree (pure)."""
+    """The grid's shape from the world size and the tensor- and pipeline-parallel degrees (pure)."""
 
     world_size: int
     tensor: int = 1
+    pipeline: int = 1
 
     def __post_init__(self) -> None:
         if self.tensor < 1 or self.world_size % self.tensor:
             raise ConfigError("parallelism.tensor", f"{self.tensor} does not divide the world size {self.world_size}")
+        if self.pipeline < 1 or self.world_size % (self.tensor * self.pipeline):
+            raise ConfigError("parallelism.pipeline", f"tensor × pipeline ({self.tensor} × {self.pipeline}) does not "
+                              f"divide the world size {self.world_size}")
 
     @property
     def data(self) -> int:
         """Data-parallel replicas: each draws its own share of the global batch."""
-        return self.world_size // self.tensor
+        return self.world_size // (self.tensor * self.pipeline)
 
     def data_rank(self, rank: int) -> int:
-        """The replica ``rank`` serves: the data it reads (its tensor-parallel peers read the same)."""
-        return rank // self.tensor
+        """The replica ``rank`` serves: the data it reads (its tensor-parallel and pipeline peers read the same)."""
+        return rank // self.tensor % self.data
 
     def tensor_rank(self, rank: int) -> int:
         return rank % self.tensor
 
+    def pipeline_rank(self, rank: int) -> int:
+        """The pipeline stage ``rank`` runs (0 reads the tokens, the last computes the loss)."""
+        return rank // (self.tensor * self.data)
+
     @property
     def shape(self) -> tuple[int, ...]:
-        """The mesh's shape: one dimension (dp) without tensor parallelism, else (dp, tp)."""
-        return (self.data,) if self.tensor == 1 else (self.data, self.tensor)
+        """The mesh's shape: dp always, pp before it and tp after it only when their degree is above 1."""
+        return tuple(size for size, _ in self._dims())
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (DP,) if self.tensor == 1 else (DP, TP)
+        return tuple(name for _, name in self._dims())
+
+    def _dims(self) -> list[tuple[int, str]]:
+        dims = [(self.pipeline, PP), (self.data, DP), (self.tensor, TP)]
+        return [(size, name) for size, name in dims if size > 1 or name == DP]
 
 
 def build_mesh(device_type: str, layout: Layout) -> DeviceMesh:
@@ -66,10 +81,11 @@ def build_mesh(device_type: str, layout: Layout) -> DeviceMesh:
     return init_device_mesh(device_type, layout.shape, mesh_dim_names=layout.names)
 
 
-def copies(t: torch.Tensor) -> int:
+def copies(t: torch.Tensor, pipeline: int = 1) -> int:
     """How many ranks hold each element of ``t`` (a parameter or its local shard's DTensor): a DTensor is
-    split over its mesh's sharded dimensions and copied over the rest of the world; a plain tensor is
-    taken as this rank's own (1)."""
+    split over its mesh's sharded dimensions and copied over the rest of its stage's ranks (the world, or
+    one of its ``pipeline`` stages: the other stages hold other parameters); a plain tensor is taken as
+    this rank's own (1)."""
     mesh = getattr(t, "device_mesh", None)
     if mesh is None:
         return 1
@@ -77,4 +93,4 @@ def copies(t: torch.Tensor) -> int:
     for dim, placement in enumerate(t.placements):  # type: ignore[attr-defined]
         if not placement.is_replicate():  # Shard, and FSDP2's _StridedShard over tensor-parallel shards
             shards *= mesh.size(dim)
-    return dist.get_world_size() // shards
+    return dist.get_world_size() // pipeline // shards

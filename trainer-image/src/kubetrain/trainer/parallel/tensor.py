@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.model import Transformer
+from kubetrain.trainer.model import Transformer, own_blocks
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -44,5 +44,5 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         raise ConfigError("parallelism.tensor", "tensor parallelism supports the built-in model only (not model.hfPath)")
     if model.n_heads % tp_mesh.size():
         raise ConfigError("parallelism.tensor", f"{tp_mesh.size()} does not divide model.nHeads {model.n_heads}")
-    for block in model.blocks:
+    for block in own_blocks(model):  # a pipeline stage's own blocks
         parallelize_module(block, tp_mesh, block_plan())  # type: ignore[arg-type]
