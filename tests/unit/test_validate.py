@@ -166,7 +166,7 @@ def test_broken_manifest_exits_2_with_field_path(name, capsys):
     assert err == [f"{MANIFESTS / name}: {line}" for line in EXPECTED[name]]
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "examples").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((REPO / "examples").rglob("*.yaml")), ids=lambda p: str(p.relative_to(REPO / "examples")))
 def test_examples_are_valid(path, capsys):
     kind = "TrainingSweep" if "kind: TrainingSweep" in path.read_text() else "TrainingJob"
     assert main(["validate", str(path)]) == 0
