@@ -226,6 +226,24 @@ def test_tensor_parallel_two_by_two_resumes_exactly_after_a_kill(jobs: RealJobs,
     assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
 
 
+def test_a_hugging_face_trainer_script_resumes_from_its_newest_committed_checkpoint(jobs: RealJobs) -> None:
+    """examples/hf-trainer/job.yaml (transformers.Trainer with kubetrain's callback, 2 workers, the script and
+    text shipped in the trainer image) with a drill: rank 1 exits 137 after step 13, once. Status shows step
+    and loss while it trains; the gang resumes from checkpoint-10, the newest committed, and Succeeds."""
+    start = time.monotonic()
+    body = yaml.safe_load((REPO_ROOT / "examples" / "hf-trainer" / "job.yaml").read_text())
+    body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "1:13"}]
+    name = jobs.create(body, name="hf-trainer")
+    running = jobs.wait(name, lambda st: st.get("currentStep", 0) >= 3 and st.get("loss"), 600, "step and loss")
+    print(f"hf-trainer: while training: step {running['currentStep']}, loss {running['loss']}")
+    st = jobs.wait_phase(name, "Succeeded", timeout=900)
+    fields = {k: st.get(k) for k in ("restartCount", "resumedFromStep", "currentStep", "maxSteps", "loss", "failures")}
+    fields["lastCheckpoint"] = (st.get("lastCheckpoint") or {}).get("step")
+    print(f"hf-trainer: Succeeded in {elapsed(start)} s: {json.dumps(fields)}")
+    assert (st["restartCount"], st["resumedFromStep"], st["currentStep"], fields["lastCheckpoint"]) == (1, 10, 40, 40), \
+        jobs.describe(name)
+
+
 def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJobs, real_namespace: str) -> None:
     name = jobs.create(quickstart(**{**RESUMABLE, "checkpoint": {"everySteps": 1000}}), name="graceful")
     jobs.wait(name, lambda st: st.get("currentStep", 0) >= 15, 300, "step >= 15")
