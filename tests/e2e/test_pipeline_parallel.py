@@ -14,11 +14,10 @@ model (4 blocks) and global batch, then the resumed ones:
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 import pytest
-from support.trainer_harness import Gang, Run, rel_diff, tiny_spec
+from support.trainer_harness import Run, layout_runs, rel_diff, tiny_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -65,30 +64,8 @@ FAIL_AT = "1:7"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    root = tmp_path_factory.mktemp("pipeline_parallel")
-    gangs = {name: Gang(root / name, spec, world, env=NORM_ENV) for name, (spec, world) in SPECS.items()}
-    spec, world = SPECS["pp2_dp2"]
-    gangs["pp2_dp2_fail"] = Gang(root / "pp2_dp2_fail", spec, world, env={**NORM_ENV, "KUBETRAIN_FAIL_AT": FAIL_AT})
-    done = {name: g.wait() for name, g in gangs.items()}
-    gangs = {"pp2_dp2_resumed": Gang(root / "pp2_dp2_fail", spec, world, generation=1, env=NORM_ENV),
-             "pp2_tp2": Gang(root / "pp2_tp2", *PP2_TP2, env=NORM_ENV)}
-    for name, reference in RESHARDED.items():
-        shutil.copytree(done[name].ckpt_dir / "step-00000010", root / f"{name}_to_p1" / "checkpoints" / "step-00000010")
-        gangs[f"{name}_to_p1"] = Gang(root / f"{name}_to_p1", SPECS[reference][0], 1, env=NORM_ENV)
-    done.update({name: g.wait() for name, g in gangs.items()})
-    return done
-
-
-def _norms(run: Run) -> dict[int, float]:
-    return {r["step"]: r["param_norm"] for r in run.records}
-
-
-def _grad_norms(run: Run) -> dict[int, float]:
-    return {r["step"]: r["grad_norm"] for r in run.records}
-
-
-def _evals(run: Run) -> dict[int, float]:
-    return {r["step"]: r["eval_loss"] for r in run.records if "eval_loss" in r}
+    return layout_runs(tmp_path_factory.mktemp("pipeline_parallel"), SPECS, "pp2_dp2", FAIL_AT, RESHARDED,
+                       later={"pp2_tp2": PP2_TP2}, env=NORM_ENV)
 
 
 @pytest.mark.parametrize(("name", "reference"), [("pp2", "plain"), ("pp2_dp2", "plain_ga4"), ("pp2_tp2", "plain")])
@@ -102,10 +79,10 @@ def test_pipelined_training_matches_one_process(runs: dict[str, Run], name: str,
     print(f"{name} vs {reference}: max relative loss difference over {STEPS} steps {diff:.2e}")
     assert diff <= TOLERANCE
     # the clipping norm adds up every stage's gradients, and the weights are one process's
-    assert rel_diff(_grad_norms(run), _grad_norms(ref)) <= GRAD_NORM_TOLERANCE
-    assert rel_diff(_norms(run), _norms(ref)) <= TOLERANCE
+    assert rel_diff(run.per_step("grad_norm"), ref.per_step("grad_norm")) <= GRAD_NORM_TOLERANCE
+    assert rel_diff(run.per_step("param_norm"), ref.per_step("param_norm")) <= TOLERANCE
     # only the last stage computes a loss: the eval mean is its replicas', not diluted by the first stage's
-    assert sorted(_evals(run)) == [EVERY * 2, STEPS] and rel_diff(_evals(run), _evals(ref)) <= TOLERANCE
+    assert sorted(run.per_step("eval_loss")) == [EVERY * 2, STEPS] and rel_diff(run.per_step("eval_loss"), ref.per_step("eval_loss")) <= TOLERANCE
 
 
 def test_resume_on_the_same_layout_is_exact(runs: dict[str, Run]) -> None:
@@ -123,7 +100,7 @@ def test_resume_on_the_same_layout_is_exact(runs: dict[str, Run]) -> None:
 @pytest.mark.parametrize(("name", "reference"), list(RESHARDED.items()))
 def test_a_pipelined_checkpoint_resumes_without_pipelining(runs: dict[str, Run], name: str, reference: str) -> None:
     """Each stage saved its own part under the whole model's names: one process reads them all back."""
-    run = runs[f"{name}_to_p1"]
+    run = runs[f"{name}_to_one"]
     assert run.exit_codes == [0], run.log(0)[-3000:]
     assert run.progress["resumedFrom"] == 10 and run.progress["worldSize"] == 1
     assert sorted(run.losses) == list(range(11, STEPS + 1))

@@ -10,11 +10,10 @@ same model and global batch, then the resumed ones:
 
 from __future__ import annotations
 
-import shutil
 from typing import Any
 
 import pytest
-from support.trainer_harness import Gang, Run, rel_diff, tiny_spec
+from support.trainer_harness import Run, layout_runs, rel_diff, tiny_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -48,25 +47,7 @@ FAIL_AT = "1:7"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    root = tmp_path_factory.mktemp("tensor_parallel")
-    gangs = {name: Gang(root / name, spec, world, env=NORM_ENV) for name, (spec, world) in SPECS.items()}
-    spec, world = SPECS["tp2_dp2"]
-    gangs["tp2_dp2_fail"] = Gang(root / "tp2_dp2_fail", spec, world, env={**NORM_ENV, "KUBETRAIN_FAIL_AT": FAIL_AT})
-    done = {name: g.wait() for name, g in gangs.items()}
-    gangs = {"tp2_dp2_resumed": Gang(root / "tp2_dp2_fail", spec, world, generation=1, env=NORM_ENV)}
-    for name, reference in RESHARDED.items():
-        shutil.copytree(done[name].ckpt_dir / "step-00000010", root / f"{name}_to_t1" / "checkpoints" / "step-00000010")
-        gangs[f"{name}_to_t1"] = Gang(root / f"{name}_to_t1", SPECS[reference][0], 1, env=NORM_ENV)
-    done.update({name: g.wait() for name, g in gangs.items()})
-    return done
-
-
-def _norms(run: Run) -> dict[int, float]:
-    return {r["step"]: r["param_norm"] for r in run.records}
-
-
-def _evals(run: Run) -> dict[int, float]:
-    return {r["step"]: r["eval_loss"] for r in run.records if "eval_loss" in r}
+    return layout_runs(tmp_path_factory.mktemp("tensor_parallel"), SPECS, "tp2_dp2", FAIL_AT, RESHARDED, env=NORM_ENV)
 
 
 @pytest.mark.parametrize(("name", "reference"), [("tp2", "plain"), ("tp2_dp2", "plain_ga4")])
@@ -80,8 +61,8 @@ def test_tensor_parallel_training_matches_one_process(runs: dict[str, Run], name
     print(f"{name} vs {reference}: max relative loss difference over {STEPS} steps {diff:.2e}")
     assert diff <= TOLERANCE
     # every parameter element counted once, however it is split: the same weights as one process's
-    assert rel_diff(_norms(run), _norms(ref)) <= TOLERANCE
-    assert sorted(_evals(run)) == [EVERY * 2, STEPS] and rel_diff(_evals(run), _evals(ref)) <= TOLERANCE
+    assert rel_diff(run.per_step("param_norm"), ref.per_step("param_norm")) <= TOLERANCE
+    assert sorted(run.per_step("eval_loss")) == [EVERY * 2, STEPS] and rel_diff(run.per_step("eval_loss"), ref.per_step("eval_loss")) <= TOLERANCE
 
 
 def test_resume_on_the_same_layout_is_exact(runs: dict[str, Run]) -> None:
@@ -101,7 +82,7 @@ def test_a_tensor_parallel_checkpoint_resumes_without_tensor_parallelism(
     runs: dict[str, Run], name: str, reference: str
 ) -> None:
     """DCP reshards the DTensors (tensor-parallel shards, sharded again by FSDP2 over dp) into one process's."""
-    run = runs[f"{name}_to_t1"]
+    run = runs[f"{name}_to_one"]
     assert run.exit_codes == [0], run.log(0)[-3000:]
     assert run.progress["resumedFrom"] == 10 and run.progress["worldSize"] == 1
     assert sorted(run.losses) == list(range(11, STEPS + 1))

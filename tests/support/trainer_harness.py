@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from kubetrain.core import contract
 
 from .paths import EXAMPLE_DATA, REPO_ROOT
 from .ports import free_port
@@ -79,6 +82,10 @@ class Run:
     def losses(self) -> dict[int, float]:
         """step -> loss; a step recomputed after a resume keeps its latest value."""
         return {r["step"]: r["loss"] for r in self.records}
+
+    def per_step(self, key: str) -> dict[int, float]:
+        """step -> the records' `key` (param_norm, grad_norm, eval_loss, ...), where a record has it."""
+        return {r["step"]: r[key] for r in self.records if key in r}
 
     def log(self, rank: int = 0) -> str:
         return (self.out / f"rank-{rank}.log").read_text(errors="replace")
@@ -203,3 +210,28 @@ def rel_diff(a: dict[int, float], b: dict[int, float]) -> float:
     common = sorted(set(a) & set(b))
     assert common, "no common steps"
     return max(abs(a[s] - b[s]) / max(abs(b[s]), 1e-12) for s in common)
+
+
+Layouts = dict[str, tuple[dict[str, Any], int]]
+"""name -> (spec, world size)."""
+
+
+def layout_runs(root: Path, layouts: Layouts, failing: str, fail_at: str, resharded: dict[str, str],
+                later: Layouts | None = None, env: dict[str, str] | None = None) -> dict[str, Run]:
+    """The parallel layouts' campaign (tests/e2e/test_*_parallel.py), two waves on the few cores there are: every
+    layout, and `failing` once more with KUBETRAIN_FAIL_AT=`fail_at` (name `<failing>_fail`); then that gang's
+    next generation (`<failing>_resumed`), the `later` layouts, and each `resharded` run's step-10 checkpoint
+    resumed by one process with its reference's spec (`<name>_to_one`)."""
+    env = env or {}
+    gangs = {name: Gang(root / name, spec, world, env=env) for name, (spec, world) in layouts.items()}
+    spec, world = layouts[failing]
+    gangs[f"{failing}_fail"] = Gang(root / f"{failing}_fail", spec, world, env={**env, contract.FAIL_AT: fail_at})
+    done = {name: g.wait() for name, g in gangs.items()}
+    gangs = {f"{failing}_resumed": Gang(root / f"{failing}_fail", spec, world, generation=1, env=env)}
+    gangs.update({name: Gang(root / name, s, w, env=env) for name, (s, w) in (later or {}).items()})
+    for name, reference in resharded.items():
+        step10 = root / f"{name}_to_one" / "checkpoints" / "step-00000010"
+        shutil.copytree(done[name].ckpt_dir / "step-00000010", step10)
+        gangs[f"{name}_to_one"] = Gang(root / f"{name}_to_one", layouts[reference][0], 1, env=env)
+    done.update({name: g.wait() for name, g in gangs.items()})
+    return done
