@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from kubetrain.core.api import (
@@ -475,16 +475,34 @@ def check_sweep(doc: Any) -> tuple[TrainingSweep | None, list[Problem]]:
 Stored = TypeVar("Stored", TrainingJob, TrainingSweep)
 
 
-def stored_object(model: type[Stored], body: Mapping[str, Any]) -> tuple[Stored | None, list[str]]:
+def stored_object(model: type[Stored], body: Mapping[str, Any]) -> tuple[Stored | None, list[str], list[str]]:
     """An object the API server accepted, as `model`; else None and the problems its schema could not express
     (the Python-only rules, and objects stored before a field got stricter). Metadata beyond name, namespace,
-    labels and annotations is not read."""
+    labels and annotations is not read.
+
+    Spec fields `model` does not know are set apart, not refused (their paths, third): they come from a CRD
+    newer than this code, as the API server fills in a new field's default on every object it returns, and an
+    operator not yet upgraded must tell them from a bad spec rather than fail every job that runs. The object
+    is validated once when there are none."""
+    data = _stored_data(body)
     try:
-        obj = model.model_validate(_stored_data(body))
+        obj = model.model_validate(data)
     except ValidationError as exc:
-        return None, [f"{_path(e['loc'])}: {_reason(e)}" for e in exc.errors()]
-    problems = [f"spec.{p}: {m}" for p, m in obj.spec.rule_violations()]
-    return (None if problems else obj), problems
+        errors = exc.errors()
+    else:
+        problems = [f"spec.{p}: {m}" for p, m in obj.spec.rule_violations()]
+        return (None if problems else obj), problems, []
+    unknown = [e["loc"] for e in errors if e["type"] == "extra_forbidden" and e["loc"][:1] == ("spec",)]
+    if not unknown:
+        return None, [f"{_path(e['loc'])}: {_reason(e)}" for e in errors], []
+    data["spec"] = copy.deepcopy(data["spec"])  # the caller's body stays as stored
+    for loc in unknown:
+        parent: Any = data
+        for part in loc[:-1]:
+            parent = parent[part]
+        del parent[loc[-1]]
+    known, problems, _ = stored_object(model, data)
+    return known, problems, [_path(loc) for loc in unknown]
 
 
 def _stored_data(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -493,24 +511,6 @@ def _stored_data(body: Mapping[str, Any]) -> dict[str, Any]:
     data["metadata"] = {"name": meta.get("name"), "namespace": meta.get("namespace"),
                         "labels": meta.get("labels"), "annotations": meta.get("annotations")}
     return data
-
-
-def known_fields_only(model: type[BaseModel], body: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """`body` without the spec fields `model` does not know, and their paths. Such fields come from a CRD newer
-    than this code: the API server fills in a new field's default on every object it returns, so an operator
-    not yet upgraded must tell them from a bad spec rather than fail every job that runs."""
-    try:
-        model.model_validate(_stored_data(body))
-        return dict(body), []
-    except ValidationError as exc:
-        locs = [e["loc"] for e in exc.errors() if e["type"] == "extra_forbidden" and e["loc"][:1] == ("spec",)]
-    out = copy.deepcopy(dict(body))
-    for loc in locs:
-        parent: Any = out
-        for part in loc[:-1]:
-            parent = parent[part]
-        del parent[loc[-1]]
-    return out, [_path(loc) for loc in locs]
 
 
 def problems_of(doc: Any) -> list[Problem]:

@@ -34,7 +34,7 @@ from kubetrain.core.lifecycle import (
     step,
 )
 from kubetrain.core.progress import Progress
-from kubetrain.core.validate import known_fields_only, stored_object
+from kubetrain.core.validate import stored_object
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs import fabrics
 from kubetrain.operator.jobs.conditions import (
@@ -126,7 +126,7 @@ def observe(
 # --------------------------------------------------------------------------- plan
 
 
-def _job_model(body: dict[str, Any]) -> tuple[TrainingJob | None, list[str]]:
+def _job_model(body: dict[str, Any]) -> tuple[TrainingJob | None, list[str], list[str]]:
     return stored_object(TrainingJob, body)
 
 
@@ -171,10 +171,9 @@ class Observation:
 
 def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     """One reconcile of the job `seen` observed."""
-    body, unknown = known_fields_only(TrainingJob, seen.body)
-    now, view = seen.now, seen.queue
+    body, now, view = seen.body, seen.now, seen.queue
     old = _status_of(body)
-    job, problems = _job_model(body)
+    job, problems, unknown = _job_model(body)
     if job is None:
         return _invalid(old, problems, now, kueue.plan_invalid(view, now))
     if unknown and not _started(old):
@@ -386,7 +385,7 @@ def claim_to_check(body: dict[str, Any], pods: list[dict[str, Any]], now: dateti
     is unschedulable for a volume, so the operator neither watches claims nor reads one per reconcile."""
     if not waits_for_volume(blocked_pods(pods, now)):
         return None
-    job, _ = _job_model(body)
+    job, _, _ = _job_model(body)
     return b.claim_name(job) if job is not None else None
 
 

@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 
 from kubetrain.core import api, contract
 from kubetrain.core.api import TrainingJob
-from kubetrain.core.validate import known_fields_only, stored_object
+from kubetrain.core.validate import stored_object
 from kubetrain.operator.kueue import plan as kueue
 from kubetrain.operator.runtime.objects import Key, foreign_message, owned_by, uid_of
 
@@ -54,7 +54,7 @@ class KueueIO:
         cache = self.cache
         if not (((body.get("spec") or {}).get("scheduling") or {}).get("queue")):
             return kueue.QueueView()  # most jobs: not parsed twice
-        job, _ = stored_object(TrainingJob, known_fields_only(TrainingJob, body)[0])  # as plan() reads it
+        job, _, _ = stored_object(TrainingJob, body)
         if job is None:  # a spec this operator refuses: the job fails, and its Workload is finished
             return kueue.QueueView(cache.workload(key))
         if kueue.kueue_queue(job) is None:

@@ -36,7 +36,7 @@ from kubetrain.core.contract import format_time
 from kubetrain.core.lifecycle import set_condition
 from kubetrain.core.sweep import policy, space
 from kubetrain.core.sweep.model import StartTrial, StopTrial, SweepEvent, TrialObservation
-from kubetrain.core.validate import known_fields_only, stored_object
+from kubetrain.core.validate import stored_object
 
 __all__ = ["SweepPlan", "finished", "needs_live_look", "observation", "observe",
            "owned_jobs", "plan", "sweep_owner_reference", "trial_key"]
@@ -142,7 +142,7 @@ def needs_live_look(sweep: Mapping[str, Any], jobs: Iterable[Mapping[str, Any]])
 # --------------------------------------------------------------------------- plan
 
 
-def _sweep_model(body: Mapping[str, Any]) -> tuple[TrainingSweep | None, list[str]]:
+def _sweep_model(body: Mapping[str, Any]) -> tuple[TrainingSweep | None, list[str], list[str]]:
     return stored_object(TrainingSweep, body)
 
 
@@ -173,9 +173,9 @@ def plan(body: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]], now: dateti
     message) of the last trial job create the API server refused or found its name taken, None once one was made."""
     owned, foreign = owned_jobs(body, jobs)
     old = _status_of(body)
-    if old.phase not in FINISHED_SWEEP_PHASES and (unknown := known_fields_only(TrainingSweep, body)[1]):
+    sweep, problems, unknown = _sweep_model(body)
+    if unknown and old.phase not in FINISHED_SWEEP_PHASES:
         return _outdated(old, unknown, now, foreign)
-    sweep, problems = _sweep_model(body)
     if sweep is None:
         if old.phase in FINISHED_SWEEP_PHASES:
             return SweepPlan(foreign=foreign, finished=True)
