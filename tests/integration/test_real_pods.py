@@ -226,6 +226,31 @@ def test_tensor_parallel_two_by_two_resumes_exactly_after_a_kill(jobs: RealJobs,
     assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
 
 
+def test_pipeline_parallel_two_by_two_resumes_exactly_after_a_kill(jobs: RealJobs, real_namespace: str,
+                                                                    tmp_path: Path) -> None:
+    """examples/pipeline-parallel.yaml (P=2 x data 2: worker 0 runs the first stage, worker 1 the last, FSDP2
+    over each worker's 2 processes) on real pods; rank 3 (the last stage's second process) exits 137 after
+    step 25, once. Every rank holds only its stage's part of the state, in memory and on the claim: the gang
+    restarts in place, resumes, Succeeds, and ends on the loss of the same manifest run uninterrupted."""
+    start = time.monotonic()
+    body = yaml.safe_load((REPO_ROOT / "examples" / "pipeline-parallel.yaml").read_text())
+    reference = _start_reference(tmp_path, body)
+    body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "3:25"}]
+    name = jobs.create(body, name="pipeline-parallel")
+    st = jobs.wait_phase(name, "Succeeded", timeout=900)
+    fields = {k: st.get(k) for k in ("restartCount", "resumedFrom", "resumedFromStep", "currentStep", "failures")}
+    print(f"pipeline parallel P=2 x data 2: Succeeded in {elapsed(start)} s: {json.dumps(fields)}")
+    assert st["restartCount"] == 1 and st["resumedFromStep"] >= 20 and st["failures"] == {"ExitCode": 1}, \
+        jobs.describe(name)
+    # The last stage computes the loss; the step's all-reduce gives it to worker 0, which reports it.
+    pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace)
+    final = float(json.loads(pod.metadata.annotations["kubetrain.io/progress"])["loss"])
+    expected = reference()
+    print(f"pipeline parallel: final loss {final!r} (resumed) vs {expected!r} (uninterrupted, local), "
+          f"relative difference {abs(final - expected) / expected:.2e}")
+    assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
+
+
 def test_a_hugging_face_trainer_script_resumes_from_its_newest_committed_checkpoint(jobs: RealJobs) -> None:
     """examples/hf-trainer/job.yaml (transformers.Trainer with kubetrain's callback, 2 workers, the script and
     text shipped in the trainer image) with a drill: rank 1 exits 137 after step 13, once. Status shows step
