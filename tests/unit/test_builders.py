@@ -222,6 +222,14 @@ def test_service_and_config_map():
     assert json.loads(cm["data"]["config.json"])["deepspeed"]["zeroStage"] == 3
 
 
+def test_the_config_names_only_what_the_job_sets_so_an_older_trainer_image_reads_it():
+    j = job(workers=2, model={"dModel": 64}, checkpoint={"memory": {"everySteps": 7}})
+    wire = json.loads(b.config_map(j, OWNER)["data"]["config.json"])
+    # No default (parallelism, say, which an older image lacks) is written out.
+    assert wire == {"workers": 2, "model": {"dModel": 64}, "checkpoint": {"memory": {"everySteps": 7}}}
+    assert TrainingJobSpec.model_validate(wire) == j.spec  # the trainer's defaults fill in the rest
+
+
 def test_custom_command_mode():
     c = b.worker_pod(job(command=["python", "train.py"], args=["--lr", "1e-4"]), 0, 0, b.WorkerSettings())
     c = c["spec"]["containers"][0]

@@ -92,6 +92,11 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     assert err({"optimizer": {"lr": -1}}) == "optimizer.lr"
     assert err({"strategy": "ddp", "fsdp": {}}) == "fsdp"
     assert err({"microBatchSize": 0}) == "microBatchSize"
+    assert err({"checkpoint": {"futureField": 1}}) == "checkpoint.futureField"
+    f = tmp_path / "newer.json"
+    f.write_text(json.dumps({"futureField": True}))
+    with pytest.raises(ConfigError, match=r"unknown to this trainer image \(kubetrain [0-9.]+\): set by a newer operator"):
+        load_spec(f)
     with pytest.raises(ConfigError) as e:
         load_spec(tmp_path / "missing.json")
     assert e.value.field == "KUBETRAIN_CONFIG"

@@ -207,6 +207,12 @@ class _Model(BaseModel):
         """The wire form: camelCase keys, unset optional fields left out."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
+    def dump_changed(self) -> dict[str, Any]:
+        """The wire form of the values that differ from their defaults. A trainer image older than the
+        operator reads it as long as the job sets no field the image lacks; the full form would name
+        every field the operator knows, and the older image would refuse the new ones."""
+        return self.model_dump(by_alias=True, exclude_defaults=True, mode="json")
+
 
 # --------------------------------------------------------------------------- spec pieces
 

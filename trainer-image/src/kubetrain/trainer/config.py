@@ -14,8 +14,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
-from kubetrain.core import contract, hangs
+from kubetrain.core import __version__, contract, hangs
 from kubetrain.core.api import TrainingJobSpec
 
 DEFAULT_DIST_TIMEOUT_SECONDS = 600.0
@@ -120,6 +121,15 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(root)"
 
 
+def _explain(error: ErrorDetails) -> str:
+    if error["type"] != "extra_forbidden":
+        return str(error["msg"])
+    # The operator writes only the fields a job sets, so an unknown one comes from a newer operator
+    # (the API server checked the spelling) or from a config written by hand.
+    return (f"unknown to this trainer image (kubetrain {__version__}): set by a newer operator (run a trainer "
+            "image of the operator's version, or leave the field unset) or misspelled")
+
+
 def load_spec(path: Path) -> TrainingJobSpec:
     """The TrainingJobSpec in wire form (camelCase JSON); every problem names its field."""
     try:
@@ -135,7 +145,7 @@ def load_spec(path: Path) -> TrainingJobSpec:
     except ValidationError as exc:
         first = exc.errors()[0]
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ConfigError(_loc(first["loc"]), f"{first['msg']}{more}") from None
+        raise ConfigError(_loc(first["loc"]), f"{_explain(first)}{more}") from None
     violations = spec.rule_violations()
     if violations:
         field, message = violations[0]

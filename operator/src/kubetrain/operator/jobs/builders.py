@@ -187,7 +187,7 @@ def launcher_files() -> dict[str, str]:
 
 
 def config_map(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any]:
-    data = {"config.json": json.dumps(job.spec.dump(), indent=1, sort_keys=True)}
+    data = {"config.json": json.dumps(job.spec.dump_changed(), indent=1, sort_keys=True)}
     if job.spec.command and job.spec.runs_launcher:  # see worker_command
         data.update(launcher_files())
     return {
