@@ -8,9 +8,9 @@ import pytest
 
 from kubetrain.core import contract
 from kubetrain.core.hangs import HangReport, RankReport
-from kubetrain.core.lifecycle import WorkerPhase
+from kubetrain.core.lifecycle import FailureKind, WorkerPhase, policies
 from kubetrain.operator.jobs import builders as b
-from kubetrain.operator.jobs import pod_facts
+from kubetrain.operator.jobs import plan, pod_facts
 from kubetrain.operator.jobs.pod_facts import facts
 
 
@@ -159,3 +159,16 @@ def test_a_hang_reported_for_the_generation_before_the_pods_is_not_a_failure_of_
         f = facts(in_pod(f"62-{report_gen}", 0, {"terminated": hung(report_gen)}))
         assert (f.phase, f.exit_code, f.restartable) == (WorkerPhase.FAILED, contract.HUNG_EXIT_CODE, True)
         assert f.hang is not None and f.hang.generation == report_gen and f.hang.ranks[0].rank == 1
+
+
+def test_a_configuration_error_reaches_the_failure_message_and_nothing_else_is_read_as_one() -> None:
+    """The trainer writes its configuration error (exit 2) to the termination message; the message the job's
+    status and Event carry then names the field. Other exits' messages are not taken for one."""
+    said = "configuration error: checkpoint.uri: bucket 'nope' does not exist (s3://nope/ckpt)"
+    term = {"exitCode": contract.CONFIG_ERROR_EXIT_CODE, "reason": "Error", "message": f"{said}\n"}
+    for p in (in_pod("70", 0, {"terminated": term}), in_pod("71", 1, {"running": {}}, term)):
+        assert facts(p).said == said
+    worker = plan.worker_state(1, in_pod("72", 0, {"terminated": term}), {})
+    assert policies.describe(worker, FailureKind.PERMANENT_EXIT_CODE) == f"worker 1 exited with code 2 ({said})"
+    other = facts(in_pod("73", 0, {"terminated": {**TERM_137, "message": "whatever the command printed"}}))
+    assert other.said is None

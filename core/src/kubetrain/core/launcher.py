@@ -210,12 +210,12 @@ class HangWatch:
         report = dataclasses.replace(self.guard.save(report), generation=self.generation)
         for line in hangs.report_lines(report, hangs.verdict(report.ranks, self.ranks)):
             _say(line)
-        _termination_message(report.encode())
+        termination_message(report.encode())
         time.sleep(HANG_SETTLE_SECONDS)
         return True
 
 
-def _termination_message(text: str) -> None:
+def termination_message(text: str) -> None:
     """What the kubelet reports of this container's end; never created outside a pod (the kubelet makes it)."""
     if os.path.exists(contract.TERMINATION_LOG):
         try:
@@ -466,7 +466,7 @@ def _hung(children: list[Any], stop: list[int], in_place: InPlace | None) -> Out
     newer = in_place.newer() if in_place is not None else None
     if newer is None or not alive:
         return Outcome(contract.HUNG_EXIT_CODE)
-    _termination_message("")  # the report is the old generation's; an exit later says its own
+    termination_message("")  # the report is the old generation's; an exit later says its own
     _say(f"generation {newer} began while this worker reported its hang")
     return Outcome(newer=newer)
 

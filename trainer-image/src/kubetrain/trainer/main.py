@@ -37,21 +37,29 @@ def main() -> int:
         env = read_env()
         spec = load_spec(env.config_path)
     except ConfigError as exc:
-        print(f"kubetrain.trainer: configuration error: {exc}", file=sys.stderr, flush=True)
-        return CONFIG_ERROR_EXIT_CODE
+        return config_error(exc)
     from kubetrain.trainer.loop import train  # noqa: PLC0415 - torch import after config checks
 
     try:
         return train(env, spec)
     except ConfigError as exc:
-        print(f"kubetrain.trainer: configuration error: {exc}", file=sys.stderr, flush=True)
-        return CONFIG_ERROR_EXIT_CODE
+        return config_error(exc)
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero; the backend decides about restarts
         return crashed(exc)
     except BaseException as exc:
         if type(exc).__name__ != "CheckpointException":  # DCP's is a BaseException; KeyboardInterrupt is not ours
             raise
         return crashed(exc)
+
+
+def config_error(exc: Exception) -> int:
+    """Exit CONFIG_ERROR_EXIT_CODE; the message (the field and the reason) goes to stderr and, in a pod, to the
+    termination message, which the operator puts in the job's status and Events."""
+    from kubetrain.core.launcher import termination_message  # noqa: PLC0415
+
+    print(f"kubetrain.trainer: configuration error: {exc}", file=sys.stderr, flush=True)
+    termination_message(f"configuration error: {exc}")
+    return CONFIG_ERROR_EXIT_CODE
 
 
 def crashed(exc: BaseException) -> int:

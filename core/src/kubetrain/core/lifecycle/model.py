@@ -88,6 +88,8 @@ class WorkerState:
     the next generation there: an in-place restart keeps it like a running worker."""
     hang: HangReport | None = None
     """Failed hung (contract.HUNG_EXIT_CODE): its ranks' report (kubetrain.core.hangs)."""
+    said: str | None = None
+    """Failed on a configuration error (contract.CONFIG_ERROR_EXIT_CODE): the trainer's message naming the field."""
     pod: str | None = None
     node: str | None = None
 

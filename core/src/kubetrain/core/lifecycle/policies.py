@@ -158,7 +158,7 @@ def describe(w: WorkerState, kind: FailureKind) -> str:
         if w.exit_code == contract.IN_PLACE_GAVE_UP_EXIT_CODE and kind == FailureKind.EXIT_CODE:
             return (f"worker {w.index} exited with code {w.exit_code} (its launcher was told no new generation "
                     "in time to restart in place)")
-        return f"worker {w.index} exited with code {w.exit_code}"
+        return f"worker {w.index} exited with code {w.exit_code}" + (f" ({w.said})" if w.said else "")
     if kind == FailureKind.NODE_LOST:
         return f"worker {w.index}'s node is NotReady"
     if kind == FailureKind.NO_PROGRESS and w.hang is not None:

@@ -90,7 +90,7 @@ def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime |
     """A Pod as the lifecycle sees it (pod_facts)."""
     f = facts(pod)
     node_not_ready_since = nodes.get(f.node or "") if nodes else None
-    where = {"pod": pod["metadata"]["name"], "node": f.node, "hang": f.hang}
+    where = {"pod": pod["metadata"]["name"], "node": f.node, "hang": f.hang, "said": f.said}
     if f.restartable:
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, in_place=f.in_place,
                            restartable=True, node_not_ready_since=node_not_ready_since, **where)

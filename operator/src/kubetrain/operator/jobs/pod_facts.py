@@ -55,6 +55,8 @@ class PodFacts:
     unschedulable_since: datetime | None
     """When the scheduler last said it found no node for the pod (None: it did not)."""
     hang: HangReport | None = None
+    said: str | None = None
+    """The trainer's configuration error, from its termination message (exit contract.CONFIG_ERROR_EXIT_CODE)."""
     """A hung worker's report: its launcher's termination message (exit code contract.HUNG_EXIT_CODE)."""
 
 
@@ -86,20 +88,30 @@ def _read(pod: dict[str, Any]) -> PodFacts:
     told = notes.get(contract.GENERATION_ANNOTATION)  # lags the label while a kept pod waits for its backoff
     pending = status.get("phase", "Pending") == "Pending" and not meta.get("deletionTimestamp")
     restartable = phase == WorkerPhase.FAILED and failures == 1 and last is not None
-    hang = _hang(last if restarts_here and last else _trainer_terminated(status)) \
-        if phase == WorkerPhase.FAILED and exit_code == contract.HUNG_EXIT_CODE else None
+    ended = last if restarts_here and last else _trainer_terminated(status)
+    hang = _hang(ended) if phase == WorkerPhase.FAILED and exit_code == contract.HUNG_EXIT_CODE else None
+    said = _said(ended) if phase == WorkerPhase.FAILED and exit_code == contract.CONFIG_ERROR_EXIT_CODE else None
     return PodFacts(
         index=int(labels.get(b.LABEL_INDEX, "-1")), generation=generation, phase=phase, exit_code=exit_code,
         reason=reason, node=(pod.get("spec") or {}).get("nodeName") or None,
         in_place=notes.get(contract.IN_PLACE_ANNOTATION) == "true", held=told is not None and told != str(generation),
         restarts_here=restarts_here, failures=failures, restartable=restartable,
         running=failures > 0 or _still_running(status), ready=_ready(status), pending=pending,
-        unschedulable_since=_unschedulable_since(status), hang=hang,
+        unschedulable_since=_unschedulable_since(status), hang=hang, said=said,
     )
 
 
 def _hang(terminated: dict[str, Any] | None) -> HangReport | None:
     return HangReport.decode((terminated or {}).get("message"))
+
+
+SAID_LIMIT = 400
+"""Characters of a configuration error kept for status and Events (the kubelet keeps up to 4096)."""
+
+
+def _said(terminated: dict[str, Any] | None) -> str | None:
+    lines = ((terminated or {}).get("message") or "").strip().splitlines()
+    return lines[-1][:SAID_LIMIT] if lines else None
 
 
 def _worker(pod: dict[str, Any]) -> tuple[WorkerPhase, int | None, str | None]:
