@@ -216,18 +216,21 @@ Layouts = dict[str, tuple[dict[str, Any], int]]
 """name -> (spec, world size)."""
 
 
-def layout_runs(root: Path, layouts: Layouts, failing: str, fail_at: str, resharded: dict[str, str],
+def layout_runs(root: Path, layouts: Layouts, failing: str | None, fail_at: str, resharded: dict[str, str],
                 later: Layouts | None = None, env: dict[str, str] | None = None) -> dict[str, Run]:
-    """The parallel layouts' campaign (tests/e2e/test_*_parallel.py), two waves on the few cores there are: every
-    layout, and `failing` once more with KUBETRAIN_FAIL_AT=`fail_at` (name `<failing>_fail`); then that gang's
-    next generation (`<failing>_resumed`), the `later` layouts, and each `resharded` run's step-10 checkpoint
-    resumed by one process with its reference's spec (`<name>_to_one`)."""
+    """The parallel layouts' campaign (tests/e2e/test_*_parallel*.py), two waves on the few cores there are: every
+    layout, and `failing` (unless None) once more with KUBETRAIN_FAIL_AT=`fail_at` (name `<failing>_fail`); then
+    that gang's next generation (`<failing>_resumed`), the `later` layouts, and each `resharded` run's step-10
+    checkpoint resumed by one process with its reference's spec (`<name>_to_one`)."""
     env = env or {}
     gangs = {name: Gang(root / name, spec, world, env=env) for name, (spec, world) in layouts.items()}
-    spec, world = layouts[failing]
-    gangs[f"{failing}_fail"] = Gang(root / f"{failing}_fail", spec, world, env={**env, contract.FAIL_AT: fail_at})
+    if failing is not None:
+        spec, world = layouts[failing]
+        gangs[f"{failing}_fail"] = Gang(root / f"{failing}_fail", spec, world, env={**env, contract.FAIL_AT: fail_at})
     done = {name: g.wait() for name, g in gangs.items()}
-    gangs = {f"{failing}_resumed": Gang(root / f"{failing}_fail", spec, world, generation=1, env=env)}
+    gangs = {}
+    if failing is not None:
+        gangs[f"{failing}_resumed"] = Gang(root / f"{failing}_fail", spec, world, generation=1, env=env)
     gangs.update({name: Gang(root / name, s, w, env=env) for name, (s, w) in (later or {}).items()})
     for name, reference in resharded.items():
         step10 = root / f"{name}_to_one" / "checkpoints" / "step-00000010"

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from support.hf_models import tiny_causal_lm
 from support.process_group import gloo_world_of_one
 from support.trainer_harness import tiny_spec
 from torch import nn
@@ -21,6 +22,7 @@ from kubetrain.trainer.engines import make_engine
 from kubetrain.trainer.model import Attention, build_model
 from kubetrain.trainer.parallel import Layout
 from kubetrain.trainer.parallel.pipeline import RankPart, rank_stages, split_stage, split_stages, stage_blocks
+from kubetrain.trainer.parallel.tensor import hf_plan
 
 
 @pytest.mark.parametrize(("world", "tensor", "shape", "names"), [
@@ -243,3 +245,53 @@ def test_a_ranks_interleaved_stages_are_one_module_under_the_whole_models_names(
     assert {n.split(".")[0] + "." + n.split(".")[1] for n in names if n.startswith("blocks.")} == {"blocks.0", "blocks.2"}
     assert "tok.weight" in names and "head.weight" not in names
     assert all(torch.equal(p, whole[n]) for n, p in names.items())
+
+
+def _hf_config(model_type: str, **settings: int) -> object:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(model_type, **settings)
+    config.name_or_path = "/models/tiny"
+    return config
+
+
+@pytest.mark.parametrize(("model_type", "heads", "kv_heads", "tensor", "reason"), [
+    ("llama", 4, 2, 4, "4 must divide both num_attention_heads 4 and num_key_value_heads 2"),
+    ("mistral", 6, 6, 4, "4 must divide both num_attention_heads 6 and num_key_value_heads 6"),
+    ("qwen3", 4, 2, 4, "4 must divide both num_attention_heads 4 and num_key_value_heads 2"),
+    ("gpt2", 4, 4, 2, "model.hfPath /models/tiny is a 'gpt2' model; tensor parallelism supports the built-in model "
+                      "and the Hugging Face model types llama, mistral, qwen2, qwen3: use parallelism.tensor 1"),
+])
+def test_hf_models_tensor_parallelism_cannot_split_are_refused(model_type: str, heads: int, kv_heads: int,
+                                                               tensor: int, reason: str) -> None:
+    settings = {"n_head": heads} if model_type == "gpt2" else {"num_attention_heads": heads, "num_key_value_heads": kv_heads}
+    with pytest.raises(ConfigError) as refused:
+        hf_plan(_hf_config(model_type, **settings), tensor)
+    assert refused.value.field == "parallelism.tensor" and reason in refused.value.message
+
+
+LLAMA_STYLES = {"self_attn.q_proj": "ColwiseParallel", "self_attn.k_proj": "ColwiseParallel",
+                "self_attn.v_proj": "ColwiseParallel", "self_attn.o_proj": "RowwiseParallel",
+                "mlp.gate_proj": "ColwiseParallel", "mlp.up_proj": "ColwiseParallel", "mlp.down_proj": "RowwiseParallel"}
+
+
+@pytest.mark.parametrize(("model_type", "extra"), [
+    ("llama", {}), ("mistral", {}), ("qwen2", {}),
+    # Qwen3's per-head norms: replicated weights over the shards of the heads dimension
+    ("qwen3", {"self_attn.q_norm": "SequenceParallel", "self_attn.k_norm": "SequenceParallel"}),
+])
+def test_llama_family_models_split_their_projections(model_type: str, extra: dict[str, str]) -> None:
+    plan = hf_plan(_hf_config(model_type, num_attention_heads=4, num_key_value_heads=2), 2)
+    assert {name: type(style).__name__ for name, style in plan.items()} == {**LLAMA_STYLES, **extra}
+
+
+def test_a_loaded_hf_model_is_refused_naming_its_path(tmp_path: Path) -> None:
+    """The trainer's own loader: the refusal names model.hfPath, and the key/value heads T must divide."""
+    model_dir = tiny_causal_lm(tmp_path / "llama", num_key_value_heads=1)
+    spec = TrainingJobSpec.model_validate(tiny_spec(strategy="fsdp", model={"hfPath": str(model_dir)}))
+    model = build_model(spec.model, False, spec.seed)
+    with pytest.raises(ConfigError) as refused:
+        hf_plan(model.inner.config, 2)  # type: ignore[union-attr]
+    assert refused.value.message.startswith("2 must divide both num_attention_heads 4 and num_key_value_heads 1")
+    model.inner.config.model_type = "gpt2"  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match=f"model.hfPath {model_dir} is a 'gpt2' model"):
+        hf_plan(model.inner.config, 2)  # type: ignore[union-attr]

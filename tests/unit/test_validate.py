@@ -130,9 +130,6 @@ EXPECTED = {
         "heads)"],
     "bad-tensor-deepspeed.yaml": [TENSOR_STRATEGY_LINE],
     "bad-tensor-powersgd.yaml": [TENSOR_STRATEGY_LINE],
-    "bad-tensor-hf.yaml": [
-        "spec.parallelism.tensor: parallelism.tensor > 1 runs the built-in model only: model.hfPath models do not "
-        "support tensor parallelism yet"],
     "bad-tensor-zero.yaml": ["spec.parallelism.tensor: must be >= 1"],
     "bad-pipeline-world.yaml": [PIPELINE_WORLD_LINE],
     "bad-pipeline-layers.yaml": [
@@ -363,12 +360,16 @@ def test_an_empty_command_without_args_is_the_built_in_trainer(tmp_path):
     ("{strategy: fsdp, workers: 2, procsPerWorker: 4, parallelism: {tensor: 2}}", None),  # two groups per worker
     ("{strategy: fsdp, resources: {gpusPerWorker: 2}, parallelism: {tensor: 2}}", None),  # procs from the GPUs
     ("{strategy: ddp, parallelism: {tensor: 1}}", None),  # T=1: data parallelism only, any strategy
+    # a model.hfPath model's head counts are in its config (the trainer checks them), not model.nHeads (4)
+    ("{strategy: fsdp, procsPerWorker: 8, model: {hfPath: /models/llama}, parallelism: {tensor: 8}}", None),
+    ("{strategy: fsdp, procsPerWorker: 8, parallelism: {tensor: 8}}",
+     "spec.parallelism.tensor: parallelism.tensor must divide model.nHeads (each process computes whole attention heads)"),
     ("{strategy: fsdp, workers: 4, parallelism: {tensor: 2}}", TENSOR_PROCS_LINE),  # world 4, but across workers
     ("{strategy: fsdp, procsPerWorker: 6, parallelism: {tensor: 4}}", TENSOR_PROCS_LINE),
     ("{strategy: ddp, procsPerWorker: 2, parallelism: {tensor: 2}}", TENSOR_STRATEGY_LINE),
 ])
 def test_tensor_parallel_layouts(spec, line, tmp_path, capsys):
-    """T divides a worker's processes (so the world too) and the heads; T > 1 only with FSDP2 and the built-in model."""
+    """T divides a worker's processes (so the world too) and the built-in model's heads; T > 1 only with FSDP2."""
     _validate_layout(spec, line, tmp_path, capsys)
 
 

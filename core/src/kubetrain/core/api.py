@@ -254,7 +254,7 @@ class ParallelismSpec(_Model):
     """How each model is split across processes beyond data parallelism (docs/trainer.md#tensor-parallelism, docs/trainer.md#pipeline-parallelism)."""
 
     tensor: int = Field(1, ge=1, le=MAX_PROCS_PER_WORKER)
-    """Tensor-parallel degree T: every block's attention and MLP projections are split across T processes of one worker (their fast intra-node links), and data parallelism (strategy fsdp) runs over the world size / T groups. T must divide procsPerWorker and model.nHeads; T > 1 needs strategy fsdp and the built-in model. 1 (the default): data parallelism only."""
+    """Tensor-parallel degree T: every block's attention and MLP projections are split across T processes of one worker (their fast intra-node links), and data parallelism (strategy fsdp) runs over the world size / T groups. T must divide procsPerWorker and model.nHeads (for a model.hfPath model: its config's num_attention_heads and num_key_value_heads, which the trainer checks when it loads the model); T > 1 needs strategy fsdp, and the built-in model or a model.hfPath model of the Llama family (model_type llama, mistral, qwen2 or qwen3). 1 (the default): data parallelism only."""
     pipeline: int = Field(1, ge=1, le=1024)
     """Pipeline-parallel degree P: the model's blocks are split into P consecutive stages (the first also holds the embeddings, the last the head and the loss), each run by world size / P processes, and the step's gradientAccumulationSteps micro-batches flow through them. P × tensor must divide the world size and P be at most model.nLayers; P > 1 needs strategy fsdp, the built-in model and precision fp32 or bf16; it composes with tensor (each stage split over T processes of a worker). 1 (the default): no pipeline."""
     pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
@@ -713,9 +713,10 @@ SPEC_RULES: list[Rule] = [
     ),
     Rule(
         "parallelism.tensor",
-        "self.parallelism.tensor == 1 || self.model.nHeads % self.parallelism.tensor == 0",
+        "self.parallelism.tensor == 1 || has(self.model.hfPath) || self.model.nHeads % self.parallelism.tensor == 0",
         "parallelism.tensor must divide model.nHeads (each process computes whole attention heads)",
-        lambda s: s.model.n_heads % s.parallelism.tensor == 0,
+        # a model.hfPath model's head counts are in its config, which the trainer checks when it loads it
+        lambda s: s.model.hf_path is not None or s.model.n_heads % s.parallelism.tensor == 0,
     ),
     Rule(
         "parallelism.tensor",
@@ -723,13 +724,6 @@ SPEC_RULES: list[Rule] = [
         "parallelism.tensor > 1 needs strategy fsdp: tensor parallelism composes with FSDP2 only, not yet with ddp "
         "(nor its gradientCompression) or deepspeed",
         lambda s: s.parallelism.tensor == 1 or s.strategy == "fsdp",
-    ),
-    Rule(
-        "parallelism.tensor",
-        "self.parallelism.tensor == 1 || !has(self.model.hfPath)",
-        "parallelism.tensor > 1 runs the built-in model only: model.hfPath models do not support tensor "
-        "parallelism yet",
-        lambda s: s.parallelism.tensor == 1 or s.model.hf_path is None,
     ),
     Rule(
         "parallelism.pipeline",

@@ -1,0 +1,26 @@
+"""Tiny randomly initialised Hugging Face causal LMs saved to a directory (model.hfPath), built here: nothing is
+downloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+BYTE_VOCAB = 256
+"""The byte tokenizer's vocabulary: a model of this size trains on data.tokenizer `byte`."""
+
+
+def tiny_causal_lm(out: Path, model_type: str = "llama", **config: Any) -> Path:
+    """A 2-layer causal LM of ``model_type`` (hidden 64, 4 query heads of 16 sharing 2 key/value heads, byte
+    vocabulary), with ``config``'s overrides, saved with save_pretrained to ``out``."""
+    import torch  # noqa: PLC0415 - the tests that need these import them, the others stay light
+    import transformers  # noqa: PLC0415
+
+    settings: dict[str, Any] = {
+        "vocab_size": BYTE_VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 64, **config,
+    }
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **settings))
+    model.save_pretrained(str(out))
+    return out
