@@ -37,6 +37,8 @@ etcd_version() { module_version "${HACK_DIR}/etcd" go.etcd.io/etcd/server/v3; }
 kwok_version() { module_version "${HACK_DIR}/kwok" sigs.k8s.io/kwok; }
 coredns_version() { module_version "${HACK_DIR}/coredns" github.com/coredns/coredns; }
 local_path_version() { module_version "${HACK_DIR}/local-path" github.com/rancher/local-path-provisioner; }
+seaweedfs_version() { module_version "${HACK_DIR}/seaweedfs" github.com/seaweedfs/seaweedfs; }
+registry_version() { module_version "${HACK_DIR}/registry" github.com/distribution/distribution/v3; }
 # pause is ours (hack/pause): its version is a hash of its source, so an edit rebuilds it.
 pause_version() { cat "${HACK_DIR}"/pause/go.mod "${HACK_DIR}"/pause/main.go | sha256sum | cut -c1-12; }
 
@@ -71,7 +73,7 @@ go_tool() {
 
 # bin_path <component>: where build.sh puts that component's binary.
 bin_path() {
-  local c="$1" v
+  local c="$1" v name=""
   case "$c" in
     kube-apiserver|kube-controller-manager|kube-scheduler|kubectl|kubelet|kube-proxy) v="$(k8s_version)" ;;
     etcd|etcdctl) v="$(etcd_version)" ;;
@@ -79,9 +81,11 @@ bin_path() {
     coredns) v="$(coredns_version)" ;;
     local-path-provisioner) v="$(local_path_version)" ;;
     pause) v="$(pause_version)" ;;
+    seaweedfs) v="$(seaweedfs_version)" name=weed ;;
+    registry) v="$(registry_version)" ;;
     *) die "unknown component: $c" ;;
   esac
-  printf '%s/%s-%s/%s\n' "${KUBETRAIN_BIN_CACHE}" "$c" "$v" "$c"
+  printf '%s/%s-%s/%s\n' "${KUBETRAIN_BIN_CACHE}" "$c" "$v" "${name:-$c}"
 }
 
 # pid_alive <pid>: the process exists and is not a zombie (some init processes
