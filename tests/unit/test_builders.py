@@ -141,6 +141,21 @@ def test_ephemeral_checkpoints_stay_in_each_pod():
     assert pod["spec"]["securityContext"] == RESTRICTED_POD  # no fsGroup: an emptyDir is writable by everyone already
 
 
+def test_object_storage_checkpoints_need_no_claim_and_take_the_secrets_keys():
+    s3 = {"endpoint": "http://store:8333", "region": "us-east-1", "credentialsSecret": "ckpt-keys"}
+    j = job(workers=2, checkpoint={"uri": "s3://bkt/runs/a", "s3": s3})
+    assert b.checkpoint_claim(j) is None and b.claim_name(j) is None
+    pod = b.worker_pod(j, 1, 0, b.WorkerSettings())
+    assert checkpoint_volume(pod) == {"name": "checkpoints", "emptyDir": {}}
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    assert env[contract.CHECKPOINT_URI]["value"] == "s3://bkt/runs/a"
+    assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://store:8333" and env["AWS_REGION"]["value"] == "us-east-1"
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"] == {"secretKeyRef": {"name": "ckpt-keys", "key": "AWS_SECRET_ACCESS_KEY"}}
+    assert env["AWS_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    identity = b.worker_pod(job(checkpoint={"uri": "s3://bkt"}), 0, 0, b.WorkerSettings())
+    assert not any(e["name"].startswith("AWS_") for e in identity["spec"]["containers"][0]["env"])
+
+
 def test_a_users_pod_security_context_is_kept_as_written():
     mine = {"runAsUser": 2000, "runAsGroup": 2000}
     pod = b.worker_pod(job(podTemplate={"spec": {"securityContext": mine}}), 0, 0, b.WorkerSettings())
@@ -205,6 +220,12 @@ def test_docs_name_each_fabric_profiles_pod_security_level():
 def test_claim_rules_name_the_field():
     bad = TrainingJobSpec.model_validate({"checkpoint": {"ephemeral": True, "claimName": "x"}})
     assert [p for p, _ in bad.rule_violations()] == ["checkpoint.ephemeral"]
+    both = TrainingJobSpec.model_validate({"checkpoint": {"uri": "s3://bkt/p", "claimName": "x"}})
+    assert [p for p, _ in both.rule_violations()] == ["checkpoint.uri"]
+    lone = TrainingJobSpec.model_validate({"checkpoint": {"s3": {"region": "eu-west-1"}}})
+    assert [p for p, _ in lone.rule_violations()] == ["checkpoint.s3"]
+    with pytest.raises(ValidationError, match="uri"):
+        TrainingJobSpec.model_validate({"checkpoint": {"uri": "s3://Bad_Bucket/p"}})
     rwop = TrainingJobSpec.model_validate({"workers": 2, "checkpoint": {"accessMode": "ReadWriteOncePod"}})
     assert rwop.rule_violations() == [
         ("checkpoint.accessMode", "checkpoint.accessMode ReadWriteOncePod lets one pod mount the claim: it needs workers 1")]

@@ -160,6 +160,8 @@ def test_checkpoints_durable_says_where_checkpoints_live():
     assert "j-checkpoints (10Gi, ReadWriteMany)" in default.message
     user = c.checkpoints_durable(job(checkpoint={"claimName": "team"}))
     assert (user.value, user.reason) == (True, "UserClaim") and "team" in user.message
+    bucket = c.checkpoints_durable(job(checkpoint={"uri": "s3://bkt/runs"}))
+    assert (bucket.value, bucket.reason) == (True, "ObjectStore") and "s3://bkt/runs" in bucket.message
     eph = c.checkpoints_durable(job(checkpoint={"ephemeral": True}))
     assert (eph.type, eph.value, eph.reason) == ("CheckpointsDurable", False, "EphemeralCheckpoints")
     assert "lost" in eph.message and "every gang restart starts over from step 0" in eph.message

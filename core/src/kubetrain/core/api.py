@@ -87,6 +87,9 @@ SYSTEM_DIR_PATTERN = "^/((" + "|".join(SYSTEM_DIRS) + ")(/|$)|$)"
 """`/` itself, or a path in a system directory (written for CEL's RE2 and Python's re alike)."""
 DOT_SEGMENT_PATTERN = "(^|/)[.][.]?(/|$)|//"
 """A path with `.` or `..` segments or an empty one: what it names depends on where it is resolved."""
+S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^/\s]+)*/?$"
+"""checkpoint.uri: a bucket (S3's naming rules) and an optional key prefix of non-empty segments."""
+HTTP_URL_PATTERN = r"^https?://[^/\s?#]+(/[^\s?#]*)?$"
 PATTERN_REASONS: Final = {
     ABSOLUTE_PATH_PATTERN: "must be an absolute path (pods mount the checkpoint volume there)",
     DNS_LABEL_PATTERN: "must be a lowercase DNS label (a-z, 0-9, '-')",
@@ -96,6 +99,9 @@ PATTERN_REASONS: Final = {
     LABEL_KEY_PATTERN: "must be a label key: an optional DNS subdomain and '/', then a name of letters, digits, '-', '_' or '.'",
     IMAGE_PATTERN: "must be an image reference, [registry[:port]/]repository[:tag][@digest]: a lowercase repository, "
                    "no spaces or shell characters",
+    S3_URI_PATTERN: "must be s3://bucket or s3://bucket/prefix: a lowercase bucket name (3 to 63 of a-z, 0-9, '.', "
+                    "'-'), then '/'-separated prefix segments without spaces",
+    HTTP_URL_PATTERN: "must be an http:// or https:// URL",
 }
 """How `kubetrain validate` words a value that does not match one of these patterns."""
 OWN_ERROR: Final = "kubetrain"
@@ -116,7 +122,7 @@ ExitCode = Annotated[int, Field(ge=1, le=255)]
 
 # Conditions beside the phase ones (Created, Running, Restarting, Suspended, Succeeded, Failed).
 CHECKPOINTS_DURABLE = "CheckpointsDurable"
-"""Condition: checkpoints survive a gang restart (True: on a claim; False: spec.checkpoint.ephemeral)."""
+"""Condition: checkpoints survive a gang restart (True: on a claim or in object storage; False: spec.checkpoint.ephemeral)."""
 WORKERS_BLOCKED = "WorkersBlocked"
 """Condition: a worker pod of the current generation cannot start (image, configuration, scheduling); the job waits."""
 ADMITTED = "Admitted"
@@ -144,6 +150,8 @@ class ConditionReason(enum.StrEnum):
     """CheckpointsDurable: on the claim named in spec.checkpoint.claimName."""
     EPHEMERAL_CHECKPOINTS = "EphemeralCheckpoints"
     """CheckpointsDurable False: spec.checkpoint.ephemeral keeps them in each pod."""
+    OBJECT_STORE = "ObjectStore"
+    """CheckpointsDurable: in the object storage of spec.checkpoint.uri."""
     IMAGE_PULL_FAILED = "ImagePullFailed"
     """WorkersBlocked: the kubelet cannot pull the image (ErrImagePull, ImagePullBackOff)."""
     INVALID_IMAGE_NAME = "InvalidImageName"
@@ -343,6 +351,26 @@ class MemoryTierSpec(_Model):
         return int(self.memory_share * memory_bytes) // max(1, processes)
 
 
+S3AddressingStyle = Literal["path", "virtual"]
+
+
+class S3Spec(_Model):
+    """How workers reach the S3 API of checkpoint.uri (docs/trainer.md#object-storage). Credentials come from the environment: the Secret named here, else the pod's cloud identity (EKS IRSA or Pod Identity through the job's serviceAccountName) or the AWS SDK's default chain."""
+
+    endpoint: str | None = Field(None, max_length=2048, pattern=HTTP_URL_PATTERN)
+    """The S3 API's URL, e.g. `https://storage.googleapis.com` (GCS) or an in-cluster MinIO/SeaweedFS/Ceph gateway. Unset: AWS S3 in `region`."""
+    region: str | None = Field(None, max_length=64, pattern=r"^[a-z0-9][-a-z0-9]*$")
+    """The bucket's region (AWS: e.g. `eu-west-1`; GCS: `auto`). Unset: the SDK's default (AWS_REGION, ~/.aws/config)."""
+    addressing_style: S3AddressingStyle | None = None
+    """`virtual`: the bucket is a host name (`bucket.endpoint`); `path`: it is the URL's first path segment (`endpoint/bucket`). Unset: path with an endpoint (most self-hosted stores only serve that), virtual without (AWS)."""
+    credentials_secret: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """A Secret in the job's namespace with the keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and optionally AWS_SESSION_TOKEN): they become the trainer's environment. Unset: the pod's cloud identity or the SDK's default chain. `kubetrain run` reads the same variables from your environment (or ~/.aws) instead."""
+
+    def style(self) -> S3AddressingStyle:
+        """The addressing style in effect (the default depends on the endpoint)."""
+        return self.addressing_style or ("path" if self.endpoint else "virtual")
+
+
 class CheckpointSpec(_Model):
     """Checkpointing: periodic, on SIGTERM, atomic, and used for every gang restart."""
 
@@ -353,11 +381,11 @@ class CheckpointSpec(_Model):
     on_sigterm: bool = True
     """Save a checkpoint when a worker is asked to stop (preemption, node drain, Ctrl-C)."""
     dir: str | None = Field(None, max_length=1024, pattern=ABSOLUTE_PATH_PATTERN)
-    """Checkpoint directory, an absolute path: not `/`, not in a system directory (/etc, /usr, /var/run, ...), without `.` or `..` segments. Default: `<output dir>/checkpoints` locally, `/checkpoints` in pods. In pods the checkpoint volume (the claim, or the emptyDir when ephemeral) is mounted here. Locally kubetrain writes only into a directory it created or found empty, and a fresh run clears only such a directory."""
+    """Checkpoint directory, an absolute path: not `/`, not in a system directory (/etc, /usr, /var/run, ...), without `.` or `..` segments. Default: `<output dir>/checkpoints` locally, `/checkpoints` in pods. In pods the checkpoint volume (the claim, or an emptyDir with ephemeral or uri) is mounted here. Locally kubetrain writes only into a directory it created or found empty, and a fresh run clears only such a directory."""
     claim_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """An existing PersistentVolumeClaim mounted at the checkpoint directory (`dir`, default /checkpoints) in every worker pod instead of the one the operator creates. With more than one worker it must be ReadWriteMany (unless every worker lands on one node)."""
     storage_size: str = Field(DEFAULT_CHECKPOINT_STORAGE, pattern=QUANTITY_PATTERN)
-    """Size of the claim `<job>-checkpoints` that the operator creates, owned by the job and deleted with it, when neither claimName nor ephemeral is set."""
+    """Size of the claim `<job>-checkpoints` that the operator creates, owned by the job and deleted with it, when none of claimName, ephemeral and uri is set."""
     storage_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """StorageClass of the claim the operator creates. Unset: the cluster's default StorageClass."""
     access_mode: AccessMode | None = None
@@ -366,6 +394,10 @@ class CheckpointSpec(_Model):
     """Write durable checkpoints in the background (strategies ddp and fsdp): training stops only while the state is copied to memory. At most one write is in flight; the next due save waits for it, and a save on SIGTERM or at the last step waits for its write. A checkpoint counts (COMMITTED) only once every rank's write has finished. DeepSpeed saves synchronously."""
     memory: MemoryTierSpec = Field(default_factory=MemoryTierSpec)
     """The fast tier in each pod's memory, which restarts in place resume from."""
+    uri: str | None = Field(None, max_length=1024, pattern=S3_URI_PATTERN)
+    """Durable checkpoints in S3-compatible object storage, `s3://bucket/prefix`, instead of a claim: each rank writes its part to a directory of its own (in pods an emptyDir at `dir`, no claim) and uploads it in the background; rank 0 writes `COMMITTED` last, once every rank's upload finished. A resume downloads the newest committed checkpoint; `keep` prunes the bucket. How to reach the store: `s3`."""
+    s3: S3Spec | None = None
+    """Endpoint, region, addressing style and credentials for `uri`."""
     ephemeral: bool = False
     """Keep checkpoints in a per-pod emptyDir, no claim: they are lost whenever the worker pods are deleted, so every gang restart starts over from step 0 (the job's CheckpointsDurable condition is False). For clusters without storage and for tests. `kubetrain run` ignores it: local checkpoints always survive restarts."""
 
@@ -649,6 +681,19 @@ SPEC_RULES: list[Rule] = [
         "!self.checkpoint.ephemeral || !has(self.checkpoint.claimName)",
         "checkpoint.ephemeral cannot be combined with checkpoint.claimName (a claim is durable storage): drop one",
         lambda s: not s.checkpoint.ephemeral or s.checkpoint.claim_name is None,
+    ),
+    Rule(
+        "checkpoint.uri",
+        "!has(self.checkpoint.uri) || (!has(self.checkpoint.claimName) && !self.checkpoint.ephemeral)",
+        "checkpoint.uri keeps checkpoints in object storage: it cannot be combined with checkpoint.claimName or "
+        "checkpoint.ephemeral, drop one",
+        lambda s: s.checkpoint.uri is None or (s.checkpoint.claim_name is None and not s.checkpoint.ephemeral),
+    ),
+    Rule(
+        "checkpoint.s3",
+        "!has(self.checkpoint.s3) || has(self.checkpoint.uri)",
+        "checkpoint.s3 says how to reach checkpoint.uri: set checkpoint.uri (s3://bucket/prefix)",
+        lambda s: s.checkpoint.s3 is None or s.checkpoint.uri is not None,
     ),
     Rule(
         "restartPolicy.inPlace",

@@ -179,7 +179,9 @@ OUTPUT_ENTRIES = ("logs", "checkpoints", "config.json", contract.PROGRESS_FILE, 
 """What a local run writes into its output directory; a fresh start deletes these (the checkpoints apart)."""
 WRITTEN_TO_OUTPUT = owned_dirs.names(*OUTPUT_ENTRIES)
 WRITTEN_TO_CHECKPOINTS = owned_dirs.names("best-eval.json", contract.TENSORBOARD_DIR, contract.PROFILES_DIR,
-                                          pattern=r"^step-\d{8}$")
+                                          "staging", "restore", pattern=r"^step-\d{8}$")
+"""staging/ and restore/: each rank's part of a save before its upload, and the download a resume loads
+(checkpoint.uri)."""
 
 
 def prepare_output_dir(spec: TrainingJobSpec, opts: RunOptions) -> str | None:
@@ -385,9 +387,12 @@ class LocalRun:
 
     # ------------------------------------------------------------------ observe
 
-    def _last_checkpoint(self) -> CheckpointRef | None:
+    def _last_checkpoint(self, progress: Progress | None) -> CheckpointRef | None:
         """The newest complete checkpoint. Local checkpoints live in one directory that outlives every
         generation, so Observed.checkpoints_durable keeps its default (spec.checkpoint.ephemeral is for pods)."""
+        if self.spec.checkpoint.uri:  # in object storage: rank 0 reports each commit
+            record = progress.last_checkpoint if progress is not None else None
+            return CheckpointRef(step=record.step, path=record.path, time=record.time) if record else None
         done = committed_checkpoints(Path(self.spec.checkpoint.dir or ""))
         return CheckpointRef(step=done[-1][0], path=str(done[-1][1])) if done else None
 
@@ -435,7 +440,7 @@ class LocalRun:
             workers=tuple(self._worker_state(i) for i in ranks),
             stale_workers=len(gen.procs) if gen is not None and gen.number != current else 0,
             progress=progress,
-            checkpoint=self._last_checkpoint(),
+            checkpoint=self._last_checkpoint(progress),
         )
 
     # ------------------------------------------------------------------ act

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from kubetrain.core.api import CheckpointSpec
 from kubetrain.trainer.checkpoint import TrainerState
+from kubetrain.trainer.config import ConfigError
 
 BACKGROUND_STRATEGIES = ("ddp", "fsdp")
 """Engines whose state is a DCP state dict. DeepSpeed 0.19.8's own asynchronous path
@@ -115,7 +116,9 @@ class InFlight:
         (:class:`CheckpointWriteError`): it must never be committed nor silently dropped."""
         if not self.future.done():
             return False
-        if (exc := self.future.exception()) is not None:
+        if isinstance(exc := self.future.exception(), ConfigError):
+            raise exc  # the store refused the upload: no restart cures it
+        if exc is not None:
             raise CheckpointWriteError(self.step, self.path, f"failed: {exc}") from exc
         return True
 
@@ -125,6 +128,8 @@ class InFlight:
             self.future.result(timeout=timeout)
         except FutureTimeout:
             raise CheckpointWriteError(self.step, self.path, f"did not finish within {timeout:.0f} s") from None
+        except ConfigError:
+            raise
         except Exception as exc:  # whatever the writer raised, named with the step and directory
             raise CheckpointWriteError(self.step, self.path, f"failed: {exc}") from exc
 

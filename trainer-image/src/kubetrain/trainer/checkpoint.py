@@ -141,12 +141,16 @@ def commit_checkpoint(root: Path, path: Path, state: TrainerState, keep: int, sh
     atomic_write_text(path / TRAINER_STATE, json.dumps(asdict(state), indent=1))
     if shared:
         require_every_part(path, dist.get_world_size())
-    marker = {"step": state.step, "worldSize": state.world_size, "strategy": state.strategy, "time": now_rfc3339()}
-    atomic_write_text(path / COMMIT_MARKER, json.dumps(marker) + "\n")
+    atomic_write_text(path / COMMIT_MARKER, json.dumps(commit_marker(state)) + "\n")
     best = (state.best_eval or {}).get("step")
     if best == state.step:
         atomic_write_text(root / BEST_EVAL, json.dumps({**(state.best_eval or {}), "path": path.name}) + "\n")
     prune(root, keep, best)
+
+
+def commit_marker(state: TrainerState) -> dict[str, Any]:
+    """What COMMITTED holds (its presence is what counts)."""
+    return {"step": state.step, "worldSize": state.world_size, "strategy": state.strategy, "time": now_rfc3339()}
 
 
 def missing_parts(path: Path, world_size: int) -> list[int]:

@@ -9,13 +9,21 @@ stop requested by a signal when ``onSigterm``). Each commit is timed, counted an
 With ``asyncSave`` (ddp, fsdp) a due save stages the state and returns; the write runs in the background
 and is committed after a later step's all-reduce says every rank's write finished (:meth:`write_done`,
 :meth:`after_step`; async_save.py). The last step's save and a save on a stop wait for their write.
+
+With ``checkpoint.uri`` the durable tier is a bucket (object_store.py): each rank stages its part in a
+directory of its own under ``root`` and uploads it (after the background write, or before the synchronous
+save's commit), rank 0 commits in the bucket, and a resume downloads the committed step once per worker.
+Errors there are shared in the collective each such point already has, so every rank fails alike.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import os
+import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -23,8 +31,9 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 
+from kubetrain.core import contract
 from kubetrain.core.api import CheckpointSpec, ResumeTier
-from kubetrain.core.progress import latest_checkpoint
+from kubetrain.core.progress import checkpoint_dirname, latest_checkpoint
 from kubetrain.trainer.async_save import (
     DcpWriter,
     InFlight,
@@ -41,9 +50,11 @@ from kubetrain.trainer.checkpoint import (
     save_checkpoint,
     save_rng,
 )
+from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.engines import Engine
 from kubetrain.trainer.memory_tier import MemoryTier, Offer, choose_tier, common_step
 from kubetrain.trainer.metrics import Metrics
+from kubetrain.trainer.object_store import FIELD, Bucket, drop_staged, fresh_step_dir, restore_dir, staging_dir
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -56,7 +67,7 @@ class CheckpointReporter(Protocol):
 
     def resumed(self, step: int, tier: ResumeTier) -> None: ...
 
-    def checkpoint(self, state: TrainerState, path: Path, seconds: float) -> None: ...
+    def checkpoint(self, state: TrainerState, path: Path | str, seconds: float) -> None: ...
 
 
 def save_due(policy: CheckpointSpec, step: int, *, final: bool, stopping: bool) -> bool:
@@ -112,12 +123,21 @@ class CheckpointManager:
     """The save whose write runs in the background (at most one)."""
     writer: DcpWriter | None = field(default=None, init=False)
     """The background writes' process group and staging buffers (None: this job saves synchronously)."""
+    store: Bucket | None = field(default=None, init=False)
+    """checkpoint.uri (None: the durable tier is the directory ``root``). With it ``root`` only stages."""
 
     def __post_init__(self) -> None:
         # Collective (it creates a process group): every rank constructs its manager at the same point, and
         # the group's set-up (a store round trip) is then no part of the first save's stall.
         if writes_in_background(self.policy, self.engine.spec.strategy):
             self.writer = DcpWriter(self.engine.device, self.timeout)
+        if self.policy.uri:
+            self.store = Bucket.open(self.policy)
+
+    @property
+    def staging(self) -> Path:
+        """Where this rank writes a save: with checkpoint.uri a directory of its own, else the shared ``root``."""
+        return staging_dir(self.root, dist.get_rank()) if self.store is not None else self.root
 
     def resume(self, state: TrainerState) -> TrainerState:
         """Load the newest state the gang holds into the engine (and this rank's RNG); the state to go on
@@ -125,11 +145,12 @@ class CheckpointManager:
         One collective picks it: every rank offers the memory-tier steps it holds, rank 0 the durable tier's
         newest committed checkpoint, and every rank computes the same plan from what all offered."""
         rank = dist.get_rank()
-        durable = latest_checkpoint(self.root) if rank == 0 else None
+        durable, error = self._durable_offer() if rank == 0 else (None, None)
         mine: dict[str, Any] = {"offer": self.memory.offer() if self.memory is not None else None,
-                                "durable": (durable[0], str(durable[1])) if durable is not None else None}
+                                "durable": durable, "error": error}
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
+        _raise_shared([gathered[0]["error"]])  # every rank fails alike, none waits in a collective for rank 0
         plan = plan_resume([g["offer"] for g in gathered], gathered[0]["durable"])
         saved = self._load(plan) if plan.tier is not None else None
         if self.memory is not None:
@@ -151,11 +172,22 @@ class CheckpointManager:
             checkpoints=sorted(set(saved.checkpoints) | set(state.checkpoints)),
         )
 
+    def _durable_offer(self) -> tuple[tuple[int, str] | None, tuple[str, str] | None]:
+        """Rank 0: the durable tier's newest committed checkpoint (step, path or uri), or the error that stops
+        the gang (kind, message). In object storage it first checks access and removes torn steps."""
+        if self.store is None:
+            found = latest_checkpoint(self.root)
+            return ((found[0], str(found[1])) if found is not None else None), None
+        return _shared_call(self.store.resume_point)
+
     def _load(self, plan: ResumePlan) -> TrainerState:
         t0 = time.perf_counter()
         if plan.tier == "memory" and self.memory is not None:
             saved = self.memory.load(plan.step)
             where = f"the memory tier ({self.memory.settings.directory})"
+        elif self.store is not None:
+            saved = self._load_from_store(plan.step)
+            where = str(plan.durable_path)
         else:
             saved = load_checkpoint(Path(str(plan.durable_path)), self.engine)
             where = str(plan.durable_path)
@@ -166,10 +198,25 @@ class CheckpointManager:
             log.info("resumed from %s (step %d) in %.2fs", where, plan.step, seconds)
         return saved
 
+    def _load_from_store(self, step: int) -> TrainerState:
+        """Collective: each worker's first process downloads the committed ``step`` once for the worker's
+        processes; all load it; the download goes once every process has loaded."""
+        local_rank = int(os.environ.get(contract.LOCAL_RANK) or 0)
+        root = restore_dir(self.root, int(os.environ.get(contract.NODE_RANK) or 0))
+        assert self.store is not None
+        store = self.store
+        _, error = _shared_call(lambda: store.download(step, root)) if local_rank == 0 else (None, None)
+        _agree(error)
+        saved = load_checkpoint(root / checkpoint_dirname(step), self.engine)
+        dist.barrier()
+        if local_rank == 0:
+            shutil.rmtree(root, ignore_errors=True)
+        return saved
+
     def due(self, step: int, *, final: bool, stopping: bool) -> bool:
         return save_due(self.policy, step, final=final, stopping=stopping)
 
-    def maybe_save(self, state: TrainerState, *, final: bool, stopping: bool) -> Path | None:
+    def maybe_save(self, state: TrainerState, *, final: bool, stopping: bool) -> Path | str | None:
         """Save ``state.step`` when a save is due. The directory committed now, or None (not due, or written
         in the background: committed by a later :meth:`after_step`). A write still in flight is waited for
         and committed first (one in flight at most; the wait is part of this save's stall)."""
@@ -184,20 +231,34 @@ class CheckpointManager:
         if self.writer is not None and not save_waits_for_its_write(final=final, stopping=stopping):
             self._start(self.writer, state, t0)
             return None
-        # Ephemeral checkpoints sit in each pod's own directory: nothing to require of the others.
-        path = save_checkpoint(self.root, self.engine, state, self.policy.keep, shared=not self.policy.ephemeral)
+        if self.store is not None:
+            path: Path | str = self._save_to_store(self.store, state)
+        else:  # ephemeral checkpoints sit in each pod's own directory: nothing to require of the others
+            path = save_checkpoint(self.root, self.engine, state, self.policy.keep, shared=not self.policy.ephemeral)
         seconds = time.perf_counter() - t0
         self._committed(state, path, seconds)
         if dist.get_rank() == 0:
             log.info("checkpoint step %d committed in %.3f s: %s", state.step, seconds, path)
         return path
 
+    def _save_to_store(self, store: Bucket, state: TrainerState) -> str:
+        """Collective, synchronous: every rank writes its part to its own directory and uploads it; once all
+        uploads finished, rank 0 commits in the bucket."""
+        path = fresh_step_dir(self.staging, state.step)
+        self.engine.save(path)
+        save_rng(path)
+        _agree(_shared_call(lambda: store.upload(path, state.step))[1])
+        if dist.get_rank() == 0:
+            store.commit(path, state, self.policy.keep, dist.get_world_size())
+        drop_staged(self.staging, state.step)
+        return store.step_uri(state.step)
+
     def write_done(self) -> bool:
         """This rank's vote in the step's all-reduce: its in-flight write finished. Raises
         CheckpointWriteError when the write failed (never committed, never dropped silently)."""
         return self.in_flight is not None and self.in_flight.finished()
 
-    def after_step(self, finished_ranks: int) -> Path | None:
+    def after_step(self, finished_ranks: int) -> Path | str | None:
         """After the step's all-reduce (``finished_ranks``: the sum of every rank's :meth:`write_done`, the
         same number on every rank): commit the in-flight save once every rank's write finished."""
         if not commit_due(self.in_flight is not None, finished_ranks, dist.get_world_size()):
@@ -216,9 +277,11 @@ class CheckpointManager:
 
     def _start(self, writer: DcpWriter, state: TrainerState, t0: float) -> None:
         """Stage this rank's part of ``state.step`` and start writing it; returns once training may go on."""
-        path = prepare_dir(self.root, state.step)
+        path = prepare_dir(self.root, state.step) if self.store is None else fresh_step_dir(self.staging, state.step)
         future = self.engine.save_async(path, writer)
         save_rng(path)
+        if self.store is not None:  # "finished" is "written and uploaded"
+            future = self.store.upload_after(future, path, state.step)
         now = time.perf_counter()
         self.in_flight = InFlight(state.step, path, copy.deepcopy(state), future, started=now, stall=now - t0)
         if dist.get_rank() == 0:
@@ -232,16 +295,50 @@ class CheckpointManager:
         dist.barrier()  # every rank's write finished
         self._commit_in_flight()
 
-    def _commit_in_flight(self) -> Path:
+    def _commit_in_flight(self) -> Path | str:
         job, self.in_flight = self.in_flight, None
         assert job is not None
-        if dist.get_rank() == 0:
+        where: Path | str = job.path
+        if self.store is not None:
+            where = self.store.step_uri(job.step)
+            if dist.get_rank() == 0:
+                self.store.commit(job.path, job.state, self.policy.keep, dist.get_world_size())
+            drop_staged(self.staging, job.step)
+        elif dist.get_rank() == 0:
             commit_checkpoint(self.root, job.path, job.state, self.policy.keep, shared=not self.policy.ephemeral)
+        if dist.get_rank() == 0:
             log.info("checkpoint step %d committed: write took %.2f s", job.step, job.write_seconds())
-        self._committed(job.state, job.path, job.stall)
-        return job.path
+        self._committed(job.state, where, job.stall)
+        return where
 
-    def _committed(self, state: TrainerState, path: Path, stall: float) -> None:
+    def _committed(self, state: TrainerState, path: Path | str, stall: float) -> None:
         """A commit's metrics and report: ``stall`` is how long training stopped for the save."""
         self.metrics.observe_checkpoint_save(stall)
         self.reporter.checkpoint(state, path, stall)
+
+
+def _shared_call(fn: Callable[[], Any]) -> tuple[Any, tuple[str, str] | None]:
+    """fn()'s result, or its error as (kind, message) to share with the other ranks (see _raise_shared)."""
+    try:
+        return fn(), None
+    except ConfigError as exc:
+        return None, ("config", exc.message)
+    except Exception as exc:  # noqa: BLE001 - shared, then raised on every rank
+        return None, ("error", f"{type(exc).__name__}: {exc}")
+
+
+def _agree(error: tuple[str, str] | None) -> None:
+    """Collective: every rank learns every rank's error and raises the first, so none waits for a failed one."""
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, error)
+    _raise_shared(gathered)
+
+
+def _raise_shared(errors: list[tuple[str, str] | None]) -> None:
+    for error in errors:
+        if error is None:
+            continue
+        kind, message = error
+        if kind == "config":
+            raise ConfigError(FIELD, message)
+        raise RuntimeError(f"{FIELD}: {message}")

@@ -206,7 +206,7 @@ class Reporter:
         self.write(True)
         self.close()
 
-    def checkpoint(self, state: TrainerState, path: Path, seconds: float) -> None:
+    def checkpoint(self, state: TrainerState, path: Path | str, seconds: float) -> None:
         if not self.enabled:
             return
         self.progress.last_checkpoint = CheckpointRecord(

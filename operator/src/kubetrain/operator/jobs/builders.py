@@ -6,7 +6,7 @@ create is idempotent (409 means it is already there):
   ConfigMap     <job>-config      config.json: the spec the trainer reads; launcher.py + contract.py for custom commands
   Pod           <job>-worker-<i>  one per worker, labelled with its restart generation; passes Pod Security
                                   `restricted` unless its fabric adds capabilities (FabricProfile.pod_security)
-  PVC           <job>-checkpoints unless checkpoint.claimName or checkpoint.ephemeral is set
+  PVC           <job>-checkpoints unless checkpoint.claimName, checkpoint.ephemeral or checkpoint.uri is set
   Role          <job>-progress    get/patch of the pod <job>-worker-0 only (progressReporting)
   RoleBinding   <job>-progress    that Role for the workers' ServiceAccount
   NetworkPolicy <job>-workers     with the operator's workerNetworkPolicy: ingress to the workers from the
@@ -107,11 +107,12 @@ def default_claim_name(job: str) -> str:
 
 
 def claim_name(job: TrainingJob) -> str | None:
-    """The claim every worker mounts at /checkpoints: the user's, else the operator's; None when ephemeral."""
+    """The claim every worker mounts at /checkpoints: the user's, else the operator's; None when ephemeral or in
+    object storage (checkpoint.uri: each pod stages its part in its own emptyDir)."""
     ck = job.spec.checkpoint
     if ck.claim_name:
         return ck.claim_name
-    return None if ck.ephemeral else default_claim_name(job.metadata.name)
+    return None if ck.ephemeral or ck.uri else default_claim_name(job.metadata.name)
 
 
 def claim_access_mode(spec: TrainingJobSpec) -> str:
@@ -212,9 +213,9 @@ def worker_command(spec: TrainingJobSpec) -> tuple[list[str] | None, list[str] |
 
 
 def checkpoint_claim(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The claim `<job>-checkpoints` (owned by the job: deleted with it), unless claimName or ephemeral is set."""
+    """The claim `<job>-checkpoints` (owned by the job: deleted with it), unless claimName, ephemeral or uri is set."""
     ck = job.spec.checkpoint
-    if ck.claim_name or ck.ephemeral:
+    if ck.claim_name or ck.ephemeral or ck.uri:
         return None
     spec: dict[str, Any] = {
         "accessModes": [claim_access_mode(job.spec)],
@@ -371,8 +372,35 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
             {"name": contract.POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         ]
     env.append({"name": contract.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})  # preflight
+    env += object_store_env(spec)
     user = {e["name"]: e for e in spec.env or [] if "name" in e}
     return [e for e in env if e["name"] not in user] + list(user.values())
+
+
+S3_SECRET_KEYS = (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False), ("AWS_SESSION_TOKEN", True))
+"""The keys of checkpoint.s3.credentialsSecret that become the trainer's environment (name, optional)."""
+
+
+def object_store_env(spec: TrainingJobSpec) -> list[dict[str, Any]]:
+    """checkpoint.uri: the Secret's keys (secretKeyRef, so a missing key keeps the pod from starting with the
+    kubelet's CreateContainerConfigError instead of failing later) and, for custom scripts and any AWS SDK in the
+    image, the endpoint and region. The built-in trainer reads all of it from the spec; none without uri."""
+    ck = spec.checkpoint
+    if not ck.uri:
+        return []
+    env: list[dict[str, Any]] = [{"name": contract.CHECKPOINT_URI, "value": ck.uri}]
+    s3 = ck.s3
+    if s3 is None:
+        return env
+    if s3.endpoint:
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": s3.endpoint})
+    if s3.region:
+        env.append({"name": "AWS_REGION", "value": s3.region})
+    if s3.credentials_secret:
+        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": s3.credentials_secret, "key": key,
+                                                               **({"optional": True} if optional else {})}}}
+                for key, optional in S3_SECRET_KEYS]
+    return env
 
 
 def memory_tier(spec: TrainingJobSpec) -> contract.MemoryTier | None:

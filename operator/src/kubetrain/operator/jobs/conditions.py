@@ -74,6 +74,10 @@ def checkpoints_durable(job: TrainingJob) -> Want:
             "set spec.checkpoint.claimName to a claim every worker can mount, or drop spec.checkpoint.ephemeral "
             f"and the operator creates the claim {b.default_claim_name(name)}", bad_value=False,
         )
+    if ck.uri:
+        return Want(CHECKPOINTS_DURABLE, True, R.OBJECT_STORE,
+                    f"checkpoints are kept in object storage at {ck.uri} (spec.checkpoint.uri); each worker stages "
+                    "its part in its own emptyDir and uploads it", bad_value=False)
     if ck.claim_name:
         return Want(CHECKPOINTS_DURABLE, True, R.USER_CLAIM,
                     f"checkpoints are kept on the PersistentVolumeClaim {ck.claim_name} (spec.checkpoint.claimName)",
