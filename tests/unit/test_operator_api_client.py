@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NoReturn
+from types import SimpleNamespace
+from typing import Any, NoReturn
 
 import pytest
+from kubernetes import client
 from kubernetes.client import configuration
 from kubernetes.config import kube_config
 
@@ -41,7 +43,14 @@ def test_the_proxy_is_read_from_the_environment_once_not_before_every_call(
     def environment_read() -> NoReturn:
         raise AssertionError("a call read the proxy environment again")
 
-    monkeypatch.setattr(configuration, "getproxies", environment_read)
-    _, url, headers, _, _ = api_client.param_serialize("GET", "/api", auth_settings=["BearerToken"])
-    assert url == "https://127.0.0.1:6443/api" and headers["authorization"] == "Bearer secret"
+    monkeypatch.setattr(configuration, "getproxies", environment_read, raising=False)  # 36 reads it only at init
+    sent: dict[str, Any] = {}
+
+    def request(method: str, url: str, headers: dict[str, str], **_: Any) -> Any:  # urllib3's, under the client
+        sent.update(url=url, headers=headers)
+        return SimpleNamespace(status=200, reason="", data=b"{}", headers={}, getheaders=dict)
+
+    api_client.rest_client.pool_manager.request = request
+    client.CoreApi(api_client).get_api_versions(_preload_content=False)
+    assert sent["url"] == "https://127.0.0.1:6443/api/" and sent["headers"]["authorization"] == "Bearer secret"
     assert api_client.configuration.proxy == "http://proxy.internal:3128"
