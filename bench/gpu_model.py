@@ -18,7 +18,8 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.trainer.model import Transformer, build_model, flops_per_token, transformer_blocks
+from kubetrain.trainer import parallel
+from kubetrain.trainer.model import Transformer, build_model, flops_per_token
 
 MFU_FORMULA = (
     "MFU = flops_per_token * tokens_per_second_per_gpu / peak_flops; "
@@ -85,11 +86,8 @@ def build(spec: TrainingJobSpec, device: torch.device) -> nn.Module:
 
 
 def compile_blocks(model: nn.Module) -> None:
-    """torch.compile each transformer block, before FSDP2 shards it (torchtitan's order). In place
-    (``Module.compile``): names and state-dict keys stay. The blocks share one compiled graph (dynamo
-    inlines nn modules); FSDP2's hooks are dynamo-disabled and run eager around it."""
-    for block in transformer_blocks(model):
-        block.compile()
+    """The hand-written loop's torch.compile: the trainer's own (spec.compile), each block in place."""
+    parallel.compile_blocks(model)
 
 
 def describe(spec: TrainingJobSpec) -> dict[str, Any]:

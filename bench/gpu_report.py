@@ -36,12 +36,12 @@ def train_table(train: dict[str, Any]) -> list[str]:
         f" x {train['world_size']} process(es) = {train['tokens_per_step']:,} tokens/step,"
         f" {train['warmup']} warm-up + {train['steps']} timed steps (median); attention kernel {train['attention']}",
         "",
-        "| variant | step s | tokens/s | tokens/s/device | MFU | peak mem GiB | vs baseline |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| variant | step s | tokens/s | tokens/s/device | MFU | peak mem GiB | vs baseline | first step s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for v in train["variants"]:
         if "error" in v:
-            lines.append(f"| {v['name']} | {v['error'][:80]} |  |  |  |  |  |")
+            lines.append(f"| {v['name']} | {v['error'][:80]} |  |  |  |  |  |  |")
             continue
         base = baseline_for(train["variants"], v["compiled"])
         ratio = v["tokens_per_second"] / base["tokens_per_second"] if base else None
@@ -49,6 +49,7 @@ def train_table(train: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {v['name']} | {v['step_seconds_median']:.3f} | {v['tokens_per_second']:,.0f} |"
             f" {v['tokens_per_second_per_gpu']:,.0f} | {mfu} | {_gib(v['peak_memory_bytes'])} | {_num(ratio, '.3f')} |"
+            f" {_num(v.get('first_step_seconds'), '.2f')} |"  # a compiled variant's compilation (older results: —)
         )
     return lines
 

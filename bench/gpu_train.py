@@ -65,10 +65,10 @@ def sampler_for(spec: TrainingJobSpec) -> Sampler:
 
 
 def trainer_step(rt: Runtime, spec: TrainingJobSpec, compiled: bool) -> Step:
-    """One optimizer step of kubetrain's trainer loop (without its logging and checkpoint policy)."""
+    """One optimizer step of kubetrain's trainer loop (without its logging and checkpoint policy); compiled as
+    spec.compile compiles (make_engine, between tensor parallelism and FSDP2)."""
+    spec = spec.model_copy(update={"compile": compiled})
     model = gpu_model.build(spec, rt.device)
-    if compiled:
-        gpu_model.compile_blocks(model)
     engine = make_engine(spec, model, rt.device, rt.world_size)
     sampler = sampler_for(spec)
     mbs, ga = spec.micro_batch_size, spec.gradient_accumulation_steps
@@ -115,19 +115,23 @@ def baseline_step(rt: Runtime, spec: TrainingJobSpec, compiled: bool) -> Step:
     return step
 
 
-def time_steps(rt: Runtime, step: Step, timing: Timing) -> tuple[list[float], float]:
-    """Seconds of each timed step (the slowest rank's) and the last step's loss."""
+def time_steps(rt: Runtime, step: Step, timing: Timing) -> tuple[list[float], float, float]:
+    """Seconds of each timed step (the slowest rank's), the last step's loss, and the first (warm-up) step's
+    seconds: a compiled variant's compilation."""
     seconds: list[float] = []
+    first = 0.0
     loss: float | torch.Tensor = float("nan")
     for i in range(timing.warmup + timing.steps):
         rt.sync()
         t0 = time.perf_counter()
         loss = step(i)
         rt.sync()
+        if i == 0:
+            first = time.perf_counter() - t0
         if i >= timing.warmup:
             seconds.append(time.perf_counter() - t0)
     seconds = [max_over_ranks(rt, s) for s in seconds]
-    return seconds, float(loss)
+    return seconds, float(loss), max_over_ranks(rt, first)
 
 
 def release(rt: Runtime, compiled: bool) -> None:
@@ -146,13 +150,14 @@ def measure(rt: Runtime, shape: gpu_model.Shape, variant: Variant, timing: Timin
     make = trainer_step if variant.loop == "trainer" else baseline_step
     release(rt, False)
     step = make(rt, spec, variant.compiled)
-    seconds, loss = time_steps(rt, step, timing)
+    seconds, loss, first = time_steps(rt, step, timing)
     peak_mem = torch.cuda.max_memory_allocated(rt.device) if rt.cuda else None
     del step
     release(rt, variant.compiled)
     median = statistics.median(seconds)
     tokens = shape.tokens_per_step(rt.world_size)
     return {
+        "first_step_seconds": first,
         "step_seconds_median": median,
         "step_seconds": seconds,
         "tokens_per_step": tokens,

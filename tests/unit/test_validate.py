@@ -397,6 +397,23 @@ def test_pipeline_parallel_layouts(spec, line, tmp_path, capsys):
     _validate_layout(spec, line, tmp_path, capsys)
 
 
+@pytest.mark.parametrize(("spec", "line"), [
+    ("{compile: true}", None),  # ddp, bf16
+    ("{compile: true, strategy: fsdp, precision: fp16, activationCheckpointing: true}", None),
+    ("{compile: true, strategy: fsdp, procsPerWorker: 2, parallelism: {tensor: 2}}", None),
+    ("{compile: true, strategy: fsdp, workers: 2, gradientAccumulationSteps: 2, parallelism: {pipeline: 2}}", None),
+    ("{compile: true, strategy: fsdp, model: {hfPath: /models/llama}}", None),
+    ("{compile: true, strategy: deepspeed, deepspeed: {zeroStage: 3}}", None),
+    ("{compile: true, command: [python, train.py]}",
+     "spec.compile: compile applies to the built-in trainer: a custom command compiles its own model (drop compile "
+     "or command)"),
+])
+def test_compile_combinations(spec, line, tmp_path, capsys):
+    """compile runs with every strategy (tensor and pipeline parallelism, every precision, hfPath models), not with
+    a custom command, whose model is its own."""
+    _validate_layout(spec, line, tmp_path, capsys)
+
+
 def _validate_layout(spec, line, tmp_path, capsys):
     f = tmp_path / "tp.yaml"
     f.write_text(HEADER + f"spec: {spec}\n")

@@ -825,6 +825,12 @@ SPEC_RULES: list[Rule] = [
         lambda s: s.parallelism.pipeline == 1 or s.precision != "fp16",
     ),
     Rule(
+        "compile",
+        "!self.compile || !has(self.command) || size(self.command) == 0",
+        "compile applies to the built-in trainer: a custom command compiles its own model (drop compile or command)",
+        lambda s: not s.compile or not s.command,
+    ),
+    Rule(
         "metricsPort",
         f"self.metricsPort + {_PROCS_CEL} - 1 <= 65535",
         "metricsPort + processes per worker - 1 must be <= 65535 (each process serves metrics on the next port)",
@@ -921,6 +927,8 @@ class TrainingJobSpec(_Model):
     """Micro-batches accumulated per optimizer step. At most 10000."""
     activation_checkpointing: bool = False
     """Recompute each block's activations in backward instead of storing them."""
+    compile: bool = False
+    """torch.compile each transformer block (the built-in model's blocks, a model.hfPath model's decoder layers) after tensor parallelism and activation checkpointing, before FSDP2, DDP or DeepSpeed wraps the model (docs/trainer.md#compiling-the-model). Every strategy, tensor and pipeline parallelism, every precision; the built-in trainer only (not with command). Cost: the first step (and the first evaluation) compiles, which can take minutes and must fit restartPolicy.hangDetection.startSeconds and any progressDeadlineSeconds; every restarted generation compiles again. Later steps usually run faster on GPUs. Inductor needs a C++ compiler on CPU and Triton on GPUs (the trainer image has both)."""
     micro_batch_size: int = Field(8, ge=1, le=65_536)
     """Samples per process per micro-batch. Global batch = microBatchSize x gradientAccumulationSteps x world size. At most 65536."""
     max_steps: int = Field(100, ge=1, le=MAX_STEPS)

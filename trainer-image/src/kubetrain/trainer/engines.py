@@ -174,12 +174,8 @@ class TorchEngine(Engine):
             else:
                 self.model = parallel.parallelize(model, spec, device, layout, self.amp_dtype)
         else:
-            from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
-
-            model.to(device)
-            ids = [device.index] if device.type == "cuda" else None
             extra = grad_compression.ddp_options(spec.ddp, model, device)
-            self.model = DistributedDataParallel(model, device_ids=ids, **extra)
+            self.model = parallel.replicate(model, spec, device, **extra)
         self.compression = (
             grad_compression.attach(self.model, spec.ddp, spec.seed) if spec.strategy == "ddp" else None
         )
@@ -380,6 +376,8 @@ class DeepSpeedEngine(Engine):
         self.world_size = world_size
         self.zero_stage = spec.deepspeed.zero_stage if spec.deepspeed else 2
         model.to(device)
+        if spec.compile:  # before ZeRO wraps the model, as FSDP2 after it (its parameter hooks run eager)
+            parallel.compile_blocks(model)
         optimizer = make_optimizer(model.parameters(), spec)
         engine, _, _, _ = deepspeed.initialize(
             model=model,

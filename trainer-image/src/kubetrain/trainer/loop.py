@@ -407,6 +407,23 @@ def _bf16_notice(env: Env, spec: TrainingJobSpec, device: torch.device) -> None:
             log.warning("%s", notice)
 
 
+def _compile_notice(env: Env, spec: TrainingJobSpec, first_step_seconds: float | None = None) -> None:
+    """Rank 0 says (a pod's log) that spec.compile is on before the first step, which compiles every block,
+    and then how long that step took: the price of compiling, which every generation pays (less where Inductor's
+    on-disk cache survived the restart, as in a restart in place)."""
+    if env.rank != 0 or not spec.compile:
+        return
+    if first_step_seconds is None:
+        log.info("compile: torch.compile of every transformer block; the first step compiles them (slow)")
+        return
+    from torch._dynamo.utils import counters  # noqa: PLC0415 - Dynamo's own tally of what it compiled
+
+    # The blocks are alike, so one graph serves them all: more means graph breaks or recompilations.
+    graphs = counters["stats"]["unique_graphs"]
+    log.info("compile: the first step took %.1f s, compilation included (%d graph(s) compiled)",
+             first_step_seconds, graphs)
+
+
 def check_vocab(corpus: torch.Tensor, held: torch.Tensor | None, vocab: int) -> None:
     """Every token id must be one the model embeds (a tokenizer bigger than the model's vocabulary)."""
     top = max(int(corpus.max()), int(held.max()) if held is not None else 0)
@@ -454,6 +471,7 @@ def _train(
         reporter.progress.network_transport = transport
         reporter.progress.preflight = checked
         _bf16_notice(env, spec, device)
+        _compile_notice(env, spec)
         memory = MemoryTier.from_env(os.environ, spec, engine, env.rank, env.world_size)
         checkpoints = CheckpointManager(ckpt_root, spec.checkpoint, engine, metrics, reporter, memory=memory,
                                         timeout=env.dist_timeout)
@@ -485,6 +503,8 @@ def _train(
             evaluator.after_step(state, record, final)
             due = checkpoints.due(state.step, final=final, stopping=stopping)
             reporter.step(record, state, observer.rates(), force=first or final or due)
+            if first:
+                _compile_notice(env, spec, first_step_seconds=record["step_seconds"])
             first = False
             if due:
                 hangs.write_beat(state.step, hangs.CHECKPOINT, force=True)

@@ -1,20 +1,22 @@
 """Splitting the model over one DeviceMesh: one function per dimension, applied in one order.
 
 The order is the pipeline split first (each rank keeps its stage's part of the model), then tensor parallelism (it turns the blocks' projections into DTensors on the mesh's
-``tp`` dimension), then data sharding (FSDP2 over the ``dp`` dimension, which shards those DTensors
-once more). Activation checkpointing is the model's own (``Transformer.activation_checkpointing``);
-it wraps whole blocks, so it composes with both.
+``tp`` dimension), then spec.compile (each block, in place), then data sharding (FSDP2 over the ``dp``
+dimension, which shards those DTensors once more; or DDP, through :func:`replicate`). Activation
+checkpointing is the model's own (``Transformer.activation_checkpointing``); it wraps whole blocks, so it
+composes with all of them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from kubetrain.core.api import TrainingJobSpec
+from kubetrain.trainer.parallel.compile import compile_blocks
 from kubetrain.trainer.parallel.data import shard_data
 from kubetrain.trainer.parallel.mesh import DP, PP, TP, Layout, build_mesh, copies
 from kubetrain.trainer.parallel.pipeline import Pipeline, RankPart, rank_stages, split_stages, virtual_stages
@@ -23,8 +25,8 @@ from kubetrain.trainer.parallel.tensor import apply_tensor_parallel
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["DP", "PP", "TP", "Layout", "Pipeline", "apply_tensor_parallel", "build_mesh", "copies", "parallelize",
-           "parallelize_pipeline", "shard_data"]
+__all__ = ["DP", "PP", "TP", "Layout", "Pipeline", "apply_tensor_parallel", "build_mesh", "compile_blocks", "copies",
+           "parallelize", "parallelize_pipeline", "replicate", "shard_data"]
 
 
 def parallelize(model: nn.Module, spec: TrainingJobSpec, device: torch.device, layout: Layout,
@@ -53,4 +55,18 @@ def _tensor_and_data(model: nn.Module, spec: TrainingJobSpec, device: torch.devi
     if layout.tensor > 1:
         model.to(device)  # the shards are cut from the (seeded, identical) full weights on this device
         apply_tensor_parallel(model, mesh[TP])
+    if spec.compile:
+        compile_blocks(model)
     return shard_data(model, spec, device, mesh[DP], amp_dtype)
+
+
+def replicate(model: nn.Module, spec: TrainingJobSpec, device: torch.device, **ddp_options: Any) -> nn.Module:
+    """Strategy ddp: ``model`` on ``device`` (its blocks compiled when spec.compile says so), wrapped in
+    DistributedDataParallel with ``ddp_options`` (gradient compression's)."""
+    from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
+
+    model.to(device)
+    if spec.compile:
+        compile_blocks(model)
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, **ddp_options)
