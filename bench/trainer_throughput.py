@@ -1,6 +1,7 @@
 """Trainer throughput vs a minimal hand-written loop (same model, strategy, precision, processes).
 
-    .venv/bin/python bench/trainer_throughput.py [--repeats 3] [--steps 20] [--strategies ddp,fsdp]
+    .venv/bin/python bench/trainer_throughput.py [--repeats 3] [--steps 20] [--configs ddp:fp32,fsdp:fp32]
+    .venv/bin/python bench/trainer_throughput.py --configs deepspeed:fp32 --shape 64,18,32,1 [--zero-config JSON]
 
 Both run as N gloo processes on CPU with OMP_NUM_THREADS=1 (tests/support/trainer_harness.py).
 Tokens/s come from the median wall-clock time between consecutive step ends after the
@@ -12,6 +13,11 @@ alternate trainer / baseline. Reported: the best run of each (noise on a shared
 machine only ever slows a run down), the median of the paired ratios (a trainer
 run and the baseline run right after it see similar load), and the ratio of rank 0's
 CPU seconds per step (insensitive to other tenants). Target ratio >= 0.97.
+
+DeepSpeed (ZeRO-3) has no hand-written counterpart: its yardstick is the trainer's own FSDP2 run of the
+same job. ``--zero-config`` goes to spec.deepspeed.config (e.g. to put back DeepSpeed's own ZeRO-3
+defaults for an A/B); ``--shape dModel,nLayers,seqLen,microBatch`` shrinks the compute so that the
+frameworks' per-step host work (hooks, bookkeeping), what a fast GPU waits on, dominates the step.
 """
 
 from __future__ import annotations
@@ -31,16 +37,29 @@ BASELINE = Path(__file__).resolve().with_name("trainer_baseline_loop.py")
 WARMUP = 3
 
 
-def bench_spec(strategy: str, precision: str, steps: int) -> dict[str, Any]:
+def bench_spec(strategy: str, precision: str, steps: int, shape: str = "128,2,128,8",
+               zero_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    d_model, layers, seq_len, micro = (int(v) for v in shape.split(","))
+    extra: dict[str, Any] = {}
+    if strategy == "deepspeed":
+        extra["deepspeed"] = {"zeroStage": 3, **({"config": zero_config} if zero_config else {})}
     return tiny_spec(
         strategy=strategy,
         precision=precision,
-        microBatchSize=8,
+        microBatchSize=micro,
         gradientAccumulationSteps=2,
         maxSteps=steps,
-        model={"dModel": 128, "nLayers": 2, "nHeads": 4, "seqLen": 128},
+        model={"dModel": d_model, "nLayers": layers, "nHeads": 4, "seqLen": seq_len},
         checkpoint={"everySteps": 10**6, "keep": 1},
+        **extra,
     )
+
+
+def reference_tps(out: Path, spec: dict[str, Any], nproc: int) -> tuple[float, float]:
+    """The yardstick: the hand-written loop, or for DeepSpeed the trainer's FSDP2 run of the same job."""
+    if spec["strategy"] != "deepspeed":
+        return baseline_tps(out, spec, nproc)
+    return trainer_tps(out, {k: v for k, v in spec.items() if k != "deepspeed"} | {"strategy": "fsdp"}, nproc)
 
 
 def trainer_tps(out: Path, spec: dict[str, Any], nproc: int) -> tuple[float, float]:
@@ -70,24 +89,27 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--configs", default="ddp:fp32,fsdp:fp32", help="strategy:precision pairs")
+    ap.add_argument("--shape", default="128,2,128,8", help="dModel,nLayers,seqLen,microBatchSize")
+    ap.add_argument("--zero-config", type=json.loads, default=None, help="deepspeed runs: spec.deepspeed.config")
     args = ap.parse_args()
     results = []
     for pair in args.configs.split(","):
         strategy, precision = pair.split(":")
-        spec = bench_spec(strategy, precision, args.steps)
+        spec = bench_spec(strategy, precision, args.steps, args.shape, args.zero_config)
         tr, bl, pairs, cpu_t, cpu_b = [], [], [], [], []
+        ref = "fsdp2 trainer" if strategy == "deepspeed" else "baseline"
         for i in range(args.repeats):
             with tempfile.TemporaryDirectory(prefix="kt-bench-") as tmp:
                 t_tps, t_cpu = trainer_tps(Path(tmp) / "trainer", spec, args.nproc)
-                b_tps, b_cpu = baseline_tps(Path(tmp) / "baseline", spec, args.nproc)
+                b_tps, b_cpu = reference_tps(Path(tmp) / "baseline", spec, args.nproc)
             tr.append(t_tps)
             bl.append(b_tps)
             pairs.append(t_tps / b_tps)
             cpu_t.append(t_cpu)
             cpu_b.append(b_cpu)
             print(
-                f"{strategy}/{precision} run {i + 1}: trainer {t_tps:.0f} tok/s, baseline {b_tps:.0f} tok/s, "
-                f"ratio {pairs[-1]:.3f}; rank-0 CPU s/step trainer {t_cpu:.4f}, baseline {b_cpu:.4f}",
+                f"{strategy}/{precision} run {i + 1}: trainer {t_tps:.0f} tok/s, {ref} {b_tps:.0f} tok/s, "
+                f"ratio {pairs[-1]:.3f}; rank-0 CPU s/step trainer {t_cpu:.4f}, {ref} {b_cpu:.4f}",
                 flush=True,
             )
         result = {
@@ -102,9 +124,9 @@ def main() -> None:
         }
         results.append(result)
         print(
-            f"{strategy}/{precision}: best trainer {result['trainer_best']:.0f} / baseline {result['baseline_best']:.0f} "
+            f"{strategy}/{precision}: best trainer {result['trainer_best']:.0f} / {ref} {result['baseline_best']:.0f} "
             f"tok/s = {result['ratio_best']:.3f}; median of paired ratios {result['ratio_median_of_pairs']:.3f}; "
-            f"CPU-time ratio (baseline/trainer per step) {result['cpu_ratio']:.3f}",
+            f"CPU-time ratio ({ref}/trainer per step) {result['cpu_ratio']:.3f}",
             flush=True,
         )
     print(json.dumps(results))

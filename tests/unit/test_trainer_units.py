@@ -145,6 +145,53 @@ def test_deepspeed_config_merges_user_keys_under_ours() -> None:
     assert cfg["zero_force_ds_cpu_optimizer"] is False  # a torch optimizer, no JIT-compiled DeepSpeed Adam
 
 
+def _zero3_spec(workers_config: dict | None = None, **deepspeed: object) -> TrainingJobSpec:
+    ds: dict[str, object] = {"zeroStage": 3, **deepspeed}
+    if workers_config is not None:
+        ds["config"] = workers_config
+    return TrainingJobSpec.model_validate({"strategy": "deepspeed", "precision": "bf16", "deepspeed": ds})
+
+
+# The built-in model at dModel 64: a block holds 12·64² + 13·64 parameters over 11 modules (itself, attn,
+# mlp, 2 LayerNorms, 6 Linears), DeepSpeed's granularity 49984 // 11; the largest parameters are 256 x 64.
+SMALL = ModelSpec(d_model=64, n_layers=3, n_heads=4, seq_len=32, vocab_size=256)
+
+
+@pytest.mark.parametrize(("world", "offload_param", "want"), [
+    (1, False, {"stage3_module_granularity_threshold": 4544, "stage3_param_persistence_threshold": 16384,
+                "overlap_comm": False, "memory_efficient_linear": False}),
+    (2, False, {"stage3_module_granularity_threshold": 4544}),
+    (1, True, {"stage3_module_granularity_threshold": 4544, "offload_param": {"device": "cpu"}}),
+])
+def test_zero3_defaults_follow_the_model_and_world_size(world: int, offload_param: bool, want: dict) -> None:
+    cfg = deepspeed_config(_zero3_spec(offloadParam=offload_param), world, Transformer(SMALL))
+    assert cfg["zero_optimization"] == {"stage": 3, **want}
+
+
+def test_zero3_blocks_are_not_units_when_a_parent_would_swallow_them() -> None:
+    """A wrapper that holds nothing but the blocks has a finer granularity than one block: DeepSpeed (parents
+    first) would fetch the whole model as one unit, so no threshold is set."""
+    inner = Transformer(SMALL)
+    wrapper = torch.nn.Module()
+    wrapper.model = torch.nn.Module()
+    wrapper.model.layers = inner.blocks
+    assert "stage3_module_granularity_threshold" not in deepspeed_config(_zero3_spec(), 2, wrapper)["zero_optimization"]
+
+
+def test_user_keys_win_over_our_defaults_and_the_spec_wins_over_user_keys() -> None:
+    user = {"zero_optimization": {"stage": 1, "overlap_comm": True, "stage3_module_granularity_threshold": 0,
+                                  "reduce_bucket_size": 1000},
+            "wall_clock_breakdown": True, "train_batch_size": 1, "bf16": {"enabled": False}}
+    spec = _zero3_spec(user)
+    cfg = deepspeed_config(spec, 1, Transformer(SMALL))
+    assert cfg["zero_optimization"] == {"stage": 3, "overlap_comm": True, "stage3_module_granularity_threshold": 0,
+                                        "reduce_bucket_size": 1000, "stage3_param_persistence_threshold": 16384,
+                                        "memory_efficient_linear": False}
+    assert cfg["wall_clock_breakdown"] is True and cfg["steps_per_print"] == 2**31 - 1
+    assert cfg["train_batch_size"] == spec.micro_batch_size * spec.gradient_accumulation_steps > 1
+    assert cfg["bf16"] == {"enabled": True}
+
+
 def test_activation_checkpointing_gives_the_same_gradients() -> None:
     spec = ModelSpec(d_model=16, n_layers=2, n_heads=2, seq_len=8, vocab_size=32)
     x = torch.randint(0, 32, (2, 8))

@@ -25,7 +25,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.trainer import grad_compression, legacy_ckpt, parallel
+from kubetrain.trainer import grad_compression, legacy_ckpt, parallel, zero3_tuning
 from kubetrain.trainer.checkpoint import safe_load
 from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.schedule import lr_factor
@@ -321,8 +321,11 @@ class TorchEngine(Engine):
 # --------------------------------------------------------------------------- DeepSpeed
 
 
-def deepspeed_config(spec: TrainingJobSpec, world_size: int) -> dict[str, Any]:
-    """The generated DeepSpeed config; spec.deepspeed.config is merged under it (ours win)."""
+def deepspeed_config(spec: TrainingJobSpec, world_size: int, model: nn.Module | None = None) -> dict[str, Any]:
+    """The generated DeepSpeed config (docs/trainer.md#the-generated-deepspeed-config), in three layers:
+    kubetrain's tuning defaults (ZeRO-3's from ``model`` and ``world_size``: zero3_tuning), then
+    spec.deepspeed.config over them, then what the spec's own fields fix (batch sizes, clipping, precision,
+    ZeRO stage, offload) over both: a user tunes any DeepSpeed key but cannot contradict the spec."""
     ds = spec.deepspeed
     stage = ds.zero_stage if ds else 2
     zero: dict[str, Any] = {"stage": stage}
@@ -330,6 +333,13 @@ def deepspeed_config(spec: TrainingJobSpec, world_size: int) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu"}
     if ds and ds.offload_param:
         zero["offload_param"] = {"device": "cpu"}
+    defaults: dict[str, Any] = {
+        "steps_per_print": 2**31 - 1,  # the trainer logs each step itself
+        "wall_clock_breakdown": False,  # no per-phase timers and their log lines: the trainer times steps itself
+    }
+    if stage == 3:
+        facts = zero3_tuning.model_facts(model) if model is not None else None
+        defaults["zero_optimization"] = zero3_tuning.zero3_defaults(facts, world_size, bool(ds and ds.offload_param))
     ours: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": spec.micro_batch_size,
         "gradient_accumulation_steps": spec.gradient_accumulation_steps,
@@ -343,11 +353,15 @@ def deepspeed_config(spec: TrainingJobSpec, world_size: int) -> dict[str, Any]:
         },
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
-        "steps_per_print": 2**31 - 1,
-        "wall_clock_breakdown": False,
     }
-    merged = copy.deepcopy(ds.config) if ds and ds.config else {}
-    for key, value in ours.items():
+    user = copy.deepcopy(ds.config) if ds and ds.config else {}
+    return _merge(_merge(defaults, user), ours)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over``'s keys win; a dict under the same key in both is merged one level down (zero_optimization)."""
+    merged = dict(base)
+    for key, value in over.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = {**merged[key], **value}
         else:
@@ -383,7 +397,7 @@ class DeepSpeedEngine(Engine):
             model=model,
             optimizer=optimizer,
             lr_scheduler=lambda opt: make_scheduler(opt, spec),
-            config=deepspeed_config(spec, world_size),
+            config=deepspeed_config(spec, world_size, model),
             dist_init_required=False,
         )
         self.engine = engine
