@@ -15,7 +15,7 @@ set -euo pipefail
 # shellcheck source=hack/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-ALL=("${CONTROL_PLANE[@]}" "${REAL_NODE_PARTS[@]}")
+ALL=("${CONTROL_PLANE[@]}" "${REAL_NODE_PARTS[@]}" "${HOST_SERVICES[@]}")
 want=("$@")
 [[ ${#want[@]} -gt 0 ]] || want=("${ALL[@]}")
 
@@ -43,6 +43,10 @@ go_build() {
 }
 
 mkdir -p "${KUBETRAIN_BIN_CACHE}"
+# One build at a time (.ci/run starts one in the background that cluster-up may meet): the second waits,
+# then finds the binaries there. Both would write the same output files.
+exec 9>"${KUBETRAIN_BIN_CACHE}/.build.lock"
+flock 9
 todo=()
 mapfile -t todo < <(missing "${want[@]}")
 if [[ ${#todo[@]} -eq 0 ]]; then

@@ -43,6 +43,8 @@ if [[ -d "${D}/node" ]]; then "${HACK_DIR}/real-node.sh" down || log "real node 
 stop kwok kube-scheduler kube-controller-manager
 stop kube-apiserver
 stop etcd
+"${HACK_DIR}/registry.sh" stop
+"${HACK_DIR}/objectstore.sh" stop
 rm -rf "${D}/etcd-data"
 if [[ "${1:-}" == "--purge" ]]; then
   rm -rf "$D"

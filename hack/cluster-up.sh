@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start the local test control plane: etcd, kube-apiserver (RBAC), kube-controller-manager,
 # kube-scheduler and the kwok controller, as background processes on loopback,
-# then create fake GPU nodes. Builds missing binaries first (hack/build.sh).
+# then create fake GPU nodes, and start the object store and the image registry (hack/objectstore.sh,
+# hack/registry.sh; also when the cluster already runs). Builds missing binaries first (hack/build.sh).
 #
 #   hack/cluster-up.sh            # idempotent: a healthy running cluster is left alone
 #
@@ -151,15 +152,24 @@ check_port_free() {
 }
 
 # ------------------------------------------------------------------------ main
+# The object store and the image registry: host processes, started (or found running) with the cluster,
+# after the real node so that its pods reach them at NODE_IP.
+host_services() {
+  "${HACK_DIR}/build.sh" "${HOST_SERVICES[@]}"
+  "${HACK_DIR}/objectstore.sh" start
+  "${HACK_DIR}/registry.sh" start
+}
+
 if healthy; then
   log "cluster already running"
+  host_services
   echo "$KUBECONFIG_ADMIN"
   exit 0
 fi
 # Anything half-started is stopped first.
 "${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true
 
-if [[ "$REAL_NODE" == 1 ]]; then "${HACK_DIR}/build.sh"; else "${HACK_DIR}/build.sh" "${CONTROL_PLANE[@]}"; fi
+if [[ "$REAL_NODE" == 1 ]]; then "${HACK_DIR}/build.sh"; else "${HACK_DIR}/build.sh" "${CONTROL_PLANE[@]}" "${HOST_SERVICES[@]}"; fi
 # From here on a failure stops whatever was started (logs stay in ${D}/logs).
 trap 'log "cluster-up failed; stopping what was started (logs: ${D}/logs)"; "${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true' ERR
 mkdir -p "${D}/logs" "${D}/pids"
@@ -258,6 +268,7 @@ for c in "${COMPONENTS[@]}"; do
   running "$c" || { "${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true; die "$c exited; see ${D}/logs/$c.log"; }
 done
 trap - ERR
+host_services
 
 log "cluster up in $((SECONDS - start_time))s: $("$(bin_path kubectl)" version --kubeconfig "$KUBECONFIG_ADMIN" 2>/dev/null | tr '\n' ' ')"
 log "export KUBECONFIG=${KUBECONFIG_ADMIN}"

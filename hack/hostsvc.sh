@@ -47,6 +47,8 @@ svc_forward() {
   svc_alive "$1" forward socat && return 0
   command -v socat >/dev/null || die "$1: socat is needed to serve pods at ${NODE_IP}:$2"
   svc_launch "$1" forward socat "TCP-LISTEN:$2,bind=${NODE_IP},fork,reuseaddr" "TCP:127.0.0.1:$2"
+  for _ in $(seq 20); do svc_alive "$1" forward socat && return 0; sleep 0.1; done  # setsid execs socat
+  die "$1: the forward from ${NODE_IP}:$2 did not start; see ${KUBETRAIN_CLUSTER_DIR}/$1/forward.log"
 }
 
 # svc_wait <seconds> <url> <log>: until <url> answers 2xx; prints how long it took.

@@ -7,6 +7,11 @@
 #   hack/images.sh check                  exit 0 when this machine can build them, else say what is missing
 #   hack/images.sh buildah ARG...         buildah on this script's storage (images, inspect, run, rmi)
 #   hack/images.sh ctr ARG...             ctr on the node's containerd, namespace k8s.io (images ls, run)
+#   hack/images.sh registry               print REGISTRY: the test cluster's registry as the node reaches it
+#
+# When the test cluster's registry runs (hack/registry.sh, started by cluster-up), the images built are
+# also pushed there as REGISTRY/kubetrain-operator:<tag> and REGISTRY/kubetrain-trainer:<tag> (zstd
+# layers; unchanged layers are not sent again), the names docs/install.md installs from.
 #
 # Names: the chart's defaults (charts/kubetrain: image.repository:appVersion and trainerImage, the
 # latter also the operator's default trainer image), so `helm install` with default values and a
@@ -155,6 +160,18 @@ node_image_id() {
 
 blob_names() { find "$1/oci/blobs/sha256" -type f -printf '%f\n' | LC_ALL=C sort; }
 
+REGISTRY="${NODE_IP}:${KUBETRAIN_REGISTRY_PORT:-5000}"
+
+# push_image <name> <repository>: the buildah image <name> to REGISTRY/<repository>:<name's tag>, when the
+# registry answers (it is on this machine: plain HTTP).
+push_image() {
+  local ref="${REGISTRY}/$2:${1##*:}" start=$SECONDS
+  curl -fsS -o /dev/null --max-time 2 "http://${REGISTRY}/v2/" 2>/dev/null || {
+    log "no registry at ${REGISTRY} (hack/registry.sh start): ${1} not pushed"; return 0; }
+  skopeo copy -q --dest-tls-verify=false --dest-compress-format zstd "${STORAGE_REF}${1}" "docker://${ref}"
+  log "  pushed ${ref} in $((SECONDS - start))s"
+}
+
 # load_image <name>: put the buildah image <name> into the node's containerd unless it is there.
 load_image() {
   local name="$1" id tmp start=$SECONDS new=() bytes=0
@@ -186,6 +203,7 @@ main() {
     check) preflight; return ;;
     buildah) exec "${BLD[@]}" "${want[@]:1}" ;;
     ctr) ctr_node "${want[@]:1}"; return ;;
+    registry) echo "$REGISTRY"; return ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; return ;;
   esac
   read -r operator trainer < <(chart_images)
@@ -206,10 +224,12 @@ main() {
   for t in "${want[@]}"; do
     case "$t" in
       operator) bud "$operator" "${REPO_ROOT}/Dockerfile" "$REPO_ROOT" --build-arg "PYTHON_IMAGE=${BASE_IMAGE}"
-                load_image "$operator" ;;
+                load_image "$operator"
+                push_image "$operator" kubetrain-operator ;;
       trainer) build_torch_base
                bud "$trainer" "${REPO_ROOT}/trainer-image/Dockerfile" "$REPO_ROOT" --build-arg "BASE_IMAGE=${TORCH_IMAGE}"
-               load_image "$trainer" ;;
+               load_image "$trainer"
+               push_image "$trainer" kubetrain-trainer ;;
     esac
   done
   log "images ready on the node in $((SECONDS - start))s: ${want[*]}"

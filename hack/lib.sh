@@ -100,6 +100,7 @@ pid_alive() {
 # What hack/build.sh builds: the control plane, and the real node's parts.
 CONTROL_PLANE=(etcd kwok kube-apiserver kube-controller-manager kube-scheduler kubectl)
 REAL_NODE_PARTS=(kubelet kube-proxy coredns local-path-provisioner pause)
+HOST_SERVICES=(seaweedfs registry)  # the object store and the image registry (hack/objectstore.sh, hack/registry.sh)
 
 # The real node (kubelet + containerd on this machine). Its containerd keeps its
 # content and snapshots under NODE_ROOT across cluster-down, so images loaded by

@@ -8,7 +8,9 @@
 #   hack/registry.sh status    running or not, and one health check (GET /v2/) with its time
 #
 # PORT is KUBETRAIN_REGISTRY_PORT (default 5000). Start it after the real node for the NODE_IP
-# forward; `start` again adds it (KUBETRAIN_SERVE_NODE_IP=0: loopback only).
+# forward; `start` again adds it (KUBETRAIN_SERVE_NODE_IP=0: loopback only). With the forward, the real
+# node's containerd pulls images named NODE_IP:PORT/... from here (plain HTTP, a hosts.toml of its own);
+# every other registry stays unreachable for it.
 # State under ${KUBETRAIN_CLUSTER_DIR}/registry/: storage/ (the images), config.yml, registry.log.
 set -euo pipefail
 # shellcheck source=hack/lib.sh
@@ -37,6 +39,16 @@ http:
 EOF
 }
 
+node_pulls_here() {  # the real node's containerd (hack/containerd.sh: config_path) pulls ${NODE_IP}:PORT/... here
+  local dir="${KUBETRAIN_NODE_RUN}/registry/${NODE_IP}:${PORT}"
+  mkdir -p "$dir"
+  cat >"${dir}/hosts.toml" <<TOML
+server = "http://${NODE_IP}:${PORT}"
+[host."http://${NODE_IP}:${PORT}"]
+  capabilities = ["pull", "resolve"]
+TOML
+}
+
 start() {
   local registry started
   registry="$(bin_path registry)"
@@ -50,6 +62,7 @@ start() {
   fi
   started="$(svc_wait 60 "http://127.0.0.1:${PORT}/v2/" "${D}/registry.log")"
   svc_forward "$S" "$PORT"
+  if svc_alive "$S" forward socat; then node_pulls_here; fi
   log "registry ready in ${started}: 127.0.0.1:${PORT}$(svc_alive "$S" forward socat && echo " and ${NODE_IP}:${PORT}")"
 }
 

@@ -32,6 +32,7 @@ from support.operator_process import OperatorProcess
 from support.paths import EXAMPLE_DATA, QUICKSTART, REPO_ROOT
 from support.real_pods import (
     NODE_NAME,
+    REGISTRY,
     TRAINER_IMAGE,
     RealJobs,
     claim_dir,
@@ -286,7 +287,8 @@ def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJob
 
 
 def test_missing_image_is_reported_within_60s(jobs: RealJobs) -> None:
-    name = jobs.create(quickstart(image="ghcr.io/kubetrain/no-such-image:0"), name="noimage")
+    """The node asks the test cluster's registry, which has no such repository (404)."""
+    name = jobs.create(quickstart(image=f"{REGISTRY}/no-such-image:0"), name="noimage")
     start = time.monotonic()
     st = jobs.wait(name, lambda s: any(c.get("type") == "WorkersBlocked" and c.get("status") == "True"
                                        and c.get("reason") == "ImagePullFailed"

@@ -25,6 +25,9 @@ from .waiting import wait_for
 
 NODE_NAME = "kubetrain-node"
 TRAINER_IMAGE = WorkerSettings().trainer_image  # the chart's default, the name hack/images.sh loads
+REGISTRY = subprocess.run([str(HACK_DIR / "images.sh"), "registry"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+"""The test cluster's image registry as the node reaches it (hack/registry.sh)."""
 
 
 def real_node_missing(core: client.CoreV1Api) -> str | None:
