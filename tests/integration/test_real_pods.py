@@ -36,6 +36,7 @@ from support.real_pods import (
     TRAINER_IMAGE,
     RealJobs,
     claim_dir,
+    cluster_object_store,
     elapsed,
     pod_monitor_targets,
     quickstart,
@@ -268,6 +269,44 @@ def test_a_hugging_face_trainer_script_resumes_from_its_newest_committed_checkpo
     print(f"hf-trainer: Succeeded in {elapsed(start)} s: {json.dumps(fields)}")
     assert (st["restartCount"], st["resumedFromStep"], st["currentStep"], fields["lastCheckpoint"]) == (1, 10, 40, 40), \
         jobs.describe(name)
+
+
+def test_checkpoints_in_the_object_store_resume_from_the_newest_committed_one(
+        jobs: RealJobs, real_namespace: str, tmp_path: Path) -> None:
+    """checkpoint.uri on the test cluster's object store (SeaweedFS), no claim, the memory tier off. Worker 1's rank
+    exits 137 after step 30, before that step's save: worker 0 uploads its part of step 30, which never gets
+    COMMITTED. The gang resumes from step 20, the newest committed, deletes the torn step 30, and ends on the
+    loss of the same job run uninterrupted (on a local directory)."""
+    start = time.monotonic()
+    endpoint, fs = cluster_object_store(real_namespace)
+    bucket = f"ckpt-{int(time.time())}"
+    fs.mkdir(bucket)
+    reference = _start_reference(tmp_path, quickstart(**RESUMABLE))
+    body = quickstart(**RESUMABLE)
+    body["spec"]["checkpoint"].update(uri=f"s3://{bucket}/job", memory={"enabled": False},
+                                      s3={"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"})
+    body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "1:30"}]
+    name = jobs.create(body, name="object-store")
+    st = jobs.wait_phase(name, "Succeeded", timeout=600)
+    fields = {k: st.get(k) for k in ("restartCount", "resumedFrom", "resumedFromStep", "currentStep", "failures")}
+    durable = next(c for c in st["conditions"] if c["type"] == "CheckpointsDurable")
+    keys = fs.find(f"{bucket}/job", refresh=True)  # objects: SeaweedFS lists emptied folders as well
+    steps = sorted({k.split("/")[2] for k in keys})
+    committed = sorted(k.split("/")[2] for k in keys if k.endswith("/COMMITTED"))
+    print(f"object store: Succeeded in {elapsed(start)} s: {json.dumps(fields)}; {durable['reason']}: "
+          f"{durable['message']}; bucket: {steps}")
+    assert (st["restartCount"], st.get("resumedFrom"), st.get("resumedFromStep")) == (1, "durable", 20), \
+        jobs.describe(name)
+    assert durable["status"] == "True" and durable["reason"] == "ObjectStore"
+    assert not jobs.core.list_namespaced_persistent_volume_claim(real_namespace).items  # no claim at all
+    # keep 3 of the committed steps 20 ... 120; nothing of the torn step 30 is left
+    assert steps == committed == ["step-00000100", "step-00000110", "step-00000120"], keys
+    pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace)
+    final = float(json.loads(pod.metadata.annotations["kubetrain.io/progress"])["loss"])
+    expected = reference()
+    print(f"object store: final loss {final!r} (resumed) vs {expected!r} (uninterrupted), "
+          f"relative difference {abs(final - expected) / expected:.2e}")
+    assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
 
 
 def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJobs, real_namespace: str) -> None:

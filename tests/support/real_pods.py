@@ -19,11 +19,15 @@ from kubernetes import client
 
 from kubetrain.operator.jobs.builders import WorkerSettings, merge
 
+from .cluster import kubeconfig_path
 from .jobs import StatusCheck, TrainingJobs
+from .kubectl import kubectl_binary
 from .paths import HACK_DIR, QUICKSTART
 from .waiting import wait_for
 
 NODE_NAME = "kubetrain-node"
+NODE_IP = "10.88.0.1"
+"""The real node's bridge address (hack/lib.sh), where pods reach the host services."""
 TRAINER_IMAGE = WorkerSettings().trainer_image  # the chart's default, the name hack/images.sh loads
 REGISTRY = subprocess.run([str(HACK_DIR / "images.sh"), "registry"], capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -205,3 +209,19 @@ def _label_key(meta_label: str, labels: dict[str, str]) -> str:
     """The pod label a `__meta_kubernetes_pod_label_<sanitized>` source names."""
     want = meta_label.removeprefix("__meta_kubernetes_pod_label_")
     return next(k for k in labels if "".join(c if c.isalnum() else "_" for c in k) == want)
+
+
+def cluster_object_store(namespace: str, secret: str = "kubetrain-s3") -> tuple[str, Any]:
+    """The test cluster's object store (hack/objectstore.sh, started by cluster-up): its endpoint as pods reach it,
+    and an s3fs client for the test on loopback. The store's keys go into `secret` in `namespace`."""
+    import s3fs  # noqa: PLC0415 - only the object-store tests need it
+
+    manifest = subprocess.run([str(HACK_DIR / "objectstore.sh"), "secret", secret, namespace], capture_output=True,
+                              text=True, check=True).stdout
+    subprocess.run([str(kubectl_binary()), "--kubeconfig", str(kubeconfig_path()), "apply", "-f", "-"],
+                   input=manifest, capture_output=True, text=True, check=True)
+    keys = yaml.safe_load(manifest)["stringData"]
+    fs = s3fs.S3FileSystem(key=keys["AWS_ACCESS_KEY_ID"], secret=keys["AWS_SECRET_ACCESS_KEY"],
+                           endpoint_url=keys["AWS_ENDPOINT_URL"].replace(NODE_IP, "127.0.0.1"),
+                           client_kwargs={"region_name": keys["AWS_REGION"]}, use_listings_cache=False)
+    return keys["AWS_ENDPOINT_URL"], fs
