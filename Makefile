@@ -20,11 +20,12 @@ help:
 
 venv: $(STAMP)
 
-$(STAMP): requirements-dev.txt core/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
+$(STAMP): requirements-dev.txt requirements-s3.txt core/pyproject.toml operator/pyproject.toml trainer-image/pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "kubetrain needs Python >= 3.11"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install -r requirements-dev.txt -e core -e operator -e trainer-image
+	$(BIN)/python -m pip install --no-deps -r requirements-s3.txt
 	touch $@
 
 run: $(STAMP)
