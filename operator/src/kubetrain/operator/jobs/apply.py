@@ -109,31 +109,18 @@ class RawPost:
         self._client = api_client
 
     def __call__(self, path: str, params: dict[str, str], body: bytes, accept: str) -> bytes:
-        url, headers = self._target(path, params, {"Content-Type": "application/json", "Accept": accept})
+        _, url, headers, _, _ = self._client.param_serialize(
+            "POST", path, path_params=params, header_params={"Content-Type": "application/json", "Accept": accept},
+            auth_settings=["BearerToken"])
         try:
-            answer = self._client.rest_client.pool_manager.request(
-                "POST", url, body=body, headers=headers, preload_content=False)
+            answer = rest.RESTResponse(self._client.rest_client.pool_manager.request(
+                "POST", url, body=body, headers=headers, preload_content=False))
         except urllib3.exceptions.SSLError as exc:  # as the client's own calls report it
             raise ApiException(status=0, reason=f"{type(exc).__name__}\n{exc}") from exc
         data: bytes = answer.read()
         if not 200 <= answer.status <= 299:
-            raise ApiException(http_resp=rest.RESTResponse(answer)) if _LEGACY_CLIENT else \
-                ApiException.from_response(http_resp=rest.RESTResponse(answer), body=None, data=None)
+            raise ApiException.from_response(http_resp=answer, body=None, data=None)
         return data
-
-    def _target(self, path: str, params: dict[str, str], header_params: dict[str, str]) -> tuple[str, dict[str, str]]:
-        """The URL and the headers, credentials included (a token refresh hook runs), as the client's calls get them."""
-        if not _LEGACY_CLIENT:
-            _, url, headers, _, _ = self._client.param_serialize(
-                "POST", path, path_params=params, header_params=header_params, auth_settings=["BearerToken"])
-            return url, headers
-        headers = {**self._client.default_headers, **header_params}
-        self._client.update_params_for_auth(headers, [], ["BearerToken"])
-        return self._client.configuration.host + path.format(**params), headers
-
-
-_LEGACY_CLIENT = not hasattr(client.ApiClient, "param_serialize")
-"""kubernetes 36 or older: the client generated before its OpenAPI generator upgrade (no param_serialize)."""
 
 
 PATHS = {
