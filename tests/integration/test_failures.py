@@ -18,6 +18,7 @@ from support.jobs import TrainingJobs
 from support.kwok import kwok_job, set_node_ready
 from support.operator_process import OperatorProcess
 
+from kubetrain.core.api import TrainingJobSpec
 from kubetrain.operator.jobs import builders as b
 
 pytestmark = pytest.mark.integration
@@ -95,7 +96,7 @@ def test_a_workers_edit_restarts_the_gang_at_its_new_size_and_updates_its_config
         live = [p for p in jobs.pods("resize") if not p.metadata.deletion_timestamp]
         assert sorted(p.metadata.name for p in live) == [f"resize-worker-{i}" for i in range(size)], live
         config = jobs.core.read_namespaced_config_map("resize-config", jobs.ns).data["config.json"]
-        assert json.loads(config)["workers"] == size
+        assert TrainingJobSpec.model_validate(json.loads(config)).workers == size  # the trainer's reading of it
     assert (st["failures"], st["ignoredRestarts"], st["restartCount"]) == ({}, 2, 2), st
 
 
