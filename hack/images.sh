@@ -163,13 +163,18 @@ blob_names() { find "$1/oci/blobs/sha256" -type f -printf '%f\n' | LC_ALL=C sort
 REGISTRY="${NODE_IP}:${KUBETRAIN_REGISTRY_PORT:-5000}"
 
 # push_image <name> <repository>: the buildah image <name> to REGISTRY/<repository>:<name's tag>, when the
-# registry answers (it is on this machine: plain HTTP).
+# registry answers (it is on this machine: plain HTTP). What is pushed is <name> plus one label, an image
+# of its own ID: containerd 1.6's CRI keeps one name per image ID, so a node that pulled the registry's
+# name of the very image `load_image` put there under the chart's default name would forget that name,
+# and pods using it would fail with ErrImagePull. The label adds no layer: only the config differs.
 push_image() {
   local ref="${REGISTRY}/$2:${1##*:}" start=$SECONDS
   curl -fsS -o /dev/null --max-time 2 "http://${REGISTRY}/v2/" 2>/dev/null || {
     log "no registry at ${REGISTRY} (hack/registry.sh start): ${1} not pushed"; return 0; }
-  skopeo copy -q --dest-tls-verify=false --dest-compress-format zstd "${STORAGE_REF}${1}" "docker://${ref}"
-  log "  pushed ${ref} in $((SECONDS - start))s"
+  printf 'FROM %s\nLABEL io.kubetrain.published-to="%s"\n' "$1" "$REGISTRY" \
+    | bld bud --isolation chroot --pull=never --layers -q -f - -t "$ref" "$REPO_ROOT" >/dev/null
+  skopeo copy -q --dest-tls-verify=false --dest-compress-format zstd "${STORAGE_REF}${ref}" "docker://${ref}"
+  log "  pushed ${ref} ($(image_id "$ref" | cut -c1-19)) in $((SECONDS - start))s"
 }
 
 # load_image <name>: put the buildah image <name> into the node's containerd unless it is there.

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The chart on the test cluster, with the commands docs/install.md shows (printed as they run).
-# The chart's default image names are the ones `make images` loads into the real node, so no
-# --set is needed: the operator runs as a real pod and puts the real trainer image into jobs.
+# The chart on the test cluster, with the commands docs/install.md shows (printed as they run): the
+# images from the test cluster's registry (`make images` pushes them there, the real node pulls them),
+# so the operator runs as a real pod and puts the real trainer image into jobs.
 #
-#   hack/install.sh install      helm install + wait for the operator pod
+#   hack/install.sh install      helm upgrade --install (a second run upgrades) + wait for the operator pod
 #   hack/install.sh uninstall    helm uninstall (the CRD stays, as with any Helm install)
 set -euo pipefail
 # shellcheck source=hack/lib.sh
@@ -19,7 +19,9 @@ run() { printf '+ %s\n' "$*" >&2; "$@"; }
 
 case "${1:-}" in
   install)
-    run helm install kubetrain charts/kubetrain --namespace kubetrain-system --create-namespace
+    REGISTRY="$("${HACK_DIR}/images.sh" registry)"
+    run helm upgrade --install kubetrain charts/kubetrain --namespace kubetrain-system --create-namespace \
+      --set "image.repository=${REGISTRY}/kubetrain-operator" --set "trainerImage=${REGISTRY}/kubetrain-trainer:0.1.0"
     run kubectl -n kubetrain-system rollout status deployment/kubetrain --timeout=180s
     ;;
   uninstall)
