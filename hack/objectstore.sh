@@ -14,8 +14,12 @@
 # forward; `start` again adds it (KUBETRAIN_SERVE_NODE_IP=0: loopback only). PORT is
 # KUBETRAIN_OBJECTSTORE_PORT (default 8333); SeaweedFS's internal listeners take the next 7 ports,
 # on loopback only.
-# State under ${KUBETRAIN_CLUSTER_DIR}/objectstore/: data/, weed.log, s3.json and `credentials`
-# (generated once, mode 600, shell syntax: AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=...).
+# State under ${KUBETRAIN_CLUSTER_DIR}/objectstore/: data/, weed.log, s3.json, master.toml and
+# `credentials` (generated once, mode 600, shell syntax: AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=...).
+# Volumes: each bucket is a SeaweedFS collection, which by default grows 7 volumes at its first write; on
+# a test machine's disk the automatic volume limit then ran out after a few buckets (PutObject answers
+# InternalError). Here a bucket starts with one volume of at most 256 MB, grown as it fills, and the
+# server may hold MAX_VOLUMES volumes (files that grow with their data, not preallocated).
 # `start` returns when the gateway answers; writes wait about 10 s more, until its filer has joined
 # the master's lock ring.
 set -euo pipefail
@@ -38,6 +42,12 @@ print(f"AWS_SECRET_ACCESS_KEY={secrets.token_hex(20)}")' >"$CREDENTIALS")
   log "generated ${CREDENTIALS}"
 }
 
+MAX_VOLUMES=1000
+
+master_toml() {  # read by `weed server` from its working directory
+  printf '[master.volume_growth]\ncopy_1 = 1\nallocation_deferral = "0s"\n' >"${D}/master.toml"
+}
+
 identities() {  # s3.json: SeaweedFS accepts ANY key pair when it has none, so it always gets this
   # shellcheck source=/dev/null
   source "$CREDENTIALS"
@@ -55,8 +65,10 @@ start() {
   mkdir -p "${D}/data"
   credentials
   identities
+  master_toml
   if ! svc_alive "$S" weed weed; then
     (exec 3<>"/dev/tcp/127.0.0.1/${PORT}") 2>/dev/null && die "port ${PORT} is in use; set KUBETRAIN_OBJECTSTORE_PORT"
+    cd "$D"
     svc_launch "$S" weed "$weed" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -dir="${D}/data" \
       -s3 -s3.port="$PORT" -s3.port.grpc=$((PORT + 1)) -s3.config="${D}/s3.json" \
       -master.port=$((PORT + 2)) -master.port.grpc=$((PORT + 3)) \
@@ -64,7 +76,7 @@ start() {
       -filer -filer.port=$((PORT + 6)) -filer.port.grpc=$((PORT + 7)) \
       -filer.localSocket="${D}/filer.sock" -s3.localSocket="${D}/s3.sock" \
       -s3.port.iceberg=0 -s3.port.lance=0 -master.telemetry=false \
-      -master.volumeSizeLimitMB=1024 -volume.max=0 -volume.preStopSeconds=0
+      -master.volumeSizeLimitMB=256 -volume.max="$MAX_VOLUMES" -volume.preStopSeconds=0
     log "started weed server (pid $(cat "$(svc_pidfile "$S" weed)")), log ${D}/weed.log"
   fi
   started="$(svc_wait 120 "http://127.0.0.1:${PORT}/healthz" "${D}/weed.log")"
