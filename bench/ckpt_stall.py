@@ -58,12 +58,13 @@ def quickstart_spec(steps: int, every: int, mode: str, store: ObjectStore | None
     spec["checkpoint"] = {**spec["checkpoint"], "everySteps": every if mode != "none" else 10**6,
                           "asyncSave": mode in ("async", "s3")}
     if store is not None:
-        spec["checkpoint"] |= {"uri": store.url("ckpt"), "s3": {"endpoint": store.endpoint_url, "region": REGION}}
+        spec["checkpoint"] |= {"uri": store.url("ckpt")}
+        spec["s3"] = {"endpoint": store.endpoint_url, "region": REGION}
     return spec
 
 
 def store_env(store: ObjectStore | None) -> dict[str, str]:
-    """The keys only: endpoint and region come from checkpoint.s3, as in a cluster."""
+    """The keys only: endpoint and region come from spec.s3, as in a cluster."""
     if store is None:
         return {}
     return {"AWS_ACCESS_KEY_ID": store.access_key, "AWS_SECRET_ACCESS_KEY": store.secret_key}

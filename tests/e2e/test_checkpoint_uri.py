@@ -7,7 +7,7 @@ objectstore.py), 2 gloo processes on CPU, fsdp with background saves.
   keep prunes the bucket.
 - A wrong secret stops the gang at once with exit 2 and a message naming checkpoint.uri.
 
-The endpoint, region and addressing style come from checkpoint.s3 only; the processes get just the keys.
+The endpoint, region and addressing style come from spec.s3 only; the processes get just the keys.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ PLANTED = 6
 def spec(store: ObjectStore, prefix: str) -> dict[str, Any]:
     s3 = {"endpoint": store.endpoint_url, "region": REGION}
     return tiny_spec(strategy="fsdp", maxSteps=STEPS,
-                     checkpoint={"everySteps": EVERY, "keep": 2, "asyncSave": True, "uri": store.url(prefix), "s3": s3})
+                     checkpoint={"everySteps": EVERY, "keep": 2, "asyncSave": True, "uri": store.url(prefix)}, s3=s3)
 
 
 def keys(store: ObjectStore, secret: str | None = None) -> dict[str, str]:

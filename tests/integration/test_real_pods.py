@@ -27,6 +27,7 @@ from kubernetes import client
 from support import helm_tool as ht
 from support import prom_server as ps
 from support.cluster import kubeconfig_path
+from support.hf_models import bpe_tokenizer, tiny_causal_lm
 from support.kubectl import kubectl
 from support.operator_process import OperatorProcess
 from support.paths import EXAMPLE_DATA, QUICKSTART, REPO_ROOT
@@ -36,10 +37,12 @@ from support.real_pods import (
     TRAINER_IMAGE,
     RealJobs,
     claim_dir,
+    cluster_bucket,
     cluster_object_store,
     elapsed,
     pod_monitor_targets,
     quickstart,
+    store_keys,
     throttle_pod_cpu,
     trainer_ranks,
     wait_step,
@@ -118,14 +121,16 @@ def _reference_loss(tmp_path: Path, body: dict[str, Any]) -> float:
     return _start_reference(tmp_path, body)()
 
 
-def _start_reference(tmp_path: Path, body: dict[str, Any]) -> Callable[[], float]:
-    """_reference_loss started now, beside the job: what waits for its final loss."""
+def _start_reference(tmp_path: Path, body: dict[str, Any], env: dict[str, str] | None = None) -> Callable[[], float]:
+    """_reference_loss started now, beside the job (``env`` added to its environment): what waits for its final
+    loss."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(body))
     (tmp_path / "data").symlink_to(EXAMPLE_DATA)
     summary = tmp_path / "summary.json"
     proc = subprocess.Popen([sys.executable, "-m", "kubetrain.core", "run", str(tmp_path / "job.yaml"), "--fresh",
                              "-q", "--output-dir", str(tmp_path / "run"), "--summary-json", str(summary)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
 
     def final_loss() -> float:
         out, err = proc.communicate(timeout=900)
@@ -135,6 +140,16 @@ def _start_reference(tmp_path: Path, body: dict[str, Any]) -> Callable[[], float
         return float(result["final_loss"])
 
     return final_loss
+
+
+def _ends_on_the_reference_loss(jobs: RealJobs, name: str, reference: Callable[[], float], what: str) -> None:
+    """The job's final loss (worker 0's last progress report) equals the uninterrupted run's within 1e-5."""
+    pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", jobs.ns)
+    final = float(json.loads(pod.metadata.annotations["kubetrain.io/progress"])["loss"])
+    expected = reference()
+    print(f"{what}: final loss {final!r} (resumed) vs {expected!r} (uninterrupted, local), "
+          f"relative difference {abs(final - expected) / expected:.2e}")
+    assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
 
 
 @pytest.mark.parametrize("how", ["force-delete", "exit-137", "exit-137-in-place"])
@@ -197,60 +212,29 @@ def test_a_worker_killed_in_place_resumes_from_the_memory_tier(jobs: RealJobs, r
     assert {p.metadata.name: p.metadata.uid for p in jobs.pods(name)} == uids  # both pods ran both generations
     assert "Resumed:     from step 30 (memory tier)" in _cli("status", name, "-n", real_namespace)
     assert "resumed from the memory tier (/dev/shm/kubetrain-ckpt) (step 30)" in jobs.log(f"{name}-worker-0")
-    pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace)
-    final = float(json.loads(pod.metadata.annotations["kubetrain.io/progress"])["loss"])
-    expected = reference()
-    print(f"memory tier: final loss {final!r} (resumed) vs {expected!r} (uninterrupted, local), "
-          f"relative difference {abs(final - expected) / expected:.2e}; {elapsed(start)} s in all")
-    assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
+    _ends_on_the_reference_loss(jobs, name, reference, "memory tier")
 
 
-def test_tensor_parallel_two_by_two_resumes_exactly_after_a_kill(jobs: RealJobs, real_namespace: str,
-                                                                  tmp_path: Path) -> None:
-    """examples/tensor-parallel.yaml (T=2 x data 2: 2 workers x 2 processes, FSDP2 over the data dimension)
-    on real pods; rank 2 (worker 1's first process) exits 137 after step 25, once. The gang restarts in
-    place, resumes, Succeeds, and ends on the loss of the same manifest run uninterrupted."""
+@pytest.mark.parametrize(("example", "fail_at"), [("tensor-parallel", "2:25"), ("pipeline-parallel", "3:25")])
+def test_a_parallel_layout_two_by_two_resumes_exactly_after_a_kill(jobs: RealJobs, tmp_path: Path, example: str,
+                                                                    fail_at: str) -> None:
+    """examples/tensor-parallel.yaml (T=2 x data 2: each worker's 2 processes split every block, FSDP2 over the
+    workers) and examples/pipeline-parallel.yaml (P=2 x data 2: worker 0 runs the first stage, worker 1 the
+    last, FSDP2 over each worker's processes) on real pods; one rank of worker 1 exits 137 after step 25, once.
+    The gang restarts in place, resumes (each rank holding only its part of the state, in memory and on the
+    claim), Succeeds, and ends on the loss of the same manifest run uninterrupted."""
     start = time.monotonic()
-    body = yaml.safe_load((REPO_ROOT / "examples" / "tensor-parallel.yaml").read_text())
+    body = yaml.safe_load((REPO_ROOT / "examples" / f"{example}.yaml").read_text())
     reference = _start_reference(tmp_path, body)  # beside the job, without the injected failure
-    body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "2:25"}]
-    name = jobs.create(body, name="tensor-parallel")
+    body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": fail_at}]
+    name = jobs.create(body, name=example)
     st = jobs.wait_phase(name, "Succeeded", timeout=900)
     fields = {k: st.get(k) for k in ("restartCount", "resumedFrom", "resumedFromStep", "currentStep", "failures")}
-    print(f"tensor parallel T=2 x data 2: Succeeded in {elapsed(start)} s: {json.dumps(fields)}")
+    print(f"{example} 2 x data 2: Succeeded in {elapsed(start)} s: {json.dumps(fields)}")
     assert st["restartCount"] == 1 and st["resumedFromStep"] >= 20 and st["failures"] == {"ExitCode": 1}, \
         jobs.describe(name)
-    pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace)
-    final = float(json.loads(pod.metadata.annotations["kubetrain.io/progress"])["loss"])
-    expected = reference()
-    print(f"tensor parallel: final loss {final!r} (resumed) vs {expected!r} (uninterrupted, local), "
-          f"relative difference {abs(final - expected) / expected:.2e}")
-    assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
-
-
-def test_pipeline_parallel_two_by_two_resumes_exactly_after_a_kill(jobs: RealJobs, real_namespace: str,
-                                                                    tmp_path: Path) -> None:
-    """examples/pipeline-parallel.yaml (P=2 x data 2: worker 0 runs the first stage, worker 1 the last, FSDP2
-    over each worker's 2 processes) on real pods; rank 3 (the last stage's second process) exits 137 after
-    step 25, once. Every rank holds only its stage's part of the state, in memory and on the claim: the gang
-    restarts in place, resumes, Succeeds, and ends on the loss of the same manifest run uninterrupted."""
-    start = time.monotonic()
-    body = yaml.safe_load((REPO_ROOT / "examples" / "pipeline-parallel.yaml").read_text())
-    reference = _start_reference(tmp_path, body)
-    body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "3:25"}]
-    name = jobs.create(body, name="pipeline-parallel")
-    st = jobs.wait_phase(name, "Succeeded", timeout=900)
-    fields = {k: st.get(k) for k in ("restartCount", "resumedFrom", "resumedFromStep", "currentStep", "failures")}
-    print(f"pipeline parallel P=2 x data 2: Succeeded in {elapsed(start)} s: {json.dumps(fields)}")
-    assert st["restartCount"] == 1 and st["resumedFromStep"] >= 20 and st["failures"] == {"ExitCode": 1}, \
-        jobs.describe(name)
-    # The last stage computes the loss; the step's all-reduce gives it to worker 0, which reports it.
-    pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace)
-    final = float(json.loads(pod.metadata.annotations["kubetrain.io/progress"])["loss"])
-    expected = reference()
-    print(f"pipeline parallel: final loss {final!r} (resumed) vs {expected!r} (uninterrupted, local), "
-          f"relative difference {abs(final - expected) / expected:.2e}")
-    assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
+    # A pipeline's last stage computes the loss; the step's all-reduce gives it to worker 0, which reports it.
+    _ends_on_the_reference_loss(jobs, name, reference, example)
 
 
 def test_a_hugging_face_trainer_script_resumes_from_its_newest_committed_checkpoint(jobs: RealJobs) -> None:
@@ -279,34 +263,107 @@ def test_checkpoints_in_the_object_store_resume_from_the_newest_committed_one(
     loss of the same job run uninterrupted (on a local directory)."""
     start = time.monotonic()
     endpoint, fs = cluster_object_store(real_namespace)
-    bucket = f"ckpt-{int(time.time())}"
-    fs.mkdir(bucket)
-    reference = _start_reference(tmp_path, quickstart(**RESUMABLE))
-    body = quickstart(**RESUMABLE)
-    body["spec"]["checkpoint"].update(uri=f"s3://{bucket}/job", memory={"enabled": False},
-                                      s3={"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"})
-    body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "1:30"}]
-    name = jobs.create(body, name="object-store")
-    st = jobs.wait_phase(name, "Succeeded", timeout=600)
-    fields = {k: st.get(k) for k in ("restartCount", "resumedFrom", "resumedFromStep", "currentStep", "failures")}
-    durable = next(c for c in st["conditions"] if c["type"] == "CheckpointsDurable")
-    keys = fs.find(f"{bucket}/job", refresh=True)  # objects: SeaweedFS lists emptied folders as well
-    steps = sorted({k.split("/")[2] for k in keys})
-    committed = sorted(k.split("/")[2] for k in keys if k.endswith("/COMMITTED"))
-    print(f"object store: Succeeded in {elapsed(start)} s: {json.dumps(fields)}; {durable['reason']}: "
-          f"{durable['message']}; bucket: {steps}")
-    assert (st["restartCount"], st.get("resumedFrom"), st.get("resumedFromStep")) == (1, "durable", 20), \
-        jobs.describe(name)
-    assert durable["status"] == "True" and durable["reason"] == "ObjectStore"
-    assert not jobs.core.list_namespaced_persistent_volume_claim(real_namespace).items  # no claim at all
-    # keep 3 of the committed steps 20 ... 120; nothing of the torn step 30 is left
-    assert steps == committed == ["step-00000100", "step-00000110", "step-00000120"], keys
-    pod = jobs.core.read_namespaced_pod(f"{name}-worker-0", real_namespace)
-    final = float(json.loads(pod.metadata.annotations["kubetrain.io/progress"])["loss"])
-    expected = reference()
-    print(f"object store: final loss {final!r} (resumed) vs {expected!r} (uninterrupted), "
-          f"relative difference {abs(final - expected) / expected:.2e}")
-    assert math.isclose(final, expected, rel_tol=1e-5), (final, expected)
+    with cluster_bucket(fs, "ckpt") as bucket:
+        reference = _start_reference(tmp_path, quickstart(**RESUMABLE))
+        body = quickstart(**RESUMABLE)
+        body["spec"]["checkpoint"].update(uri=f"s3://{bucket}/job", memory={"enabled": False})
+        body["spec"]["s3"] = {"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"}
+        body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "1:30"}]
+        name = jobs.create(body, name="object-store")
+        st = jobs.wait_phase(name, "Succeeded", timeout=600)
+        fields = {k: st.get(k) for k in ("restartCount", "resumedFrom", "resumedFromStep", "currentStep", "failures")}
+        durable = next(c for c in st["conditions"] if c["type"] == "CheckpointsDurable")
+        keys = fs.find(f"{bucket}/job", refresh=True)  # objects: SeaweedFS lists emptied folders as well
+        steps = sorted({k.split("/")[2] for k in keys})
+        committed = sorted(k.split("/")[2] for k in keys if k.endswith("/COMMITTED"))
+        print(f"object store: Succeeded in {elapsed(start)} s: {json.dumps(fields)}; {durable['reason']}: "
+              f"{durable['message']}; bucket: {steps}")
+        assert (st["restartCount"], st.get("resumedFrom"), st.get("resumedFromStep")) == (1, "durable", 20), \
+            jobs.describe(name)
+        assert durable["status"] == "True" and durable["reason"] == "ObjectStore"
+        assert not jobs.core.list_namespaced_persistent_volume_claim(real_namespace).items  # no claim at all
+        # keep 3 of the committed steps 20 ... 120; nothing of the torn step 30 is left
+        assert steps == committed == ["step-00000100", "step-00000110", "step-00000120"], keys
+        _ends_on_the_reference_loss(jobs, name, reference, "object store")
+
+
+def _upload_model_tokenizer_and_shards(fs: Any, bucket: str, tmp_path: Path) -> None:
+    """A tiny Llama, a BPE tokenizer trained on the example text, and that text tokenized into 4 `.bin` shards
+    (uint16), under s3://bucket/{model,tokenizer,tokens}."""
+    import numpy as np  # noqa: PLC0415
+    import tokenizers  # noqa: PLC0415
+
+    texts = sorted(EXAMPLE_DATA.glob("*.txt"))
+    vocab = bpe_tokenizer(tmp_path / "tokenizer", texts)
+    tiny_causal_lm(tmp_path / "model", vocab_size=vocab, max_position_embeddings=128)
+    tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer" / "tokenizer.json"))
+    ids = np.concatenate([np.asarray(tok.encode(t.read_text()).ids, dtype=np.uint16) for t in texts])
+    (tmp_path / "tokens").mkdir()
+    for i, part in enumerate(np.array_split(ids, 4)):
+        part.tofile(tmp_path / "tokens" / f"shard-{i:03d}.bin")
+    for what in ("model", "tokenizer", "tokens"):
+        fs.put(str(tmp_path / what), f"{bucket}/{what}", recursive=True)
+
+
+def test_data_model_and_tokenizer_from_the_object_store_train_and_resume_exactly(
+        jobs: RealJobs, real_namespace: str, tmp_path: Path) -> None:
+    """model.hfUri (a tiny Llama), data.tokenizerUri and data.uri (token shards) on the test cluster's object store.
+    Each worker pod's init container fetches the model and the tokenizer into its cache (status.fetch: every byte);
+    each rank streams shards of its own. Worker 1's rank exits 137 after step 25, once: the gang resumes and ends on
+    the loss of the same manifest run uninterrupted by `kubetrain run` (which fetches and streams the same way)."""
+    start = time.monotonic()
+    endpoint, fs = cluster_object_store(real_namespace)
+    with cluster_bucket(fs, "data") as bucket:
+        _upload_model_tokenizer_and_shards(fs, bucket, tmp_path / "upload")
+        body = quickstart(precision="fp32", maxSteps=40, activationCheckpointing=False,
+                          checkpoint={"everySteps": 10, "keep": 2},
+                          restartPolicy={"backoffLimit": 3, "backoffSeconds": 1},
+                          model={"hfUri": f"s3://{bucket}/model", "seqLen": 64},
+                          data={"uri": f"s3://{bucket}/tokens", "glob": "*.bin",
+                                "tokenizerUri": f"s3://{bucket}/tokenizer"},
+                          s3={"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"})
+        reference = _start_reference(tmp_path / "reference", body, env=store_keys(real_namespace))
+        body["spec"]["env"] = [{"name": "KUBETRAIN_FAIL_AT", "value": "1:25"}]
+        name = jobs.create(body, name="from-store")
+        st = jobs.wait_phase(name, "Succeeded", timeout=900)
+        fields = {k: st.get(k) for k in ("restartCount", "resumedFrom", "resumedFromStep", "currentStep", "fetch")}
+        print(f"from the object store: Succeeded in {elapsed(start)} s: {json.dumps(fields)}")
+        assert st["restartCount"] == 1 and st["resumedFromStep"] >= 20, jobs.describe(name)
+        assert st["fetch"]["done"] and st["fetch"]["bytes"] == st["fetch"]["totalBytes"] > 0, st["fetch"]
+        pod = jobs.core.read_namespaced_pod(f"{name}-worker-1", real_namespace)
+        fetch = next(c for c in pod.status.init_container_statuses if c.name == contract.FETCH_CONTAINER)
+        assert fetch.state.terminated.exit_code == 0, fetch
+        _ends_on_the_reference_loss(jobs, name, reference, "from the object store")
+
+
+@pytest.mark.parametrize("fault", ["checkpoint-bucket", "model-credentials"])
+def test_a_store_that_refuses_fails_the_job_once_naming_the_uri(jobs: RealJobs, real_namespace: str,
+                                                                fault: str) -> None:
+    """No restart cures a bucket that does not exist (checkpoint.uri: the trainer finds it) or keys the store
+    refuses (model.hfUri: the init container `fetch` finds it): the job fails at once (no restart), with the
+    configuration error naming the field and the URI in its status and a Warning Event."""
+    endpoint, fs = cluster_object_store(real_namespace)
+    with cluster_bucket(fs, "model") as bucket:
+        if fault == "checkpoint-bucket":  # a store may create a missing bucket on a write: none must be written
+            uri, field = f"s3://no-such-{bucket}/job", "checkpoint.uri"
+            body = quickstart(checkpoint={"uri": uri}, s3={"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"})
+            why = "the bucket does not exist"
+        else:
+            fs.pipe(f"{bucket}/model/config.json", b"{}")
+            uri, field = f"s3://{bucket}/model", "model.hfUri"
+            kubectl("create", "secret", "generic", "wrong-keys", "-n", real_namespace,
+                    "--from-literal=AWS_ACCESS_KEY_ID=not-a-key", "--from-literal=AWS_SECRET_ACCESS_KEY=not-a-secret")
+            body = quickstart(model={"hfUri": uri}, s3={"endpoint": endpoint, "credentialsSecret": "wrong-keys"})
+            why = "the credentials were refused"
+        name = jobs.create(body, name=fault)
+        st = jobs.wait_phase(name, "Failed", timeout=300)
+        if fault == "checkpoint-bucket":
+            assert not fs.exists(f"no-such-{bucket}")  # asked, not created by a first write
+    print(f"{fault}: {st.get('reason')}: {st.get('message')}")
+    assert (st["reason"], st.get("restartCount", 0)) == ("PermanentError", 0), jobs.describe(name)
+    assert f"exited with code 2 (configuration error: {field}: {uri}: {why}" in st["message"], st["message"]
+    events = jobs.core.list_namespaced_event(jobs.ns, field_selector=f"involvedObject.name={name}").items
+    assert [e for e in events if e.type == "Warning" and uri in (e.message or "")]
 
 
 def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJobs, real_namespace: str) -> None:

@@ -24,3 +24,19 @@ def tiny_causal_lm(out: Path, model_type: str = "llama", **config: Any) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **settings))
     model.save_pretrained(str(out))
     return out
+
+
+def bpe_tokenizer(out: Path, corpus: list[Path], vocab_size: int = 300) -> int:
+    """A byte-level BPE tokenizer trained on ``corpus`` with ``vocab_size`` ids, saved as ``out``/tokenizer.json
+    (what data.tokenizer reads); its vocabulary size."""
+    import tokenizers  # noqa: PLC0415
+
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab_size,
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok.train([str(p) for p in corpus], trainer)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    return int(tok.get_vocab_size())

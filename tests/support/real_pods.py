@@ -7,10 +7,13 @@ operator images are the chart's defaults, loaded into the node's containerd by h
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import subprocess
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,13 +214,35 @@ def _label_key(meta_label: str, labels: dict[str, str]) -> str:
     return next(k for k in labels if "".join(c if c.isalnum() else "_" for c in k) == want)
 
 
+@contextlib.contextmanager
+def cluster_bucket(fs: Any, prefix: str) -> Iterator[str]:
+    """A new bucket on the test cluster's object store, deleted with its objects afterwards (the store is the
+    cluster's, shared by every test and run)."""
+    bucket = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    fs.mkdir(bucket)
+    try:
+        yield bucket
+    finally:
+        fs.rm(bucket, recursive=True)
+
+
+def store_secret(namespace: str, secret: str = "kubetrain-s3") -> str:
+    """The Secret manifest (YAML) with the test cluster's object store keys, endpoint and region."""
+    return subprocess.run([str(HACK_DIR / "objectstore.sh"), "secret", secret, namespace], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def store_keys(namespace: str) -> dict[str, str]:
+    """The store's AWS_* variables (keys, endpoint as pods reach it, region), for a process on this machine."""
+    return {k: v for k, v in yaml.safe_load(store_secret(namespace))["stringData"].items() if k.startswith("AWS_")}
+
+
 def cluster_object_store(namespace: str, secret: str = "kubetrain-s3") -> tuple[str, Any]:
     """The test cluster's object store (hack/objectstore.sh, started by cluster-up): its endpoint as pods reach it,
     and an s3fs client for the test on loopback. The store's keys go into `secret` in `namespace`."""
     import s3fs  # noqa: PLC0415 - only the object-store tests need it
 
-    manifest = subprocess.run([str(HACK_DIR / "objectstore.sh"), "secret", secret, namespace], capture_output=True,
-                              text=True, check=True).stdout
+    manifest = store_secret(namespace, secret)
     subprocess.run([str(kubectl_binary()), "--kubeconfig", str(kubeconfig_path()), "apply", "-f", "-"],
                    input=manifest, capture_output=True, text=True, check=True)
     keys = yaml.safe_load(manifest)["stringData"]

@@ -143,7 +143,7 @@ def test_ephemeral_checkpoints_stay_in_each_pod():
 
 def test_object_storage_checkpoints_need_no_claim_and_take_the_secrets_keys():
     s3 = {"endpoint": "http://store:8333", "region": "us-east-1", "credentialsSecret": "ckpt-keys"}
-    j = job(workers=2, checkpoint={"uri": "s3://bkt/runs/a", "s3": s3})
+    j = job(workers=2, checkpoint={"uri": "s3://bkt/runs/a"}, s3=s3)
     assert b.checkpoint_claim(j) is None and b.claim_name(j) is None
     pod = b.worker_pod(j, 1, 0, b.WorkerSettings())
     assert checkpoint_volume(pod) == {"name": "checkpoints", "emptyDir": {}}
@@ -154,6 +154,50 @@ def test_object_storage_checkpoints_need_no_claim_and_take_the_secrets_keys():
     assert env["AWS_SESSION_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
     identity = b.worker_pod(job(checkpoint={"uri": "s3://bkt"}), 0, 0, b.WorkerSettings())
     assert not any(e["name"].startswith("AWS_") for e in identity["spec"]["containers"][0]["env"])
+
+
+MODEL_URI, TOKENIZER_URI = "s3://models/llama-1b", "s3://models/llama-1b-tok"
+
+
+def test_every_worker_has_a_cache_and_only_a_job_that_fetches_has_the_fetch_init_container():
+    plain = b.worker_pod(job(), 0, 0, b.WorkerSettings())
+    assert {"name": contract.CACHE_VOLUME, "emptyDir": {}} in plain["spec"]["volumes"]
+    trainer = plain["spec"]["containers"][0]
+    assert {"name": contract.CACHE_VOLUME, "mountPath": contract.POD_CACHE_DIR} in trainer["volumeMounts"]
+    assert env_of(plain)[contract.CACHE_DIR] == contract.POD_CACHE_DIR
+    assert "initContainers" not in plain["spec"]
+    s3 = {"endpoint": "http://store:8333", "credentialsSecret": "keys"}
+    for spec in ({"model": {"hfUri": MODEL_URI}}, {"data": {"tokenizerUri": TOKENIZER_URI}}):
+        pod = b.worker_pod(job(workers=2, s3=s3, resources={"gpusPerWorker": 8}, **spec), 1, 2, b.WorkerSettings())
+        trainer = pod["spec"]["containers"][0]
+        (fetch,) = pod["spec"]["initContainers"]
+        assert fetch["name"] == contract.FETCH_CONTAINER and fetch["command"] == b.FETCH_COMMAND
+        for key in ("image", "imagePullPolicy", "env", "volumeMounts", "resources", "securityContext"):
+            assert fetch[key] == trainer[key], key
+        env = {e["name"]: e for e in fetch["env"]}
+        assert env[contract.CACHE_DIR]["value"] == contract.POD_CACHE_DIR
+        assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://store:8333"
+        assert env["AWS_ACCESS_KEY_ID"]["valueFrom"] == {"secretKeyRef": {"name": "keys", "key": "AWS_ACCESS_KEY_ID"}}
+        assert "ports" not in fetch and "args" not in fetch
+
+
+def test_the_fetch_runs_for_a_custom_command_after_the_sidecars_and_before_the_templates_init_containers():
+    """A custom script finds the model in $KUBETRAIN_CACHE_DIR/model; a podTemplate init container may use it."""
+    j = job(model={"hfUri": MODEL_URI}, command=["python3", "train.py"], fabric="tcpx", resources={"gpusPerWorker": 8},
+            podTemplate={"spec": {
+                "initContainers": [{"name": "unpack", "image": "busybox"},
+                                   {"name": contract.FETCH_CONTAINER, "env": [{"name": "HF_HUB_OFFLINE", "value": "1"}]}],
+                "containers": [{"name": "trainer", "securityContext": {"runAsUser": 2000}}],
+                "volumes": [{"name": contract.CACHE_VOLUME, "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}]}})
+    pod = b.worker_pod(j, 0, 0, b.WorkerSettings())
+    trainer = pod["spec"]["containers"][0]
+    assert trainer["command"][-2:] == ["python3", "train.py"]  # under the launcher: 8 processes
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["tcpx-daemon", contract.FETCH_CONTAINER, "unpack"]
+    fetch = pod["spec"]["initContainers"][1]
+    assert fetch["command"] == b.FETCH_COMMAND and fetch["securityContext"] == {"runAsUser": 2000}  # the trainer's
+    assert {e["name"]: e.get("value") for e in fetch["env"]}["HF_HUB_OFFLINE"] == "1"  # theirs merged in
+    (cache,) = [v for v in pod["spec"]["volumes"] if v["name"] == contract.CACHE_VOLUME]
+    assert "emptyDir" not in cache and "ephemeral" in cache  # theirs replaces ours whole
 
 
 def test_a_users_pod_security_context_is_kept_as_written():
@@ -222,8 +266,8 @@ def test_claim_rules_name_the_field():
     assert [p for p, _ in bad.rule_violations()] == ["checkpoint.ephemeral"]
     both = TrainingJobSpec.model_validate({"checkpoint": {"uri": "s3://bkt/p", "claimName": "x"}})
     assert [p for p, _ in both.rule_violations()] == ["checkpoint.uri"]
-    lone = TrainingJobSpec.model_validate({"checkpoint": {"s3": {"region": "eu-west-1"}}})
-    assert [p for p, _ in lone.rule_violations()] == ["checkpoint.s3"]
+    lone = TrainingJobSpec.model_validate({"s3": {"region": "eu-west-1"}})
+    assert [p for p, _ in lone.rule_violations()] == ["s3"]
     with pytest.raises(ValidationError, match="uri"):
         TrainingJobSpec.model_validate({"checkpoint": {"uri": "s3://Bad_Bucket/p"}})
     rwop = TrainingJobSpec.model_validate({"workers": 2, "checkpoint": {"accessMode": "ReadWriteOncePod"}})

@@ -7,7 +7,8 @@ import pytest
 
 from kubetrain.core.api import S3Spec
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.object_store import parse_step, s3_options, steps_to_delete, store_error
+from kubetrain.trainer.object_store import parse_step, steps_to_delete
+from kubetrain.trainer.s3 import s3_options, store_error
 
 
 @pytest.mark.parametrize(("s3", "style", "endpoint", "region"), [
@@ -49,11 +50,11 @@ def test_only_step_directories_are_steps() -> None:
     (type("EndpointConnectionError", (Exception,), {})("Could not connect"), "cannot be reached"),
 ])
 def test_errors_no_restart_cures_name_the_uri(exc: Exception, words: str) -> None:
-    err = store_error(exc, "s3://bkt/runs")
+    err = store_error(exc, "checkpoint.uri", "s3://bkt/runs")
     assert isinstance(err, ConfigError) and err.field == "checkpoint.uri"
     assert "s3://bkt/runs" in err.message and words in err.message
 
 
 def test_transient_errors_restart_the_gang() -> None:
-    assert store_error(TimeoutError("read timed out"), "s3://bkt") is None
-    assert store_error(FileNotFoundError("step-00000010/COMMITTED"), "s3://bkt") is None
+    assert store_error(TimeoutError("read timed out"), "checkpoint.uri", "s3://bkt") is None
+    assert store_error(FileNotFoundError("step-00000010/COMMITTED"), "checkpoint.uri", "s3://bkt") is None

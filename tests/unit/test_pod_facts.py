@@ -172,3 +172,27 @@ def test_a_configuration_error_reaches_the_failure_message_and_nothing_else_is_r
     assert policies.describe(worker, FailureKind.PERMANENT_EXIT_CODE) == f"worker 1 exited with code 2 ({said})"
     other = facts(in_pod("73", 0, {"terminated": {**TERM_137, "message": "whatever the command printed"}}))
     assert other.said is None
+
+
+def test_only_a_running_fetch_init_container_is_fetching_and_its_failure_is_named() -> None:
+    def with_inits(rv: str, phase: str, **states: dict[str, Any]) -> dict[str, Any]:
+        p = pod(rv, phase)
+        p["spec"]["restartPolicy"] = "Never"
+        p["status"]["initContainerStatuses"] = [{"name": n, "state": s} for n, s in states.items()]
+        return p
+
+    running = {"running": {"startedAt": "2026-11-28T10:00:00Z"}}
+    f = facts(with_inits("80", "Pending", **{"tcpx-daemon": running, contract.FETCH_CONTAINER: running}))
+    assert (f.phase, f.pending, f.fetching, f.failed_in) == (WorkerPhase.PENDING, True, True, None)
+    assert not facts(with_inits("81", "Pending", **{"tcpx-daemon": running})).fetching  # a sidecar starting
+    done = with_inits("82", "Running", **{contract.FETCH_CONTAINER: {"terminated": {"exitCode": 0}}})
+    assert not facts(done).fetching
+    said = "configuration error: data.tokenizerUri: s3://tok/x: access denied"
+    failed = with_inits("83", "Failed", **{contract.FETCH_CONTAINER: {"terminated": {
+        "exitCode": contract.CONFIG_ERROR_EXIT_CODE, "reason": "Error", "message": said}}})
+    f = facts(failed)
+    assert (f.phase, f.exit_code, f.failed_in, f.said, f.fetching) == (
+        WorkerPhase.FAILED, contract.CONFIG_ERROR_EXIT_CODE, contract.FETCH_CONTAINER, said, False)
+    failed["status"]["reason"] = "Evicted"  # the kubelet's own reason for the pod wins over its containers' exits
+    failed["metadata"]["resourceVersion"] = "84"
+    assert (facts(failed).reason, facts(failed).failed_in) == ("Evicted", None)

@@ -7,7 +7,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from kubetrain.core import contract
-from kubetrain.core.api import TrainingJob
+from kubetrain.core.api import Fetch, TrainingJob
 from kubetrain.core.progress import CheckpointRecord, Progress
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs.apply import namespace_terminating
@@ -575,3 +575,63 @@ def test_a_failed_job_deletes_a_worker_its_kubelet_would_restart_whatever_the_cl
         p = plan(Observation(body(status=RUNNING, cleanPodPolicy=policy, **IN_PLACE), [plain, restarted(1, 127, running=True)], {}, T0), S)
         assert (p.status["phase"], p.status["reason"]) == ("Failed", "PermanentError")
         assert sorted(p.delete_pods) == deleted, policy
+
+
+# ------------------------------------------------------------------ the fetch of model.hfUri before training
+
+FETCHED = {"model": {"hfUri": "s3://models/llama"}}
+
+
+def in_fetch(p, state, phase="Pending"):
+    """A worker pod whose init container `fetch` is in `state`; the trainer waits for it."""
+    p["status"] = {"phase": phase, "conditions": [{"type": "PodScheduled", "status": "True"},
+                                                  {"type": "Initialized", "status": "False"}],
+                   "initContainerStatuses": [{"name": contract.FETCH_CONTAINER, "restartCount": 0, "state": state}],
+                   "containerStatuses": [{"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}]}
+    return p
+
+
+def test_a_running_fetch_shows_in_status_and_is_neither_blocked_nor_a_late_start_nor_a_step():
+    """A restarted gang fetches for longer than startTimeoutSeconds: it waits, saying what it fetches and how
+    far worker 0 got, and the fetch's record (step 0) does not move currentStep back."""
+    policy = {"backoffLimit": 3, "backoffSeconds": 0, "startTimeoutSeconds": 60, "progressDeadlineSeconds": 60}
+    st = {"phase": "Restarting", "gangCreated": True, "restartGeneration": 1, "restartCount": 1, "currentStep": 500,
+          "gangCreatedTime": "2026-03-01T11:00:00Z", "lastProgressTime": "2026-03-01T10:59:00Z"}
+    fetch = Fetch(uri="s3://models/llama", field="model.hfUri", bytes=int(1.2 * 2**30), total_bytes=int(3.4 * 2**30))
+    record = Progress(job="j", generation=1, fetch=fetch)
+    pods = [in_fetch(pod(i, gen=1), {"running": {"startedAt": "2026-03-01T11:00:30Z"}}) for i in (0, 1)]
+    p = plan(Observation(body(st, restartPolicy=policy, **FETCHED), pods, {}, T0, progress=record), S)
+    assert not p.delete_pods and not p.create and p.requeue_after == 5.0
+    assert (p.status["phase"], p.status["currentStep"], p.status["restartCount"]) == ("Restarting", 500, 1)
+    assert p.status["message"] == \
+        "2 of 2 worker(s) pending: 2 fetching model.hfUri s3://models/llama (1.2 GiB of 3.4 GiB)"
+    assert p.status["fetch"] == {"uri": "s3://models/llama", "field": "model.hfUri", "bytes": fetch.bytes,
+                                 "totalBytes": fetch.total_bytes, "done": False}
+    assert "WorkersBlocked" not in conditions(p.status) and [e for e in p.events if e[0] == "Warning"] == []
+    # A worker that is not fetching but waiting (here: for a node) is still late.
+    late = [pods[0], unschedulable(pod(1, gen=1))]
+    p = plan(Observation(body(st, restartPolicy=policy, **FETCHED), late, {}, T0, progress=record), S)
+    assert p.status["phase"] == "Restarting" and p.status["failures"] == {"StartTimeout": 1}
+
+
+SAID = "configuration error: model.hfUri: s3://models/llama: the bucket does not exist"
+
+
+@pytest.mark.parametrize("restart_policy, state", [
+    ("Never", {"terminated": {"exitCode": 2, "reason": "Error", "message": SAID + "\n"}}),
+    ("OnFailure", {"waiting": {"reason": "CrashLoopBackOff"}}),  # the kubelet retries it: its last exit counts
+])
+def test_a_fetch_that_exits_2_fails_the_job_once_naming_the_field_and_the_uri(restart_policy, state):
+    bad = in_fetch(pod(1), state, phase="Failed" if restart_policy == "Never" else "Pending")
+    bad["spec"]["restartPolicy"] = restart_policy
+    bad["status"]["initContainerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 2, "message": SAID}}
+    st = {"phase": "Created", "gangCreated": True}
+    p = plan(Observation(body(st, **FETCHED), [in_fetch(pod(0), {"running": {}}), bad], {}, T0), S)
+    message = (f"worker 1's fetch exited with code 2 ({SAID}), listed in restartPolicy.permanentExitCodes: "
+               "not restarting")
+    assert (p.status["phase"], p.status["reason"], p.status["message"]) == ("Failed", "PermanentError", message)
+    assert ("Warning", "PermanentError", message) in p.events
+    transient = in_fetch(pod(1), {"terminated": {"exitCode": 1, "reason": "Error"}}, phase="Failed")
+    transient["spec"]["restartPolicy"] = "Never"
+    p = plan(Observation(body(st, **FETCHED), [in_fetch(pod(0), {"running": {}}), transient], {}, T0), S)
+    assert p.status["phase"] == "Restarting" and p.status["message"].startswith("worker 1's fetch exited with code 1:")

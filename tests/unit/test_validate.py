@@ -138,8 +138,8 @@ EXPECTED = {
     "bad-pipeline-microbatches.yaml": [PIPELINE_MICROBATCHES_LINE],
     "bad-pipeline-ddp.yaml": [PIPELINE_STRATEGY_LINE],
     "bad-pipeline-hf.yaml": [
-        "spec.parallelism.pipeline: parallelism.pipeline > 1 runs the built-in model only: model.hfPath models cannot "
-        "be split into stages yet"],
+        "spec.parallelism.pipeline: parallelism.pipeline > 1 runs the built-in model only: model.hfPath and hfUri "
+        "models cannot be split into stages yet"],
     "bad-pipeline-fp16.yaml": [
         "spec.parallelism.pipeline: parallelism.pipeline > 1 needs precision fp32 or bf16: the pipeline schedule runs "
         "the backward passes itself, without fp16's loss scaling"],

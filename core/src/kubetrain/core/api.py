@@ -284,10 +284,19 @@ class ModelSpec(_Model):
     """Sequence length (tokens per sample). At most 1048576."""
     hf_path: str | None = None
     """Local path (volume) of a Hugging Face causal LM to train instead of the built-in model. Never downloaded from a hub."""
+    hf_uri: str | None = Field(None, max_length=1024, pattern=S3_URI_PATTERN)
+    """A Hugging Face causal LM directory in object storage (`s3://bucket/prefix`: config.json, the safetensors weights, ...), trained as hfPath would be. Every worker pod fetches it once, before training starts, into its cache (in pods the init container `fetch` and an emptyDir; `kubetrain run`: `<output dir>/cache`); its progress and failure show in the job's status. How to reach the store: spec.s3."""
+
+    def is_hf(self) -> bool:
+        """A Hugging Face model (hfPath or hfUri), not the built-in transformer."""
+        return self.hf_path is not None or self.hf_uri is not None
+
+
+TokenDtype = Literal["uint16", "uint32"]
 
 
 class DataSpec(_Model):
-    """Training data: real text from local files."""
+    """Training data: text from local files, or token or text shards streamed from object storage."""
 
     path: str = "data"
     """A text file or a directory of text files (read in sorted order). Relative paths resolve against the manifest's directory in local runs and the working directory in pods."""
@@ -297,6 +306,12 @@ class DataSpec(_Model):
     """`byte` (UTF-8 bytes, vocabulary 256; ships with kubetrain), or a local Hugging Face tokenizer directory (its `tokenizer.json`, read with the `tokenizers` package; never downloaded). Its ids must fit the model's vocabulary (model.vocabSize, or the hfPath model's own)."""
     eval_path: str | None = None
     """Held-out text for evaluation (evalEverySteps): a file or a directory (same glob). Unset: the last 5% of the training text is held out instead (and not trained on)."""
+    uri: str | None = Field(None, max_length=1024, pattern=S3_URI_PATTERN)
+    """Training data in object storage instead of path (docs/trainer.md#data-from-object-storage): the objects under `s3://bucket/prefix` that match glob, in key order, are shards. A shard ending in `.bin` holds token ids (little-endian tokenDtype, as tokenized offline); any other is UTF-8 text read with the byte tokenizer. Each data-parallel rank streams shards of its own (a new shuffle each epoch) through a local cache, prefetching the next ones while it trains, and reads consecutive seqLen+1-token windows; the windows of step s are a function of (seed, s, the number of data-parallel ranks, the listing) only, so a resume continues at the exact sample. How to reach the store: spec.s3."""
+    token_dtype: TokenDtype = "uint16"
+    """Integer type of `.bin` token shards in data.uri: `uint16` (vocabularies up to 65536) or `uint32`."""
+    tokenizer_uri: str | None = Field(None, max_length=1024, pattern=S3_URI_PATTERN)
+    """A Hugging Face tokenizer directory in object storage (its tokenizer.json), used instead of tokenizer: every worker pod fetches it once before training, like model.hfUri."""
 
 
 class OptimizerSpec(_Model):
@@ -355,7 +370,7 @@ S3AddressingStyle = Literal["path", "virtual"]
 
 
 class S3Spec(_Model):
-    """How workers reach the S3 API of checkpoint.uri (docs/trainer.md#object-storage). Credentials come from the environment: the Secret named here, else the pod's cloud identity (EKS IRSA or Pod Identity through the job's serviceAccountName) or the AWS SDK's default chain."""
+    """How workers reach the S3 API of the job's `s3://` URIs: checkpoint.uri, data.uri, model.hfUri, data.tokenizerUri (docs/trainer.md#object-storage). Credentials come from the environment: the Secret named here, else the pod's cloud identity (EKS IRSA or Pod Identity through the job's serviceAccountName) or the AWS SDK's default chain."""
 
     endpoint: str | None = Field(None, max_length=2048, pattern=HTTP_URL_PATTERN)
     """The S3 API's URL, e.g. `https://storage.googleapis.com` (GCS) or an in-cluster MinIO/SeaweedFS/Ceph gateway. Unset: AWS S3 in `region`."""
@@ -395,9 +410,7 @@ class CheckpointSpec(_Model):
     memory: MemoryTierSpec = Field(default_factory=MemoryTierSpec)
     """The fast tier in each pod's memory, which restarts in place resume from."""
     uri: str | None = Field(None, max_length=1024, pattern=S3_URI_PATTERN)
-    """Durable checkpoints in S3-compatible object storage, `s3://bucket/prefix`, instead of a claim: each rank writes its part to a directory of its own (in pods an emptyDir at `dir`, no claim) and uploads it in the background; rank 0 writes `COMMITTED` last, once every rank's upload finished. A resume downloads the newest committed checkpoint; `keep` prunes the bucket. How to reach the store: `s3`."""
-    s3: S3Spec | None = None
-    """Endpoint, region, addressing style and credentials for `uri`."""
+    """Durable checkpoints in S3-compatible object storage, `s3://bucket/prefix`, instead of a claim: each rank writes its part to a directory of its own (in pods an emptyDir at `dir`, no claim) and uploads it in the background; rank 0 writes `COMMITTED` last, once every rank's upload finished. A resume downloads the newest committed checkpoint; `keep` prunes the bucket. How to reach the store: spec.s3."""
     ephemeral: bool = False
     """Keep checkpoints in a per-pod emptyDir, no claim: they are lost whenever the worker pods are deleted, so every gang restart starts over from step 0 (the job's CheckpointsDurable condition is False). For clusters without storage and for tests. `kubetrain run` ignores it: local checkpoints always survive restarts."""
 
@@ -690,10 +703,31 @@ SPEC_RULES: list[Rule] = [
         lambda s: s.checkpoint.uri is None or (s.checkpoint.claim_name is None and not s.checkpoint.ephemeral),
     ),
     Rule(
-        "checkpoint.s3",
-        "!has(self.checkpoint.s3) || has(self.checkpoint.uri)",
-        "checkpoint.s3 says how to reach checkpoint.uri: set checkpoint.uri (s3://bucket/prefix)",
-        lambda s: s.checkpoint.s3 is None or s.checkpoint.uri is not None,
+        "s3",
+        "!has(self.s3) || has(self.checkpoint.uri) || has(self.data.uri) || has(self.model.hfUri) "
+        "|| has(self.data.tokenizerUri)",
+        "s3 says how to reach object storage: set checkpoint.uri, data.uri, model.hfUri or data.tokenizerUri "
+        "(s3://bucket/prefix)",
+        lambda s: s.s3 is None or bool(s.object_store_uris()),
+    ),
+    Rule(
+        "model.hfUri",
+        "!has(self.model.hfUri) || !has(self.model.hfPath)",
+        "model.hfUri and model.hfPath both name the model to train: set one",
+        lambda s: s.model.hf_uri is None or s.model.hf_path is None,
+    ),
+    Rule(
+        "data.tokenizerUri",
+        "!has(self.data.tokenizerUri) || self.data.tokenizer == 'byte'",
+        "data.tokenizerUri and data.tokenizer both name the tokenizer: leave data.tokenizer unset (byte)",
+        lambda s: s.data.tokenizer_uri is None or s.data.tokenizer == "byte",
+    ),
+    Rule(
+        "data.evalPath",
+        "!has(self.data.uri) || !has(self.evalEverySteps) || has(self.data.evalPath)",
+        "evalEverySteps with data.uri reads its held-out text from data.evalPath: set it (the shards are all "
+        "trained on)",
+        lambda s: s.data.uri is None or s.eval_every_steps is None or s.data.eval_path is not None,
     ),
     Rule(
         "restartPolicy.inPlace",
@@ -758,10 +792,11 @@ SPEC_RULES: list[Rule] = [
     ),
     Rule(
         "parallelism.tensor",
-        "self.parallelism.tensor == 1 || has(self.model.hfPath) || self.model.nHeads % self.parallelism.tensor == 0",
+        "self.parallelism.tensor == 1 || has(self.model.hfPath) || has(self.model.hfUri) "
+        "|| self.model.nHeads % self.parallelism.tensor == 0",
         "parallelism.tensor must divide model.nHeads (each process computes whole attention heads)",
         # a model.hfPath model's head counts are in its config, which the trainer checks when it loads it
-        lambda s: s.model.hf_path is not None or s.model.n_heads % s.parallelism.tensor == 0,
+        lambda s: s.model.is_hf() or s.model.n_heads % s.parallelism.tensor == 0,
     ),
     Rule(
         "parallelism.tensor",
@@ -813,9 +848,10 @@ SPEC_RULES: list[Rule] = [
     ),
     Rule(
         "parallelism.pipeline",
-        "self.parallelism.pipeline == 1 || !has(self.model.hfPath)",
-        "parallelism.pipeline > 1 runs the built-in model only: model.hfPath models cannot be split into stages yet",
-        lambda s: s.parallelism.pipeline == 1 or s.model.hf_path is None,
+        "self.parallelism.pipeline == 1 || (!has(self.model.hfPath) && !has(self.model.hfUri))",
+        "parallelism.pipeline > 1 runs the built-in model only: model.hfPath and hfUri models cannot be split into "
+        "stages yet",
+        lambda s: s.parallelism.pipeline == 1 or not s.model.is_hf(),
     ),
     Rule(
         "parallelism.pipeline",
@@ -948,9 +984,11 @@ class TrainingJobSpec(_Model):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     """Optimizer and learning-rate schedule."""
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Checkpointing."""
+    s3: S3Spec | None = None
+    """Endpoint, region, addressing style and credentials of the S3-compatible object storage that checkpoint.uri, data.uri, model.hfUri and data.tokenizerUri name (one store's credentials per job)."""
     profile: ProfileSpec | None = None
     """Profile every rank over these steps; a running job can also be asked for a trace of its next steps (the annotation kubetrain.io/profile, docs/trainer.md#profiling)."""
-    """Checkpointing."""
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     """Per-worker resources."""
     restart_policy: RestartPolicySpec = Field(default_factory=RestartPolicySpec)
@@ -990,6 +1028,17 @@ class TrainingJobSpec(_Model):
     @property
     def world_size(self) -> int:
         return self.workers * self.procs
+
+    def object_store_uris(self) -> dict[str, str]:
+        """The job's s3:// URIs by field: what spec.s3 and the credentials serve."""
+        uris = {"checkpoint.uri": self.checkpoint.uri, "data.uri": self.data.uri, "model.hfUri": self.model.hf_uri,
+                "data.tokenizerUri": self.data.tokenizer_uri}
+        return {field: uri for field, uri in uris.items() if uri is not None}
+
+    def fetched_uris(self) -> dict[str, str]:
+        """What a worker pod fetches into its cache before training (the `fetch` step), by field."""
+        uris = {"model.hfUri": self.model.hf_uri, "data.tokenizerUri": self.data.tokenizer_uri}
+        return {field: uri for field, uri in uris.items() if uri is not None}
 
     @property
     def hang_limits(self) -> hangs.Limits | None:
@@ -1081,6 +1130,21 @@ class PreflightRank(_Model):
     """Its matmul benchmark: GFLOP/s (fp32 on CPU, bf16 on GPU)."""
     exchange_seconds: float | None = None
     """Seconds to send a buffer to rank+1 and receive one from rank-1 (unset in a gang of one)."""
+
+
+class Fetch(_Model):
+    """A worker pod's fetch of model.hfUri and data.tokenizerUri into its cache, before training starts."""
+
+    uri: str
+    """The URI being fetched (or the last one, once done)."""
+    field: str
+    """Its spec field: `model.hfUri` or `data.tokenizerUri`."""
+    bytes: int = 0
+    """Bytes in the cache so far, over every fetched URI."""
+    total_bytes: int = 0
+    """Bytes of every fetched URI together (from the store's listing)."""
+    done: bool = False
+    """Every URI is in the cache; training starts."""
 
 
 class Preflight(_Model):
@@ -1206,6 +1270,8 @@ class TrainingJobStatus(_Model):
     """When rank 0 last reported a new step."""
     network_transport: str | None = None
     """The network transport NCCL chose, as rank 0 of the current generation reported it: IB, OFI (EFA), GPUDirectTCPX, FasTrak (TCPXO), Socket (TCP), P2P/SHM (one node, no network) or gloo (CPU). Unset until reported."""
+    fetch: Fetch | None = None
+    """Worker 0's fetch of model.hfUri and data.tokenizerUri into its pod's cache, as it reported it: bytes so far of the total. Unset without those URIs, or until reported."""
     preflight: Preflight | None = None
     """The current generation's preflight, as rank 0 reported it (spec.preflight): per-rank compute and exchange, bus bandwidth, slowest and degraded ranks. Unset until reported."""
     avoided_nodes: list[str] = Field(default_factory=list)

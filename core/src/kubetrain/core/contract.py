@@ -45,6 +45,19 @@ CHECKPOINT_URI = "KUBETRAIN_CHECKPOINT_URI"
 CHECKPOINT_DIR is then each worker's own staging directory."""
 OUTPUT_DIR = "KUBETRAIN_OUTPUT_DIR"
 """Where rank 0 writes progress.json and logs."""
+CACHE_DIR = "KUBETRAIN_CACHE_DIR"
+"""A worker's cache: the fetch step puts model.hfUri into MODEL_CACHE and data.tokenizerUri into
+TOKENIZER_CACHE under it (custom scripts find them there too), and data.uri's shards pass through
+DATA_CACHE. In pods the emptyDir CACHE_VOLUME at POD_CACHE_DIR; local runs: `<output dir>/cache`."""
+POD_CACHE_DIR = "/cache"
+CACHE_VOLUME = "cache"
+MODEL_CACHE = "model"
+TOKENIZER_CACHE = "tokenizer"
+DATA_CACHE = "data"
+FETCH_CONTAINER = "fetch"
+"""The init container of worker pods whose job fetches model.hfUri or data.tokenizerUri: `python -m
+kubetrain.trainer.fetch` in the trainer's image, with its environment and mounts. Exit codes as the trainer's
+(CONFIG_ERROR_EXIT_CODE for a wrong bucket, refused credentials, ...; 1 for a transient failure)."""
 RESTART_GENERATION = "KUBETRAIN_RESTART_GENERATION"
 METRICS_PORT = "KUBETRAIN_METRICS_PORT"
 METRICS_ADDR = "KUBETRAIN_METRICS_ADDR"
@@ -175,6 +188,8 @@ COMMAND_NOT_EXECUTABLE_EXIT_CODE = 126
 PROGRESS_FILE = "progress.json"
 """Rank 0's progress record in KUBETRAIN_OUTPUT_DIR (see kubetrain.core.progress)."""
 PROGRESS_ANNOTATION = "kubetrain.io/progress"
+"""The same record (JSON) as an annotation on worker 0's pod: rank 0 patches its own pod
+(kubetrain.trainer.pod_progress) and the operator reads it for status and hang detection."""
 PROFILE_ANNOTATION = "kubetrain.io/profile"
 """On a TrainingJob (the operator copies it to worker 0's pod) or that pod: `N` or `N:<any tag>` asks rank 0
 to profile its next N steps; each new value is one request."""
@@ -182,8 +197,6 @@ PROFILE_REQUEST_FILE = "profile-request"
 """In a local run's output directory: the same request (`kubetrain profile`)."""
 PROFILES_DIR = "profiles"
 """Under the checkpoint directory: torch.profiler traces (`*.pt.trace.json`, for TensorBoard and Perfetto)."""
-"""The same record (JSON) as an annotation on worker 0's pod: rank 0 patches its own pod
-(kubetrain.trainer.pod_progress) and the operator reads it for status and hang detection."""
 
 TRANSPORT_IB = "IB"
 """Network transports rank 0 reports (Progress.networkTransport, status.networkTransport): NCCL's
@@ -347,9 +360,11 @@ def kubetrain_env(
     metrics_port: int,
     hang: str = "off",
     memory_tier: MemoryTier | None = None,
+    cache_dir: str | None = None,
 ) -> dict[str, str]:
     """kubetrain's own variables, the same for every process of a generation. `hang`: HANG's value;
-    `memory_tier`: checkpoint.memory where the backend keeps it (None: its variables stay unset, the tier off)."""
+    `memory_tier`: checkpoint.memory where the backend keeps it (None: its variables stay unset, the tier off);
+    `cache_dir`: CACHE_DIR (POD_CACHE_DIR in pods, `<output dir>/cache` in local runs; None: unset)."""
     env = {
         HANG: hang,
         JOB: job,
@@ -362,4 +377,6 @@ def kubetrain_env(
     }
     if memory_tier is not None:
         env.update(memory_tier.env())
+    if cache_dir is not None:
+        env[CACHE_DIR] = cache_dir
     return env

@@ -65,6 +65,8 @@ class Proc:
     node_rank: int
     popen: subprocess.Popen[bytes] | launcher.NotStarted
     log: IO[bytes]
+    init: str | None = None
+    """The init container this process stands for (contract.FETCH_CONTAINER); None: a rank."""
 
 
 @dataclass
@@ -177,7 +179,10 @@ def ensure_writable(*dirs: Path) -> None:
 OUTPUT_ENTRIES = ("logs", "checkpoints", "config.json", contract.PROGRESS_FILE, "losses.jsonl", "summary.json",
                   contract.PROFILE_REQUEST_FILE)
 """What a local run writes into its output directory; a fresh start deletes these (the checkpoints apart)."""
-WRITTEN_TO_OUTPUT = owned_dirs.names(*OUTPUT_ENTRIES)
+CACHE_ENTRY = "cache"
+"""The run's contract.CACHE_DIR (what the fetch step fetched): kept by a fresh start, whose fetch step downloads
+again only what changed in the store."""
+WRITTEN_TO_OUTPUT = owned_dirs.names(*OUTPUT_ENTRIES, CACHE_ENTRY)
 WRITTEN_TO_CHECKPOINTS = owned_dirs.names("best-eval.json", contract.TENSORBOARD_DIR, contract.PROFILES_DIR,
                                           "staging", "restore", pattern=r"^step-\d{8}$")
 """staging/ and restore/: each rank's part of a save before its upload, and the download a resume loads
@@ -201,6 +206,20 @@ def prepare_output_dir(spec: TrainingJobSpec, opts: RunOptions) -> str | None:
         return f"resuming the unfinished run in {out} from step {done[-1][0]} (pass --fresh to start over)"
     owned_dirs.clear(ckpt)
     owned_dirs.clear(out, only=[n for n in OUTPUT_ENTRIES if (out / n).resolve() != ckpt.resolve()])
+    return None
+
+
+CONFIG_ERROR_MARK = "configuration error: "
+
+
+def config_error_said(logs: list[Path]) -> str | None:
+    """What a worker that exited CONFIG_ERROR_EXIT_CODE said (its termination message in a pod): the last
+    `configuration error: ...` line of its logs."""
+    for path in logs:
+        with contextlib.suppress(OSError):
+            lines = [ln for ln in path.read_text(errors="replace").splitlines() if CONFIG_ERROR_MARK in ln]
+            if lines:
+                return lines[-1][lines[-1].index(CONFIG_ERROR_MARK):]
     return None
 
 
@@ -292,6 +311,11 @@ class LocalRun:
         base_step = latest[-1][0] if latest else 0
         if latest:
             self.resumed[number] = (base_step, None)
+        fetch = self._fetch(logs, self._worker_env(0, number, port))
+        if fetch is not None and fetch.popen.poll() != 0:  # every worker failed as its pod's init container would
+            self.gen = Generation(number, [dataclasses.replace(fetch, node_rank=i) for i in indices], now,
+                                  time.monotonic(), base_step)
+            return
         command = worker_command(spec)
         procs = []
         limits = spec.hang_limits
@@ -310,6 +334,18 @@ class LocalRun:
         self.gen = Generation(number, procs, now, time.monotonic(), base_step)
         if limits is not None:
             self.gen.guard = hangs.Guard(limits, watch[contract.HEARTBEAT_DIR], str(logs / "hang"))
+
+    def _fetch(self, logs: Path, env: dict[str, str]) -> Proc | None:
+        """The fetch step (model.hfUri, data.tokenizerUri into the cache), run to its end with rank 0's environment
+        as a pod's init container runs it; its output goes to `fetch.log`. None: the job fetches nothing."""
+        if not self.spec.fetched_uris():
+            return None
+        self.line.say(f"fetching {', '.join(self.spec.fetched_uris())} into {env[contract.CACHE_DIR]} ...")
+        log = open(logs / "fetch.log", "wb")  # noqa: SIM115 - closed in _stop_all, as the ranks' logs
+        popen = launcher.start([sys.executable, "-m", "kubetrain.trainer.fetch"], env, stdout=log,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        popen.wait()
+        return Proc(0, 0, popen, log, init=contract.FETCH_CONTAINER)
 
     def _worker_env(self, node_rank: int, number: int, port: int) -> dict[str, str]:
         """One worker's environment, as a pod's: launcher.child_envs() makes each rank's from it."""
@@ -330,6 +366,7 @@ class LocalRun:
                 metrics_port=spec.metrics_port + node_rank * spec.procs,  # one host: a port per rank
                 hang=hangs.setting(spec.hang_limits),
                 memory_tier=self._memory_tier(),
+                cache_dir=str(self.out / CACHE_ENTRY),
             )
         )
         for item in spec.env or []:
@@ -422,7 +459,11 @@ class LocalRun:
         codes = [p.popen.poll() for p in group]
         failed = [contract.exit_code(c) for c in codes if c is not None and c != 0]
         if failed:
-            return lc.WorkerState(node_rank, lc.WorkerPhase.FAILED, exit_code=contract.root_cause(failed))
+            code = contract.root_cause(failed)
+            said = config_error_said([Path(p.log.name) for p in group]) \
+                if code == contract.CONFIG_ERROR_EXIT_CODE else None
+            return lc.WorkerState(node_rank, lc.WorkerPhase.FAILED, exit_code=code, said=said,
+                                  failed_in=next((p.init for p in group if p.init), None))
         if all(c == 0 for c in codes):
             return lc.WorkerState(node_rank, lc.WorkerPhase.SUCCEEDED, exit_code=0)
         return lc.WorkerState(node_rank, lc.WorkerPhase.RUNNING)
@@ -477,11 +518,13 @@ class LocalRun:
     def _tail_failed_logs(self, workers: tuple[int, ...]) -> None:
         if self.gen is None:
             return
+        shown: set[str] = set()
         for p in self.gen.procs:
-            if p.node_rank in workers and p.popen.poll() not in (None, 0):
+            if p.node_rank in workers and p.popen.poll() not in (None, 0) and p.log.name not in shown:
+                shown.add(p.log.name)
                 p.log.flush()
                 lines = Path(p.log.name).read_text(errors="replace").splitlines()[-8:]
-                self.line.say(f"--- last lines of rank {p.rank} ({p.log.name}) ---")
+                self.line.say(f"--- last lines of {p.init or f'rank {p.rank}'} ({p.log.name}) ---")
                 for line in lines:
                     self.line.say("  " + line)
 

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from kubetrain.core.api import Preflight, _Model
+from kubetrain.core.api import Fetch, Preflight, _Model
 
 COMMIT_MARKER = "COMMITTED"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -80,6 +80,8 @@ class Progress(_Model):
     network_transport: str | None = None
     """The network transport NCCL chose (contract.TRANSPORT_*: IB, OFI, GPUDirectTCPX, FasTrak, Socket,
     P2P/SHM) or gloo; None: not known (not probed, or an older trainer)."""
+    fetch: Fetch | None = None
+    """The fetch of model.hfUri / data.tokenizerUri before training (kubetrain.trainer.fetch), as it goes."""
     preflight: Preflight | None = None
     """This generation's preflight (kubetrain.trainer.preflight): every rank's figures, gathered by rank 0."""
 

@@ -132,7 +132,7 @@ class CheckpointManager:
         if writes_in_background(self.policy, self.engine.spec.strategy):
             self.writer = DcpWriter(self.engine.device, self.timeout)
         if self.policy.uri:
-            self.store = Bucket.open(self.policy)
+            self.store = Bucket.open(self.policy.uri, self.engine.spec.s3)
 
     @property
     def staging(self) -> Path:

@@ -114,9 +114,17 @@ class Sampler:
         per_rank = micro_batch * grad_accum
         offsets = self.global_offsets(step, per_rank * world_size)[rank * per_rank : (rank + 1) * per_rank]
         idx = offsets[:, None] + torch.arange(self.seq_len + 1)[None, :]
-        windows = self.corpus[idx].long()
-        out = []
-        for m in range(grad_accum):
-            w = windows[m * micro_batch : (m + 1) * micro_batch]
-            out.append((w[:, :-1].contiguous(), w[:, 1:].contiguous()))
-        return out
+        return split_micro_batches(self.corpus[idx].long(), micro_batch, grad_accum)
+
+    def close(self) -> None:
+        """Nothing to release (data_stream.ShardStream, its counterpart for data.uri, stops a thread)."""
+
+
+def split_micro_batches(windows: torch.Tensor, micro_batch: int, grad_accum: int
+                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """[micro_batch × grad_accum, seqLen+1] windows as grad_accum (tokens, targets) pairs of [micro_batch, seqLen]."""
+    out = []
+    for m in range(grad_accum):
+        w = windows[m * micro_batch : (m + 1) * micro_batch]
+        out.append((w[:, :-1].contiguous(), w[:, 1:].contiguous()))
+    return out

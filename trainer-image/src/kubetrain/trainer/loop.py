@@ -27,6 +27,7 @@ from kubetrain.trainer.checkpoint import TrainerState, now_rfc3339
 from kubetrain.trainer.ckpt_manager import CheckpointManager
 from kubetrain.trainer.config import ConfigError, Env, checkpoint_dir
 from kubetrain.trainer.data import Sampler, eval_batches, load_corpus, split_eval
+from kubetrain.trainer.data_stream import ShardStream, cache_dir, eval_text
 from kubetrain.trainer.engines import Engine, StepInfo, make_engine
 from kubetrain.trainer.memory_tier import MemoryTier
 from kubetrain.trainer.metrics import Metrics, peak_flops
@@ -147,6 +148,7 @@ class Reporter:
                 self.progress.initial_loss = previous.initial_loss
                 self.progress.checkpoints = list(previous.checkpoints)
                 self.progress.last_checkpoint = previous.last_checkpoint
+                self.progress.fetch = previous.fetch  # the fetch step's record (kubetrain.trainer.fetch) stays
 
     def step(self, record: dict[str, Any], state: TrainerState, rates: Rates, force: bool) -> None:
         if not self.enabled:
@@ -386,17 +388,30 @@ def train(env: Env, spec: TrainingJobSpec) -> int:
     stop = StopFlag()
     hangs.write_beat(0, hangs.START, force=True)  # from here its supervisor watches this rank
     ckpt_root = checkpoint_dir(spec, env)
-    corpus, held = split_eval(load_corpus(spec.data, spec.model.seq_len), spec)  # config errors before the gang
-    device = pick_device(env)
-    nccl_log = init_distributed(env, device)
-    try:
-        transport = network_transport(env, spec, device, nccl_log)
-        return _train(env, spec, stop, ckpt_root, corpus, device, transport, held)
-    finally:
-        # Destroying the groups under a running background checkpoint write would wait for its collective
-        # (gloo joins its threads): the process exits without, and the write is never committed.
-        if dist.is_initialized() and not writes_running():
-            dist.destroy_process_group()
+    data, held = open_data(env, spec)  # config errors before the gang
+    with contextlib.closing(data):  # data.uri's prefetch thread stops
+        device = pick_device(env)
+        nccl_log = init_distributed(env, device)
+        try:
+            transport = network_transport(env, spec, device, nccl_log)
+            return _train(env, spec, stop, ckpt_root, data, device, transport, held)
+        finally:
+            # Destroying the groups under a running background checkpoint write would wait for its collective
+            # (gloo joins its threads): the process exits without, and the write is never committed.
+            if dist.is_initialized() and not writes_running():
+                dist.destroy_process_group()
+
+
+def open_data(env: Env, spec: TrainingJobSpec) -> tuple[Sampler | ShardStream, torch.Tensor | None]:
+    """The training batches and the evaluation text: data.path's text in memory, or data.uri's shards streamed
+    through this rank's cache (listed and checked here, before the gang forms)."""
+    if spec.data.uri is None:
+        corpus, held = split_eval(load_corpus(spec.data, spec.model.seq_len), spec)
+        return Sampler(corpus, spec.model.seq_len, spec.seed), held
+    held = eval_text(spec)
+    layout = layout_of(env, spec)
+    directory = cache_dir(env.output_dir, env.rank)
+    return ShardStream.open(spec, layout.data, layout.data_rank(env.rank), directory), held
 
 
 def _bf16_notice(env: Env, spec: TrainingJobSpec, device: torch.device) -> None:
@@ -424,9 +439,12 @@ def _compile_notice(env: Env, spec: TrainingJobSpec, first_step_seconds: float |
              first_step_seconds, graphs)
 
 
-def check_vocab(corpus: torch.Tensor, held: torch.Tensor | None, vocab: int) -> None:
-    """Every token id must be one the model embeds (a tokenizer bigger than the model's vocabulary)."""
-    top = max(int(corpus.max()), int(held.max()) if held is not None else 0)
+def check_vocab(data: Sampler | ShardStream, held: torch.Tensor | None, vocab: int) -> None:
+    """Every token id must be one the model embeds (a tokenizer bigger than the model's vocabulary); data.uri's
+    shards are checked batch by batch as they are read."""
+    if isinstance(data, ShardStream):
+        data.vocab = vocab
+    top = max(int(data.corpus.max()) if isinstance(data, Sampler) else 0, int(held.max()) if held is not None else 0)
     if top >= vocab:
         raise ConfigError("data.tokenizer", f"the tokenizer produced id {top}, but the model's vocabulary holds "
                           f"{vocab} ids: set model.vocabSize (built-in model) or use the hfPath model's own tokenizer")
@@ -456,15 +474,14 @@ class Evaluator:
 
 
 def _train(
-    env: Env, spec: TrainingJobSpec, stop: StopFlag, ckpt_root: Path, corpus: torch.Tensor, device: torch.device,
+    env: Env, spec: TrainingJobSpec, stop: StopFlag, ckpt_root: Path, data: Sampler | ShardStream, device: torch.device,
     transport: str | None = None, held: torch.Tensor | None = None,
 ) -> int:
     metrics = Metrics(env.job, env.rank, env.metrics_port, addr=env.metrics_addr)
     metrics.set_generation(env.generation)
     checked = preflight.run(env, spec, device, metrics)  # collective, before the model: no step yet
-    sampler = Sampler(corpus, spec.model.seq_len, spec.seed)
     model = build_model(spec.model, spec.activation_checkpointing, spec.seed)
-    check_vocab(corpus, held, vocab_size(model))
+    check_vocab(data, held, vocab_size(model))
     fpt = flops_per_token(model, spec.model)
     engine = make_engine(spec, model, device, env.world_size)
     with Reporter(env, spec, ckpt_root) as reporter, contextlib.ExitStack() as exits:
@@ -489,7 +506,7 @@ def _train(
         while state.step < spec.max_steps:
             t0 = time.perf_counter()
             profiler.before_step(state.step + 1)
-            local_loss, lr, info = train_step(engine, sampler.micro_batches(state.step, mbs, ga, layout.data, data_rank))
+            local_loss, lr, info = train_step(engine, data.micro_batches(state.step, mbs, ga, layout.data, data_rank))
             state.step += 1
             profiler.after_step(state.step)
             state.samples_seen += global_batch(spec, layout.data)

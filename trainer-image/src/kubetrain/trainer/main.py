@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import traceback
+from pathlib import Path
 
 from kubetrain.core import contract
 from kubetrain.core.contract import CONFIG_ERROR_EXIT_CODE
@@ -32,10 +33,12 @@ def main() -> int:
         return 0
     # Not before: a launcher (a restarted container's, say) starts its ranks without the API models.
     from kubetrain.trainer.config import ConfigError, load_spec, read_env  # noqa: PLC0415
+    from kubetrain.trainer.fetch import resolved  # noqa: PLC0415
 
     try:
         env = read_env()
-        spec = load_spec(env.config_path)
+        cache = os.environ.get(contract.CACHE_DIR)
+        spec = resolved(load_spec(env.config_path), Path(cache) if cache else None)  # hfUri: the fetched copy
     except ConfigError as exc:
         return config_error(exc)
     from kubetrain.trainer.loop import train  # noqa: PLC0415 - torch import after config checks

@@ -31,18 +31,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetrain.core.api import CheckpointSpec, S3Spec
+from kubetrain.core.api import S3Spec
 from kubetrain.core.progress import COMMIT_MARKER, checkpoint_dirname
 from kubetrain.trainer.checkpoint import BEST_EVAL, TRAINER_STATE, TrainerState, commit_marker
 from kubetrain.trainer.config import ConfigError
+from kubetrain.trainer.s3 import file_system, require_bucket, store_error
 
 log = logging.getLogger("kubetrain.trainer")
 
 FIELD = "checkpoint.uri"
-REQUEST_ATTEMPTS = 3
-"""Attempts per request (botocore's and s3fs's retries alike): a store that is down fails the rank within
-seconds instead of a retry storm; a restart of the gang is the retry that follows."""
-CONNECT_TIMEOUT_SECONDS = 10
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 PROBE = ".kubetrain-write-check"
 """The object rank 0 writes and deletes at start: the credentials may write and delete under the prefix."""
@@ -57,24 +54,6 @@ def parse_step(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def s3_options(s3: S3Spec | None) -> dict[str, Any]:
-    """S3FileSystem's keyword arguments for checkpoint.s3. Credentials are left to botocore's default chain
-    (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY from the Secret, the pod's web identity, ~/.aws)."""
-    s3 = s3 or S3Spec()
-    client: dict[str, Any] = {"region_name": s3.region} if s3.region else {}
-    return {
-        "endpoint_url": s3.endpoint,
-        "client_kwargs": client,
-        "config_kwargs": {
-            "s3": {"addressing_style": s3.style()},
-            "connect_timeout": CONNECT_TIMEOUT_SECONDS,
-            "retries": {"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"},
-        },
-        "use_listings_cache": False,  # other ranks and processes write: every listing must be the store's
-        "skip_instance_cache": True,
-    }
-
-
 def steps_to_delete(steps: dict[int, bool], keep: int, best_eval: int | None) -> list[int]:
     """Which step directories a commit removes: committed ones beyond the newest ``keep`` (never the best-eval
     one), and uncommitted ones (torn uploads) older than the newest committed. ``steps``: step -> committed."""
@@ -83,21 +62,6 @@ def steps_to_delete(steps: dict[int, bool], keep: int, best_eval: int | None) ->
     if done:
         doomed += [s for s, ok in steps.items() if not ok and s < done[-1]]
     return sorted(doomed)
-
-
-def store_error(exc: BaseException, uri: str) -> ConfigError | None:
-    """The ConfigError for an error no restart cures, or None (a transient one: the gang restarts)."""
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if isinstance(exc, PermissionError):
-        why = "the credentials were refused (checkpoint.s3.credentialsSecret, or the pod's cloud identity)"
-    elif isinstance(exc, FileNotFoundError) and "bucket" in text.lower():
-        why = "the bucket does not exist"
-    elif type(exc).__name__ in ("EndpointConnectionError", "ConnectTimeoutError", "NoCredentialsError",
-                                "InvalidEndpointError", "NoRegionError", "ParamValidationError"):
-        why = "the store cannot be reached or addressed (checkpoint.s3.endpoint, region)"
-    else:
-        return None
-    return ConfigError(FIELD, f"{uri}: {why}: {type(exc).__name__}: {text}")
 
 
 # --------------------------------------------------------------------------- local directories
@@ -144,15 +108,8 @@ class Bucket:
     fs: Any
 
     @classmethod
-    def open(cls, policy: CheckpointSpec) -> Bucket:
-        assert policy.uri is not None
-        try:
-            import s3fs  # noqa: PLC0415 - only jobs with checkpoint.uri need it
-        except ImportError as exc:
-            raise ConfigError(FIELD, "needs s3fs in the trainer image (pip install 'kubetrain-trainer[s3]')") from exc
-        fs = s3fs.S3FileSystem(**s3_options(policy.s3))
-        fs.retries = REQUEST_ATTEMPTS
-        return cls(policy.uri.rstrip("/"), fs)
+    def open(cls, uri: str, s3: S3Spec | None) -> Bucket:
+        return cls(uri.rstrip("/"), file_system(s3, FIELD))
 
     def step_uri(self, step: int) -> str:
         return f"{self.uri}/{checkpoint_dirname(step)}"
@@ -162,19 +119,20 @@ class Bucket:
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
-            if (config := store_error(exc, self.uri)) is not None:
+            if (config := store_error(exc, FIELD, self.uri)) is not None:
                 raise config from exc
             raise RuntimeError(f"{self.uri}: {what} failed: {type(exc).__name__}: {exc}") from exc
 
     def check(self) -> None:
         """Rank 0 at start: the bucket exists and these credentials may list, write and delete under the prefix.
         Any failure here is a ConfigError: the gang has not trained yet, a restart would fail the same way."""
+        require_bucket(self.fs, FIELD, self.uri)
         probe = f"{self.uri}/{PROBE}"
         try:
             self.fs.pipe_file(probe, b"")
             self.fs.rm_file(probe)
         except Exception as exc:
-            config = store_error(exc, self.uri)
+            config = store_error(exc, FIELD, self.uri)
             raise (config or ConfigError(FIELD, f"{self.uri}: {type(exc).__name__}: {exc}")) from exc
 
     def steps(self) -> dict[int, bool]:

@@ -57,6 +57,7 @@ def view(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed, g
         progress_unknown=observed.progress_unknown,
         resuming=status.phase == Phase.SUSPENDED and not spec.suspend,
         gang_size=gang_size,
+        fetch=status.fetch,
     )
 
 

@@ -90,6 +90,12 @@ class WorkerState:
     """Failed hung (contract.HUNG_EXIT_CODE): its ranks' report (kubetrain.core.hangs)."""
     said: str | None = None
     """Failed on a configuration error (contract.CONFIG_ERROR_EXIT_CODE): the trainer's message naming the field."""
+    failed_in: str | None = None
+    """The init container whose failure is the worker's, such as contract.FETCH_CONTAINER (exit_code, reason
+    and said are then its); None: the trainer's own."""
+    fetching: bool = False
+    """Pending while it fetches model.hfUri / data.tokenizerUri into its cache (contract.FETCH_CONTAINER):
+    placed and at work, so neither slow to start nor blocked."""
     pod: str | None = None
     node: str | None = None
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from kubetrain.core import contract, hangs
-from kubetrain.core.api import FailureAction, HangSuspect, LastHang, Phase, TrainingJobSpec
+from kubetrain.core.api import FailureAction, Fetch, HangSuspect, LastHang, Phase, TrainingJobSpec
 from kubetrain.core.lifecycle.model import (
     DISRUPTIONS,
     Action,
@@ -52,6 +52,8 @@ class JobView:
     """How many workers the current gang was created with, when it differs from spec.workers."""
     resuming: bool = False
     """The job was suspended and is not any more: its deadline restarts with the new gang."""
+    fetch: Fetch | None = None
+    """Worker 0's fetch into its cache as it last reported it (status.fetch)."""
 
     @property
     def counted_restarts(self) -> int:
@@ -151,14 +153,15 @@ def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime) -> FailureKin
 
 def describe(w: WorkerState, kind: FailureKind) -> str:
     if kind in (FailureKind.EXIT_CODE, FailureKind.PERMANENT_EXIT_CODE):
+        who = f"worker {w.index}'s {w.failed_in}" if w.failed_in else f"worker {w.index}"  # an init container's exit
         if w.exit_code is None:
-            return f"worker {w.index} failed ({w.reason or 'no exit code reported'})"
+            return f"{who} failed ({w.reason or 'no exit code reported'})"
         if w.exit_code == contract.PEER_LOST_EXIT_CODE and kind == FailureKind.EXIT_CODE:
-            return f"worker {w.index} exited with code {w.exit_code} (it lost a peer rank mid-collective)"
+            return f"{who} exited with code {w.exit_code} (it lost a peer rank mid-collective)"
         if w.exit_code == contract.IN_PLACE_GAVE_UP_EXIT_CODE and kind == FailureKind.EXIT_CODE:
-            return (f"worker {w.index} exited with code {w.exit_code} (its launcher was told no new generation "
+            return (f"{who} exited with code {w.exit_code} (its launcher was told no new generation "
                     "in time to restart in place)")
-        return f"worker {w.index} exited with code {w.exit_code}" + (f" ({w.said})" if w.said else "")
+        return f"{who} exited with code {w.exit_code}" + (f" ({w.said})" if w.said else "")
     if kind == FailureKind.NODE_LOST:
         return f"worker {w.index}'s node is NotReady"
     if kind == FailureKind.NO_PROGRESS and w.hang is not None:
@@ -166,9 +169,21 @@ def describe(w: WorkerState, kind: FailureKind) -> str:
     return f"worker {w.index} {kind.value.lower()}"
 
 
+def at_work(w: WorkerState) -> bool:
+    """Running, or fetching into its cache before it runs: started, as startTimeoutSeconds counts it (a big
+    model's fetch is the job's own work, not a gang that cannot start)."""
+    return w.phase == WorkerPhase.RUNNING or w.fetching
+
+
+def start_pending(spec: TrainingJobSpec, job: JobView) -> bool:
+    """startTimeoutSeconds applies now: set, the gang created and some worker of it not at work yet."""
+    return (spec.restart_policy.start_timeout_seconds is not None and job.gang_created_time is not None
+            and job.running_since is None and not all(at_work(w) for w in job.workers))
+
+
 def start_timed_out(spec: TrainingJobSpec, job: JobView, now: datetime) -> bool:
     limit = spec.restart_policy.start_timeout_seconds
-    if limit is None or job.gang_created_time is None or job.running_since is not None:
+    if limit is None or job.gang_created_time is None or not start_pending(spec, job):
         return False
     return now - job.gang_created_time >= timedelta(seconds=limit)
 
@@ -225,7 +240,7 @@ def _failures(spec: TrainingJobSpec, job: JobView, now: datetime) -> tuple[list[
         kinds = [(job.workers[0], FailureKind.NO_PROGRESS)]
         what = f"no progress for {spec.restart_policy.progress_deadline_seconds}s (progressDeadlineSeconds)"
     elif not kinds and start_timed_out(spec, job, now):
-        waiting = next((w for w in job.workers if w.phase != WorkerPhase.RUNNING), job.workers[0])
+        waiting = next((w for w in job.workers if not at_work(w)), job.workers[0])
         kinds = [(waiting, FailureKind.START_TIMEOUT)]
         what = (f"the gang did not run within {spec.restart_policy.start_timeout_seconds}s "
                 f"(startTimeoutSeconds; worker {waiting.index} is {waiting.phase.value.lower()})")
@@ -363,7 +378,7 @@ def next_deadline(spec: TrainingJobSpec, job: JobView, now: datetime, default: f
     if policy.progress_deadline_seconds is not None and job.running_since and not job.progress_unknown:
         last = max(t for t in (job.last_progress_time, job.running_since) if t is not None)
         at.append(last + timedelta(seconds=policy.progress_deadline_seconds))
-    if policy.start_timeout_seconds is not None and job.gang_created_time and job.running_since is None:
+    if policy.start_timeout_seconds is not None and job.gang_created_time and start_pending(spec, job):
         at.append(job.gang_created_time + timedelta(seconds=policy.start_timeout_seconds))
     if spec.active_deadline_seconds is not None and job.start_time is not None:
         at.append(job.start_time + timedelta(seconds=spec.active_deadline_seconds))
@@ -375,9 +390,28 @@ def wait(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision:
         return Decision(Action.WAIT, Phase.RUNNING, Reason.ALL_WORKERS_RUNNING, f"{spec.workers} worker(s) running",
                         job.generation, next_deadline(spec, job, now, 30.0))
     pending = sum(w.phase == WorkerPhase.PENDING for w in job.workers)
+    message = f"{pending} of {spec.workers} worker(s) pending"
+    if fetching := sum(w.fetching for w in job.workers):
+        message += f": {fetching} fetching {fetch_text(spec, job.fetch)}"
     return Decision(Action.WAIT, Phase.CREATED if job.generation == 0 else Phase.RESTARTING,
-                    Reason.WAITING_FOR_WORKERS, f"{pending} of {spec.workers} worker(s) pending", job.generation,
-                    next_deadline(spec, job, now, 5.0))
+                    Reason.WAITING_FOR_WORKERS, message, job.generation, next_deadline(spec, job, now, 5.0))
+
+
+def fetch_text(spec: TrainingJobSpec, fetch: Fetch | None) -> str:
+    """What the workers fetch: as worker 0 reports it, with its bytes so far of the total, else as the spec
+    names it (before its first report, or after its own fetch ended while others still run)."""
+    if fetch is not None and not fetch.done:
+        size = f" ({byte_size(fetch.bytes)} of {byte_size(fetch.total_bytes)})" if fetch.total_bytes else ""
+        return f"{fetch.field} {fetch.uri}{size}"
+    return ", ".join(f"{field} {uri}" for field, uri in spec.fetched_uris().items())
+
+
+def byte_size(n: int) -> str:
+    """Bytes for people: `1.2 GiB`."""
+    for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 POLICIES: tuple[Policy, ...] = (suspend, deadline, old_generation, success, resize, failure, start, wait)

@@ -36,10 +36,13 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
     (rank 0 reports the commit after the step itself). resumedFromStep is the current generation's
     own report of the checkpoint it loaded (none: it started from scratch), and resumedFrom the tier that
     checkpoint came from (memory or durable). networkTransport is the current generation's report too, kept
-    while a record does not say (an older trainer).
+    while a record does not say (an older trainer). A record with a fetch becomes status.fetch, and one
+    the fetch wrote before the trainer ran (fetch_record) says nothing of steps.
     """
     progress = observed.progress
-    if progress is not None:
+    if progress is not None and progress.fetch is not None:
+        status.fetch = progress.fetch
+    if progress is not None and not fetch_record(progress):
         current_gen = progress.generation == status.restart_generation
         advanced = progress.step > status.current_step or (current_gen and progress.step != status.current_step)
         if current_gen and advanced:
@@ -63,6 +66,12 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
     found = observed.checkpoint
     if found is not None and (status.last_checkpoint is None or status.last_checkpoint.step < found.step):
         status.last_checkpoint = found
+
+
+def fetch_record(progress: Progress) -> bool:
+    """The fetch's own record (kubetrain.trainer.fetch, in the init container): no step yet. Taken for a step,
+    its step 0 of a restarted generation would move currentStep back and count as progress."""
+    return progress.fetch is not None and progress.step == 0
 
 
 def _count_time(status: TrainingJobStatus, progress: Progress, now: datetime) -> None:

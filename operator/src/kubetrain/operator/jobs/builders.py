@@ -5,7 +5,9 @@ create is idempotent (409 means it is already there):
   Service       <job>             headless, rendezvous DNS <job>-worker-<i>.<job>.<ns>.svc
   ConfigMap     <job>-config      config.json: the spec the trainer reads; launcher.py + contract.py for custom commands
   Pod           <job>-worker-<i>  one per worker, labelled with its restart generation; passes Pod Security
-                                  `restricted` unless its fabric adds capabilities (FabricProfile.pod_security)
+                                  `restricted` unless its fabric adds capabilities (FabricProfile.pod_security);
+                                  with model.hfUri or data.tokenizerUri its init container `fetch` fills the
+                                  cache emptyDir before the trainer starts
   PVC           <job>-checkpoints unless checkpoint.claimName, checkpoint.ephemeral or checkpoint.uri is set
   Role          <job>-progress    get/patch of the pod <job>-worker-0 only (progressReporting)
   RoleBinding   <job>-progress    that Role for the workers' ServiceAccount
@@ -358,6 +360,7 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
             memory_tier=memory_tier(spec),
         ),
     }
+    values[contract.CACHE_DIR] = contract.POD_CACHE_DIR
     cores = contract.cpu_cores(spec.resources.cpu) if spec.resources.cpu else None
     values.update(contract.thread_env(cores, spec.procs))  # the worker's CPU request, shared by its processes
     values.update(fabrics.profile(spec).env)
@@ -378,18 +381,20 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
 
 
 S3_SECRET_KEYS = (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False), ("AWS_SESSION_TOKEN", True))
-"""The keys of checkpoint.s3.credentialsSecret that become the trainer's environment (name, optional)."""
+"""The keys of s3.credentialsSecret that become the trainer's environment (name, optional)."""
 
 
 def object_store_env(spec: TrainingJobSpec) -> list[dict[str, Any]]:
-    """checkpoint.uri: the Secret's keys (secretKeyRef, so a missing key keeps the pod from starting with the
-    kubelet's CreateContainerConfigError instead of failing later) and, for custom scripts and any AWS SDK in the
-    image, the endpoint and region. The built-in trainer reads all of it from the spec; none without uri."""
-    ck = spec.checkpoint
-    if not ck.uri:
+    """The job's s3:// URIs: the Secret's keys (secretKeyRef, so a missing key keeps the pod from starting with
+    the kubelet's CreateContainerConfigError instead of failing later) and, for custom scripts and any AWS SDK in
+    the image, checkpoint.uri, the endpoint and the region. The built-in trainer reads all of it from the spec;
+    none without an s3:// URI."""
+    if not spec.object_store_uris():
         return []
-    env: list[dict[str, Any]] = [{"name": contract.CHECKPOINT_URI, "value": ck.uri}]
-    s3 = ck.s3
+    env: list[dict[str, Any]] = []
+    if spec.checkpoint.uri:
+        env.append({"name": contract.CHECKPOINT_URI, "value": spec.checkpoint.uri})
+    s3 = spec.s3
     if s3 is None:
         return env
     if s3.endpoint:
@@ -414,6 +419,11 @@ def memory_tier(spec: TrainingJobSpec) -> contract.MemoryTier | None:
     memory = spec.resources.memory or fabrics.profile(spec).default_memory or spec.resources.shm_size
     return contract.MemoryTier(contract.POD_MEMORY_CKPT_DIR, tier.every_steps,
                                tier.budget_bytes(int(quantity_value(memory)), spec.procs))
+
+
+def _template_has_volume(spec: TrainingJobSpec, name: str) -> bool:
+    volumes = ((spec.pod_template or {}).get("spec") or {}).get("volumes") or []
+    return any(isinstance(v, dict) and v.get("name") == name for v in volumes)
 
 
 def _template_replaces_dshm(spec: TrainingJobSpec) -> bool:
@@ -474,13 +484,44 @@ def worker_pod(
         pod_spec["securityContext"] = _pod_security_context(claim)
     if "securityContext" in _user_container(user_spec):
         del pod_spec["containers"][0]["securityContext"]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": _worker_meta(job, index, generation, labels, owner),
-           "spec": pod_spec}
+    pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod",
+                           "metadata": _worker_meta(job, index, generation, labels, owner), "spec": pod_spec}
     if spec.pod_template:
         pod = merge(pod, {k: v for k, v in spec.pod_template.items() if k in ("metadata", "spec")})
         pod["metadata"]["labels"].update({k: v for k, v in labels.items()} | {LABEL_JOB: name})
         pod["metadata"]["name"] = worker_name(name, index)
+    if spec.fetched_uris():
+        _add_fetch(pod["spec"])
     return pod
+
+
+FETCH_COMMAND = ["python", "-m", "kubetrain.trainer.fetch"]
+"""The init container contract.FETCH_CONTAINER's command, whatever the trainer container runs."""
+_FETCH_SHARES = ("image", "imagePullPolicy", "env", "envFrom", "volumeMounts", "resources", "securityContext")
+"""What the fetch takes from the trainer container as the podTemplate left it: it reads the same spec and
+Secret, writes the cache the trainer reads, and passes the same Pod Security level."""
+
+
+def fetch_container(trainer: dict[str, Any]) -> dict[str, Any]:
+    """The init container that fetches model.hfUri and data.tokenizerUri into the cache (kubetrain.trainer.fetch),
+    with the trainer container's image, environment, mounts, resources and securityContext."""
+    shared = {k: copy.deepcopy(trainer[k]) for k in _FETCH_SHARES if k in trainer}
+    return {"name": contract.FETCH_CONTAINER, **shared, "command": list(FETCH_COMMAND)}
+
+
+def _add_fetch(pod_spec: dict[str, Any]) -> None:
+    """The fetch before every init container that may need the model (the podTemplate's), after the native
+    sidecars (restartPolicy Always: the fabric's daemons, a service mesh's proxy), which run beside it. A
+    podTemplate init container named `fetch` is merged into it."""
+    trainer = next(c for c in pod_spec["containers"] if c.get("name") == CONTAINER)
+    fetch = fetch_container(trainer)
+    inits = [c for c in pod_spec.get("initContainers") or [] if isinstance(c, dict)]
+    theirs = next((c for c in inits if c.get("name") == contract.FETCH_CONTAINER), None)
+    if theirs is not None:
+        inits.remove(theirs)
+        fetch = merge(fetch, theirs)
+    at = next((i for i, c in enumerate(inits) if c.get("restartPolicy") != "Always"), len(inits))
+    pod_spec["initContainers"] = [*inits[:at], fetch, *inits[at:]]
 
 
 def scheduler_name(spec: TrainingJobSpec, settings: WorkerSettings) -> str | None:
@@ -549,6 +590,8 @@ def _worker_volumes(job: TrainingJob, claim: str | None) -> list[dict[str, Any]]
         {"name": "checkpoints", **({"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}})},
         {"name": "output", "emptyDir": {}},
     ]
+    if not _template_has_volume(job.spec, contract.CACHE_VOLUME):  # theirs (a bigger or ephemeral one) replaces it
+        volumes.append({"name": contract.CACHE_VOLUME, "emptyDir": {}})
     if job.spec.restarts_in_place:  # the kubelet rewrites the file when the annotation changes
         field_path = f"metadata.annotations['{contract.GENERATION_ANNOTATION}']"
         volumes.append({"name": "generation", "downwardAPI": {
@@ -573,6 +616,7 @@ def _worker_container(job: TrainingJob, index: int, generation: int, settings: W
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "checkpoints", "mountPath": checkpoint_mount(spec)},
             {"name": "output", "mountPath": OUTPUT_MOUNT},
+            {"name": contract.CACHE_VOLUME, "mountPath": contract.POD_CACHE_DIR},
             *([{"name": "generation", "mountPath": GENERATION_MOUNT, "readOnly": True}]
               if spec.restarts_in_place else []),
             *(dict(m) for m in fabric.mounts),

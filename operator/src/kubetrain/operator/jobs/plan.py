@@ -90,13 +90,14 @@ def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime |
     """A Pod as the lifecycle sees it (pod_facts)."""
     f = facts(pod)
     node_not_ready_since = nodes.get(f.node or "") if nodes else None
-    where = {"pod": pod["metadata"]["name"], "node": f.node, "hang": f.hang, "said": f.said}
+    where = {"pod": pod["metadata"]["name"], "node": f.node, "hang": f.hang, "said": f.said, "failed_in": f.failed_in}
     if f.restartable:
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, in_place=f.in_place,
                            restartable=True, node_not_ready_since=node_not_ready_since, **where)
     if f.phase not in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, **where)
-    return WorkerState(index, f.phase, node_not_ready_since=node_not_ready_since, in_place=f.in_place, held=f.held)
+    return WorkerState(index, f.phase, node_not_ready_since=node_not_ready_since, in_place=f.in_place, held=f.held,
+                       fetching=f.fetching)
 
 
 def observe(

@@ -55,9 +55,15 @@ class PodFacts:
     unschedulable_since: datetime | None
     """When the scheduler last said it found no node for the pod (None: it did not)."""
     hang: HangReport | None = None
-    said: str | None = None
-    """The trainer's configuration error, from its termination message (exit contract.CONFIG_ERROR_EXIT_CODE)."""
     """A hung worker's report: its launcher's termination message (exit code contract.HUNG_EXIT_CODE)."""
+    said: str | None = None
+    """The configuration error of the container that failed (exit contract.CONFIG_ERROR_EXIT_CODE), from its
+    termination message: the trainer's, or the fetch's (failed_in)."""
+    failed_in: str | None = None
+    """The init container whose failure is the worker's (its exit code, reason and message are the worker's),
+    such as contract.FETCH_CONTAINER; None: the trainer container's own."""
+    fetching: bool = False
+    """The init container contract.FETCH_CONTAINER runs: the pod is Pending while it fills the cache."""
 
 
 _memo: dict[tuple[str, str, str, str, bool], PodFacts] = {}
@@ -89,6 +95,9 @@ def _read(pod: dict[str, Any]) -> PodFacts:
     pending = status.get("phase", "Pending") == "Pending" and not meta.get("deletionTimestamp")
     restartable = phase == WorkerPhase.FAILED and failures == 1 and last is not None
     ended = last if restarts_here and last else _trainer_terminated(status)
+    init = _failed_init(status) if reason == INIT_FAILED else None
+    if init is not None:
+        ended = init[1]
     hang = _hang(ended) if phase == WorkerPhase.FAILED and exit_code == contract.HUNG_EXIT_CODE else None
     said = _said(ended) if phase == WorkerPhase.FAILED and exit_code == contract.CONFIG_ERROR_EXIT_CODE else None
     return PodFacts(
@@ -98,6 +107,7 @@ def _read(pod: dict[str, Any]) -> PodFacts:
         restarts_here=restarts_here, failures=failures, restartable=restartable,
         running=failures > 0 or _still_running(status), ready=_ready(status), pending=pending,
         unschedulable_since=_unschedulable_since(status), hang=hang, said=said,
+        failed_in=init[0] if init is not None else None, fetching=pending and _fetching(status),
     )
 
 
@@ -114,8 +124,14 @@ def _said(terminated: dict[str, Any] | None) -> str | None:
     return lines[-1][:SAID_LIMIT] if lines else None
 
 
+def _fetching(status: dict[str, Any]) -> bool:
+    return any(cs.get("name") == contract.FETCH_CONTAINER and (cs.get("state") or {}).get("running") is not None
+               for cs in status.get("initContainerStatuses") or [])
+
+
 def _worker(pod: dict[str, Any]) -> tuple[WorkerPhase, int | None, str | None]:
-    """A sidecar (native or not) keeps a pod Running after the trainer has exited."""
+    """A sidecar (native or not) keeps a pod Running after the trainer has exited; a pod whose init container
+    failed ends before the trainer starts, and that container's exit is the worker's."""
     status = pod.get("status") or {}
     phase = status.get("phase", "Pending")
     term = _trainer_terminated(status)
@@ -126,6 +142,8 @@ def _worker(pod: dict[str, Any]) -> tuple[WorkerPhase, int | None, str | None]:
         return WorkerPhase.SUCCEEDED, 0, None
     if ended:
         reason = "Disrupted" if disrupted(pod) else status.get("reason")
+        if term is None and reason is None and (init := _failed_init(status)) is not None:
+            return WorkerPhase.FAILED, container_exit_code(init[1]), INIT_FAILED
         if term is not None and term.get("reason") == "OOMKilled":
             reason = "OOMKilled"
         return WorkerPhase.FAILED, container_exit_code(term or {}), reason
@@ -157,7 +175,7 @@ def _restarted(pod: dict[str, Any], failures: int, handled: int, last: dict[str,
     if failures:
         return WorkerPhase.RUNNING, None, None  # the kubelet starts the container again at once
     if (init := _init_failed(pod)) is not None:
-        return WorkerPhase.FAILED, container_exit_code(init), "InitContainerFailed"
+        return WorkerPhase.FAILED, container_exit_code(init[1]), INIT_FAILED
     return None
 
 
@@ -170,18 +188,28 @@ def _older_generation(terminated: dict[str, Any], generation: int) -> bool:
     return report is not None and report.generation is not None and report.generation < generation
 
 
-def _init_failed(pod: dict[str, Any]) -> dict[str, Any] | None:
+INIT_FAILED = "InitContainerFailed"
+"""The worker's reason when an init container failed it (PodFacts.failed_in names which)."""
+
+
+def _init_failed(pod: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """An init container that failed in a pending pod the kubelet would retry for ever (restarts_here): the
     worker failed, as it does with restartPolicy Never."""
     status = pod.get("status") or {}
     if status.get("phase") != "Pending" or pod["metadata"].get("deletionTimestamp"):
         return None
+    return _failed_init(status)
+
+
+def _failed_init(status: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The first init container that failed: its name and terminated state (while the kubelet backs off
+    restarting it, the one it keeps as its last)."""
     for cs in status.get("initContainerStatuses") or []:
         state = cs.get("state") or {}
         term = state.get("terminated") or {}
         crashing = (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff"
         if term.get("exitCode") or crashing:
-            return dict(term or (cs.get("lastState") or {}).get("terminated") or {})
+            return str(cs.get("name") or ""), dict(term or (cs.get("lastState") or {}).get("terminated") or {})
     return None
 
 

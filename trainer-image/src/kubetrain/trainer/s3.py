@@ -1,0 +1,83 @@
+"""The S3 API of the job's s3:// URIs (spec.s3), through s3fs: one file system's options and error rules.
+
+checkpoint.uri (object_store.py), data.uri (data_stream.py), model.hfUri and data.tokenizerUri (fetch.py) all
+reach the store this way. Errors that a restart cannot cure (no such bucket, credentials refused, no endpoint)
+become a ConfigError naming the field: the gang exits 2 and the job fails with the message instead of
+restarting into the same error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubetrain.core.api import S3Spec
+from kubetrain.trainer.config import ConfigError
+
+REQUEST_ATTEMPTS = 3
+"""Attempts per request (botocore's and s3fs's retries alike): a store that is down fails the rank within
+seconds instead of a retry storm; a restart of the gang is the retry that follows."""
+CONNECT_TIMEOUT_SECONDS = 10
+_UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "NoCredentialsError", "InvalidEndpointError",
+                "NoRegionError", "ParamValidationError")
+
+
+def s3_options(s3: S3Spec | None) -> dict[str, Any]:
+    """S3FileSystem's keyword arguments for spec.s3. Credentials are left to botocore's default chain
+    (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY from the Secret, the pod's web identity, ~/.aws)."""
+    s3 = s3 or S3Spec()
+    client: dict[str, Any] = {"region_name": s3.region} if s3.region else {}
+    return {
+        "endpoint_url": s3.endpoint,
+        "client_kwargs": client,
+        "config_kwargs": {
+            "s3": {"addressing_style": s3.style()},
+            "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+            "retries": {"max_attempts": REQUEST_ATTEMPTS, "mode": "standard"},
+        },
+        "use_listings_cache": False,  # other ranks and processes write: every listing must be the store's
+        "skip_instance_cache": True,
+    }
+
+
+def file_system(s3: S3Spec | None, field: str) -> Any:
+    """An S3FileSystem for spec.s3; without s3fs in the image, a ConfigError naming ``field``."""
+    try:
+        import s3fs  # noqa: PLC0415 - only jobs with an s3:// URI need it
+    except ImportError as exc:
+        raise ConfigError(field, "needs s3fs in the trainer image (pip install 'kubetrain-trainer[s3]')") from exc
+    fs = s3fs.S3FileSystem(**s3_options(s3))
+    fs.retries = REQUEST_ATTEMPTS
+    return fs
+
+
+def store_error(exc: BaseException, field: str, uri: str) -> ConfigError | None:
+    """The ConfigError naming ``field`` and ``uri`` for an error no restart cures, or None (a transient one: the
+    gang restarts)."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, PermissionError):
+        why = "the credentials were refused (s3.credentialsSecret, or the pod's cloud identity)"
+    elif isinstance(exc, FileNotFoundError) and "bucket" in text.lower():
+        why = "the bucket does not exist"
+    elif type(exc).__name__ in _UNREACHABLE:
+        why = "the store cannot be reached or addressed (s3.endpoint, s3.region)"
+    else:
+        return None
+    return ConfigError(field, f"{uri}: {why}: {type(exc).__name__}: {text}")
+
+
+def bucket_of(uri: str) -> str:
+    """``s3://bucket/prefix`` -> ``bucket``."""
+    return uri.split("://", 1)[1].split("/", 1)[0]
+
+
+def require_bucket(fs: Any, field: str, uri: str) -> None:
+    """The URI's bucket exists and these credentials reach it (S3's HeadBucket), else a ConfigError naming
+    ``field``. Asked before any write: some stores (SeaweedFS) create a missing bucket on its first write
+    instead of refusing it, and a job would then write to a bucket nobody meant."""
+    try:
+        fs.call_s3("head_bucket", Bucket=bucket_of(uri))
+    except FileNotFoundError as exc:
+        raise ConfigError(field, f"{uri}: the bucket does not exist: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        config = store_error(exc, field, uri)
+        raise (config or ConfigError(field, f"{uri}: {type(exc).__name__}: {exc}")) from exc
