@@ -34,7 +34,7 @@ from kubetrain.core import contract
 from kubetrain.core.api import DataSpec, TrainingJobSpec
 from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.data import load_corpus, split_micro_batches
-from kubetrain.trainer.s3 import file_system, require_bucket, store_error
+from kubetrain.trainer.s3 import file_system, list_under, store_error
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -192,14 +192,7 @@ def cache_dir(output_dir: Path | None, rank: int, environ: Mapping[str, str] | N
 
 def list_objects(fs: Any, uri: str) -> dict[str, int]:
     """key -> size of every object under ``uri`` (one listing)."""
-    require_bucket(fs, FIELD, uri)
-    try:
-        found = fs.find(uri, detail=True)
-    except Exception as exc:
-        config = store_error(exc, FIELD, uri)
-        if config is not None:
-            raise config from exc
-        raise
+    found = list_under(fs, FIELD, uri)
     return {key: int(info["size"]) for key, info in found.items() if info.get("type", "file") == "file"}
 
 

@@ -32,8 +32,8 @@ from typing import Any
 
 from kubetrain.core import contract
 from kubetrain.core.api import Fetch, TrainingJobSpec
+from kubetrain.trainer import s3
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.s3 import file_system, require_bucket, store_error
 
 log = logging.getLogger("kubetrain.trainer.fetch")
 
@@ -183,23 +183,10 @@ class Meter:
 # --------------------------------------------------------------------------- the store
 
 
-def call(name: str, uri: str, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs); an error no restart cures becomes a ConfigError naming the field and URI."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as exc:
-        if (config := store_error(exc, name, uri)) is not None:
-            raise config from exc
-        raise RuntimeError(f"{uri}: {what} failed: {type(exc).__name__}: {exc}") from exc
-
-
 def list_uri(fs: Any, name: str, uri: str) -> Listing:
-    require_bucket(fs, name, uri)
-    base = uri.split("://", 1)[1].rstrip("/")
-    found = call(name, uri, "listing", fs.find, base, detail=True)
-    listing = Listing(name, uri, relative_objects(name, uri, found))
-    check_listing(listing)
-    return listing
+    found = Listing(name, uri, relative_objects(name, uri, s3.list_under(fs, name, uri)))
+    check_listing(found)
+    return found
 
 
 def download(fs: Any, listing: Listing, directory: Path, meter: Meter) -> None:
@@ -217,7 +204,7 @@ def download(fs: Any, listing: Listing, directory: Path, meter: Meter) -> None:
         target = local_path(directory, key)
         target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(f".{target.name}{TMP_SUFFIX}")
-        call(listing.field, listing.uri, "download", fs.get_file, f"{base}/{key}", str(part), callback=Counted())
+        s3.call(listing.field, listing.uri, "download", fs.get_file, f"{base}/{key}", str(part), callback=Counted())
         os.replace(part, target)
     from kubetrain.core.progress import atomic_write_text  # noqa: PLC0415
 
@@ -230,7 +217,8 @@ def fetch_all(spec: TrainingJobSpec, cache_dir: Path, report: Report | None) -> 
     if not spec.fetched_uris():
         log.info("the job sets neither model.hfUri nor data.tokenizerUri: nothing to fetch")
         return
-    listings = [list_uri(file_system(spec.s3, name), name, uri) for name, uri in spec.fetched_uris().items()]
+    stores = {name: s3.file_system(spec.s3, name) for name in spec.fetched_uris()}  # one client each
+    listings = [list_uri(stores[name], name, uri) for name, uri in spec.fetched_uris().items()]
     meter = Meter(sum(x.total for x in listings), report)
     for listing in listings:
         meter.current = (listing.field, listing.uri)
@@ -243,7 +231,7 @@ def fetch_all(spec: TrainingJobSpec, cache_dir: Path, report: Report | None) -> 
         log.info("%s: fetching %d object(s), %.1f MB, from %s into %s", listing.field, len(listing.objects),
                  listing.total / 1e6, listing.uri, directory)
         meter.say(force=True)
-        download(file_system(spec.s3, listing.field), listing, directory, meter)
+        download(stores[listing.field], listing, directory, meter)
     meter.finish()
 
 

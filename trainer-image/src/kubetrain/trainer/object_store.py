@@ -35,7 +35,7 @@ from kubetrain.core.api import S3Spec
 from kubetrain.core.progress import COMMIT_MARKER, checkpoint_dirname
 from kubetrain.trainer.checkpoint import BEST_EVAL, TRAINER_STATE, TrainerState, commit_marker
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.s3 import file_system, require_bucket, store_error
+from kubetrain.trainer.s3 import call, file_system, require_bucket, store_error
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -116,12 +116,7 @@ class Bucket:
 
     def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """fn(*args, **kwargs); an error no restart cures becomes a ConfigError naming checkpoint.uri."""
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            if (config := store_error(exc, FIELD, self.uri)) is not None:
-                raise config from exc
-            raise RuntimeError(f"{self.uri}: {what} failed: {type(exc).__name__}: {exc}") from exc
+        return call(FIELD, self.uri, what, fn, *args, **kwargs)
 
     def check(self) -> None:
         """Rank 0 at start: the bucket exists and these credentials may list, write and delete under the prefix.

@@ -8,6 +8,7 @@ restarting into the same error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kubetrain.core.api import S3Spec
@@ -81,3 +82,22 @@ def require_bucket(fs: Any, field: str, uri: str) -> None:
     except Exception as exc:
         config = store_error(exc, field, uri)
         raise (config or ConfigError(field, f"{uri}: {type(exc).__name__}: {exc}")) from exc
+
+
+def call(field: str, uri: str, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) against the store; an error no restart cures becomes a ConfigError naming ``field``
+    and ``uri``, any other a RuntimeError saying ``what`` failed (the gang restarts)."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        if (config := store_error(exc, field, uri)) is not None:
+            raise config from exc
+        raise RuntimeError(f"{uri}: {what} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def list_under(fs: Any, field: str, uri: str) -> dict[str, dict[str, Any]]:
+    """Every object under ``uri`` (its bucket asked for first): key without the scheme -> s3fs's details."""
+    require_bucket(fs, field, uri)
+    found: dict[str, dict[str, Any]] = call(field, uri, "listing", fs.find, uri.split("://", 1)[1].rstrip("/"),
+                                            detail=True)
+    return found
