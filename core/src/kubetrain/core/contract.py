@@ -167,6 +167,9 @@ CONTAINER = "trainer"
 
 CONFIG_ERROR_EXIT_CODE = 2
 """A bad job config or environment (the trainer's ConfigError): permanent by default (restartPolicy)."""
+CONFIG_ERROR_PREFIX = "configuration error: "
+"""How such a worker's message starts (its termination message in a pod, its last words in the log): the field,
+then why."""
 SIGTERM_EXIT_CODE = 143
 """A worker stopped by SIGTERM after writing its checkpoint (128 + 15, as a container runtime reports it)."""
 FAIL_AT_EXIT_CODE = 137

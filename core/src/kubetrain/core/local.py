@@ -209,17 +209,14 @@ def prepare_output_dir(spec: TrainingJobSpec, opts: RunOptions) -> str | None:
     return None
 
 
-CONFIG_ERROR_MARK = "configuration error: "
-
-
 def config_error_said(logs: list[Path]) -> str | None:
     """What a worker that exited CONFIG_ERROR_EXIT_CODE said (its termination message in a pod): the last
     `configuration error: ...` line of its logs."""
     for path in logs:
         with contextlib.suppress(OSError):
-            lines = [ln for ln in path.read_text(errors="replace").splitlines() if CONFIG_ERROR_MARK in ln]
+            lines = [ln for ln in path.read_text(errors="replace").splitlines() if contract.CONFIG_ERROR_PREFIX in ln]
             if lines:
-                return lines[-1][lines[-1].index(CONFIG_ERROR_MARK):]
+                return lines[-1][lines[-1].index(contract.CONFIG_ERROR_PREFIX):]
     return None
 
 

@@ -60,8 +60,8 @@ def config_error(exc: Exception) -> int:
     termination message, which the operator puts in the job's status and Events."""
     from kubetrain.core.launcher import termination_message  # noqa: PLC0415
 
-    print(f"kubetrain.trainer: configuration error: {exc}", file=sys.stderr, flush=True)
-    termination_message(f"configuration error: {exc}")
+    print(f"kubetrain.trainer: {contract.CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr, flush=True)
+    termination_message(f"{contract.CONFIG_ERROR_PREFIX}{exc}")
     return CONFIG_ERROR_EXIT_CODE
 
 
