@@ -421,14 +421,15 @@ def memory_tier(spec: TrainingJobSpec) -> contract.MemoryTier | None:
                                tier.budget_bytes(int(quantity_value(memory)), spec.procs))
 
 
-def _template_has_volume(spec: TrainingJobSpec, name: str) -> bool:
+def _template_volume(spec: TrainingJobSpec, name: str) -> dict[str, Any] | None:
+    """The podTemplate's volume of this name, which the merge lays over kubetrain's."""
     volumes = ((spec.pod_template or {}).get("spec") or {}).get("volumes") or []
-    return any(isinstance(v, dict) and v.get("name") == name for v in volumes)
+    return next((v for v in volumes if isinstance(v, dict) and v.get("name") == name), None)
 
 
 def _template_replaces_dshm(spec: TrainingJobSpec) -> bool:
-    volumes = ((spec.pod_template or {}).get("spec") or {}).get("volumes") or []
-    return any(isinstance(v, dict) and v.get("name") == "dshm" and set(v) != {"name", "emptyDir"} for v in volumes)
+    mine = _template_volume(spec, "dshm")
+    return mine is not None and set(mine) != {"name", "emptyDir"}
 
 
 def in_place_wait_seconds(spec: TrainingJobSpec) -> float:
@@ -590,7 +591,7 @@ def _worker_volumes(job: TrainingJob, claim: str | None) -> list[dict[str, Any]]
         {"name": "checkpoints", **({"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}})},
         {"name": "output", "emptyDir": {}},
     ]
-    if not _template_has_volume(job.spec, contract.CACHE_VOLUME):  # theirs (a bigger or ephemeral one) replaces it
+    if _template_volume(job.spec, contract.CACHE_VOLUME) is None:  # theirs (a bigger or ephemeral one) replaces it
         volumes.append({"name": contract.CACHE_VOLUME, "emptyDir": {}})
     if job.spec.restarts_in_place:  # the kubelet rewrites the file when the annotation changes
         field_path = f"metadata.annotations['{contract.GENERATION_ANNOTATION}']"
