@@ -16,6 +16,8 @@ The callback, on every rank:
   all-reduce per step, so all ranks stop at the same step (a signal on one rank is enough);
 - honours the KUBETRAIN_FAIL_AT drill (`kubetrain run --fail-at R:S`): rank R exits 137 after step S in
   generation 0;
+- in a gloo gang (CPU), once training ended, lets the process leave at exit without the interpreter's
+  teardown (kubetrain.integrations.leave): torch's gloo can abort there, which would fail a rank that finished;
 and on rank 0 reports step, loss, eval loss, learning rate and each committed checkpoint through
 kubetrain.trainer.pod_progress (progress.json for `kubetrain run`, the pod annotation for the operator):
 status.currentStep, loss, lastCheckpoint, resumedFromStep and goodput follow. The loss is the Trainer's
@@ -48,6 +50,7 @@ from kubetrain.core.progress import (
     atomic_write_text,
     committed_hf_checkpoints,
 )
+from kubetrain.integrations.leave import leave_at_exit, register_leave
 from kubetrain.trainer.pod_progress import make_progress, report_progress
 
 __all__ = ["KubetrainCallback", "commit_checkpoint", "progress_fields", "resume_checkpoint"]
@@ -132,6 +135,7 @@ class KubetrainCallback(TrainerCallback):
         self._previous: dict[int, Any] = {}
         self._started = (0.0, 0, 0)
         """(monotonic time, step, tokens seen) when this generation's training began: the rates' origin."""
+        register_leave()
 
     # ------------------------------------------------------------------ hooks
 
@@ -201,6 +205,8 @@ class KubetrainCallback(TrainerCallback):
         finished = not self.stopping and state.global_step >= state.max_steps
         self.record = self.record.model_copy(update={"finished": finished})
         self._report(state, force=True)
+        if _distributed() and dist.get_backend() == "gloo":
+            leave_at_exit(SIGTERM_EXIT_CODE if self.stopping else 0)
         if self.stopping:
             print(f"kubetrain: stopped at step {state.global_step} after its checkpoint; exit {SIGTERM_EXIT_CODE}",
                   file=sys.stderr, flush=True)
