@@ -253,6 +253,22 @@ def test_a_hugging_face_trainer_script_resumes_from_its_newest_committed_checkpo
     print(f"hf-trainer: Succeeded in {elapsed(start)} s: {json.dumps(fields)}")
     assert (st["restartCount"], st["resumedFromStep"], st["currentStep"], fields["lastCheckpoint"]) == (1, 10, 40, 40), \
         jobs.describe(name)
+    # Every rank that finished exits 0: not 134 from gloo's abort in interpreter teardown, which would restart
+    # a finished gang whenever it came before worker 0's exit.
+    codes = wait_for(lambda: _exit_codes(jobs, name), 60, what="both workers' exit codes")
+    print(f"hf-trainer: workers' exit codes {codes}")
+    assert codes == {"hf-trainer-worker-0": 0, "hf-trainer-worker-1": 0}, jobs.describe(name)
+
+
+def _exit_codes(jobs: RealJobs, name: str) -> dict[str, int] | None:
+    """Each worker pod's trainer exit code, once every one has terminated."""
+    codes = {}
+    for pod in jobs.pods(name):
+        done = [c.state.terminated for c in pod.status.container_statuses or [] if c.state.terminated]
+        if not done:
+            return None
+        codes[pod.metadata.name] = done[0].exit_code
+    return codes
 
 
 def test_checkpoints_in_the_object_store_resume_from_the_newest_committed_one(

@@ -117,11 +117,17 @@ class RealJobs(TrainingJobs):
         return self.describe(name)
 
     def describe(self, name: str) -> str:
-        """Status, pods and the tail of each pod's log, for assertion messages."""
-        lines = [f"status: {json.dumps(self.status(name), indent=1)[:3000]}"]
+        """Status, the job's Events, pods and the tail of each pod's log, and the operator's log tail, for
+        assertion messages: a restart's cause is in the Events and the operator's log, since the pods of the
+        generation that failed are gone."""
+        lines = [f"status: {json.dumps(self.status(name), indent=1)[:3000]}", "--- events"]
+        events = sorted(self.events(name), key=lambda e: e.metadata.creation_timestamp)
+        lines += [f"{e.metadata.creation_timestamp:%H:%M:%S} {e.type} {e.reason}: {e.message}" for e in events]
         for p in self.pods(name):
             lines.append(f"--- pod {p.metadata.name} phase={p.status.phase} node={p.spec.node_name}")
             lines.append(self.log(p.metadata.name, tail=25))
+        if self.op:
+            lines += ["--- operator log", self.op.tail()]
         return "\n".join(lines)
 
 
