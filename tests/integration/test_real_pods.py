@@ -33,6 +33,7 @@ from support.operator_process import OperatorProcess
 from support.paths import EXAMPLE_DATA, QUICKSTART, REPO_ROOT
 from support.real_pods import (
     NODE_NAME,
+    OPERATOR_IMAGE,
     REGISTRY,
     TRAINER_IMAGE,
     RealJobs,
@@ -352,34 +353,39 @@ def test_data_model_and_tokenizer_from_the_object_store_train_and_resume_exactly
         _ends_on_the_reference_loss(jobs, name, reference, "from the object store")
 
 
-@pytest.mark.parametrize("fault", ["checkpoint-bucket", "model-credentials"])
-def test_a_store_that_refuses_fails_the_job_once_naming_the_uri(jobs: RealJobs, real_namespace: str,
-                                                                fault: str) -> None:
-    """No restart cures a bucket that does not exist (checkpoint.uri: the trainer finds it) or keys the store
-    refuses (model.hfUri: the init container `fetch` finds it): the job fails at once (no restart), with the
-    configuration error naming the field and the URI in its status and a Warning Event."""
+@pytest.mark.parametrize("fault", ["checkpoint-bucket", "model-credentials", "image-without-trainer"])
+def test_what_no_restart_cures_fails_the_job_once_naming_the_field(jobs: RealJobs, real_namespace: str,
+                                                                   fault: str) -> None:
+    """No restart cures a bucket that does not exist (checkpoint.uri: the trainer finds it), keys the store
+    refuses (model.hfUri: the init container `fetch` finds it) or a custom image without kubetrain's trainer
+    package (the fetch cannot run in it): the job fails at once (no restart), with the configuration error
+    naming the field (and the URI) in its status and a Warning Event."""
     endpoint, fs = cluster_object_store(real_namespace)
     with cluster_bucket(fs, "model") as bucket:
+        uri = f"s3://{bucket}/model"
         if fault == "checkpoint-bucket":  # a store may create a missing bucket on a write: none must be written
-            uri, field = f"s3://no-such-{bucket}/job", "checkpoint.uri"
+            uri = f"s3://no-such-{bucket}/job"
             body = quickstart(checkpoint={"uri": uri}, s3={"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"})
-            why = "the bucket does not exist"
-        else:
+            said, named = f"checkpoint.uri: {uri}: the bucket does not exist", uri
+        elif fault == "model-credentials":
             fs.pipe(f"{bucket}/model/config.json", b"{}")
-            uri, field = f"s3://{bucket}/model", "model.hfUri"
             kubectl("create", "secret", "generic", "wrong-keys", "-n", real_namespace,
                     "--from-literal=AWS_ACCESS_KEY_ID=not-a-key", "--from-literal=AWS_SECRET_ACCESS_KEY=not-a-secret")
             body = quickstart(model={"hfUri": uri}, s3={"endpoint": endpoint, "credentialsSecret": "wrong-keys"})
-            why = "the credentials were refused"
+            said, named = f"model.hfUri: {uri}: the credentials were refused", uri
+        else:
+            body = quickstart(model={"hfUri": uri}, s3={"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"},
+                              image=OPERATOR_IMAGE, command=["python3", "-c", "pass"])
+            said, named = "spec.image: the worker's image cannot run kubetrain.trainer.fetch", "spec.image"
         name = jobs.create(body, name=fault)
         st = jobs.wait_phase(name, "Failed", timeout=300)
         if fault == "checkpoint-bucket":
             assert not fs.exists(f"no-such-{bucket}")  # asked, not created by a first write
     print(f"{fault}: {st.get('reason')}: {st.get('message')}")
     assert (st["reason"], st.get("restartCount", 0)) == ("PermanentError", 0), jobs.describe(name)
-    assert f"exited with code 2 (configuration error: {field}: {uri}: {why}" in st["message"], st["message"]
+    assert f"exited with code 2 (configuration error: {said}" in st["message"], st["message"]
     events = jobs.core.list_namespaced_event(jobs.ns, field_selector=f"involvedObject.name={name}").items
-    assert [e for e in events if e.type == "Warning" and uri in (e.message or "")]
+    assert [e for e in events if e.type == "Warning" and named in (e.message or "")]
 
 
 def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJobs, real_namespace: str) -> None:

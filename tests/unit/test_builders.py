@@ -1,6 +1,9 @@
 """Pure builders: TrainingJob -> desired Pods, Service, ConfigMap, PVC, PodGroup."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,7 @@ from pydantic import ValidationError
 from kubetrain.core import contract, launcher
 from kubetrain.core.api import TrainingJob, TrainingJobSpec
 from kubetrain.operator.jobs import builders as b
+from kubetrain.operator.jobs import pod_facts
 
 OWNER = {"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob", "name": "llm", "uid": "u-1",
          "controller": True, "blockOwnerDeletion": True}
@@ -157,6 +161,33 @@ def test_object_storage_checkpoints_need_no_claim_and_take_the_secrets_keys():
 
 
 MODEL_URI, TOKENIZER_URI = "s3://models/llama-1b", "s3://models/llama-1b-tok"
+
+
+def _run_fetch_source(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """The fetch container's `python3 -c` source, run by this interpreter with `flags`, its termination message in
+    a file of tmp_path (made empty first, as the kubelet does): (exit code, stderr, termination message)."""
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    source = b.FETCH_COMMAND[2].replace(repr(contract.TERMINATION_LOG), repr(str(log)))
+    proc = subprocess.run([sys.executable, *flags, "-c", source], capture_output=True, text=True, timeout=120,
+                          check=False, env=env)
+    return proc.returncode, proc.stderr, log.read_text()
+
+
+def test_the_fetch_in_an_image_without_the_trainer_package_is_a_configuration_error_naming_spec_image(tmp_path):
+    code, stderr, said = _run_fetch_source(tmp_path, "-S", "-I")  # no site-packages: no kubetrain, as a bare image
+    assert code == contract.CONFIG_ERROR_EXIT_CODE, stderr
+    assert said.startswith(f"{contract.CONFIG_ERROR_PREFIX}spec.image: ") and "No module named 'kubetrain'" in said
+    assert said in stderr and len(said) <= pod_facts.SAID_LIMIT
+
+
+def test_the_fetch_runs_the_fetch_module_where_the_image_has_it(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in (contract.CONFIG, contract.CACHE_DIR)}
+    code, stderr, said = _run_fetch_source(tmp_path, env=env)
+    # kubetrain.trainer.fetch itself ran, as __main__: it found no config to read (its own configuration error).
+    assert code == contract.CONFIG_ERROR_EXIT_CODE, stderr
+    assert f"{contract.CONFIG_ERROR_PREFIX}{contract.CONFIG}: environment variable is not set" in stderr
+    assert "spec.image" not in stderr
 
 
 def test_every_worker_has_a_cache_and_only_a_job_that_fetches_has_the_fetch_init_container():

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import textwrap
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import cache
@@ -496,7 +497,35 @@ def worker_pod(
     return pod
 
 
-FETCH_COMMAND = ["python", "-m", "kubetrain.trainer.fetch"]
+FETCH_MODULE = "kubetrain.trainer.fetch"
+FETCH_IMAGE_ERROR = (f"{contract.CONFIG_ERROR_PREFIX}spec.image: the worker's image cannot run {FETCH_MODULE}, "
+                     "which fetches model.hfUri and data.tokenizerUri in the init container `fetch`: build the "
+                     "image FROM the trainer image, or pip install 'kubetrain-trainer[s3]' in it")
+"""Why the fetch failed in an image without kubetrain's trainer package (a custom spec.image)."""
+
+
+def _fetch_source() -> str:
+    """`python3 -c` source of the fetch: runs FETCH_MODULE, or, where the image cannot import it, says so in the
+    termination message and exits CONFIG_ERROR_EXIT_CODE: the job fails at once, naming spec.image, instead of
+    restarting its gang on exit 1 up to backoffLimit. Standard library only."""
+    return textwrap.dedent(f"""\
+        import importlib.util, os, runpy, sys
+        try:
+            found, why = importlib.util.find_spec({FETCH_MODULE!r}) is not None, "not installed"
+        except ImportError as exc:
+            found, why = False, str(exc)
+        if not found:
+            said = {FETCH_IMAGE_ERROR!r} + " (" + why + ")"
+            print(said, file=sys.stderr)
+            if os.path.exists({contract.TERMINATION_LOG!r}):  # the kubelet's file: never made outside a pod
+                with open({contract.TERMINATION_LOG!r}, "w") as f:
+                    f.write(said)
+            sys.exit({contract.CONFIG_ERROR_EXIT_CODE})
+        runpy.run_module({FETCH_MODULE!r}, run_name="__main__", alter_sys=True)
+        """)
+
+
+FETCH_COMMAND = ["python3", "-c", _fetch_source()]
 """The init container contract.FETCH_CONTAINER's command, whatever the trainer container runs."""
 _FETCH_SHARES = ("image", "imagePullPolicy", "env", "envFrom", "volumeMounts", "resources", "securityContext")
 """What the fetch takes from the trainer container as the podTemplate left it: it reads the same spec and
