@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
+from support import helm_image
 from support import helm_tool as ht
 from support import prom_server as ps
 from support.cluster import kubeconfig_path
@@ -33,7 +34,6 @@ from support.operator_process import OperatorProcess
 from support.paths import EXAMPLE_DATA, QUICKSTART, REPO_ROOT
 from support.real_pods import (
     NODE_NAME,
-    OPERATOR_IMAGE,
     REGISTRY,
     TRAINER_IMAGE,
     RealJobs,
@@ -375,7 +375,7 @@ def test_what_no_restart_cures_fails_the_job_once_naming_the_field(jobs: RealJob
             said, named = f"model.hfUri: {uri}: the credentials were refused", uri
         else:
             body = quickstart(model={"hfUri": uri}, s3={"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"},
-                              image=OPERATOR_IMAGE, command=["python3", "-c", "pass"])
+                              image=helm_image.names()["operator"], command=["python3", "-c", "pass"])
             said, named = "spec.image: the worker's image cannot run kubetrain.trainer.fetch", "spec.image"
         name = jobs.create(body, name=fault)
         st = jobs.wait_phase(name, "Failed", timeout=300)
@@ -384,8 +384,7 @@ def test_what_no_restart_cures_fails_the_job_once_naming_the_field(jobs: RealJob
     print(f"{fault}: {st.get('reason')}: {st.get('message')}")
     assert (st["reason"], st.get("restartCount", 0)) == ("PermanentError", 0), jobs.describe(name)
     assert f"exited with code 2 (configuration error: {said}" in st["message"], st["message"]
-    events = jobs.core.list_namespaced_event(jobs.ns, field_selector=f"involvedObject.name={name}").items
-    assert [e for e in events if e.type == "Warning" and named in (e.message or "")]
+    assert [e for e in jobs.events(name) if e.type == "Warning" and named in (e.message or "")]
 
 
 def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJobs, real_namespace: str) -> None:

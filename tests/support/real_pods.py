@@ -32,9 +32,6 @@ NODE_NAME = "kubetrain-node"
 NODE_IP = "10.88.0.1"
 """The real node's bridge address (hack/lib.sh), where pods reach the host services."""
 TRAINER_IMAGE = WorkerSettings().trainer_image  # the chart's default, the name hack/images.sh loads
-OPERATOR_IMAGE = subprocess.run([str(HACK_DIR / "images.sh"), "names"], capture_output=True, text=True,
-                                check=True).stdout.split("operator ", 1)[1].split()[0]
-"""The operator image as hack/images.sh loads it into the node: python3 and kubetrain.core, no trainer package."""
 REGISTRY = subprocess.run([str(HACK_DIR / "images.sh"), "registry"], capture_output=True, text=True,
                           check=True).stdout.strip()
 """The test cluster's image registry as the node reaches it (hack/registry.sh)."""
