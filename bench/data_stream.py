@@ -12,7 +12,7 @@ micro-batches of ``--steps`` optimizer steps (microBatchSize 8, seqLen 1024, gra
 
 - ``memory``: data.Sampler over the same tokens concatenated in memory (int32, as the trainer holds the ids of a
   Hugging Face tokenizer): data.path's path once the corpus is loaded (the load is not timed);
-- ``cold``: data_stream.ShardStream with an empty cache: the first batch waits for the listing and the first
+- ``cold``: data.stream.ShardStream with an empty cache: the first batch waits for the listing and the first
   shard's download; the prefetch thread then keeps the next PREFETCH shards coming;
 - ``again``: the same steps again, a new ShardStream (a restarted rank) over the same cache directory. The cache
   holds only the shard being read and the next PREFETCH ones, so the shards of the early steps are downloaded
@@ -47,8 +47,8 @@ import torch
 from support.objectstore import REGION, ObjectStore, WeedServer, weed_binary  # bench/support: tests/support
 
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.trainer.data import Sampler
-from kubetrain.trainer.data_stream import (
+from kubetrain.trainer.data.s3 import file_system
+from kubetrain.trainer.data.stream import (
     FIELD,
     Prefetcher,
     ShardStream,
@@ -57,7 +57,7 @@ from kubetrain.trainer.data_stream import (
     select_shards,
     step_samples,
 )
-from kubetrain.trainer.s3 import file_system
+from kubetrain.trainer.data.text import Sampler
 
 MICRO_BATCH, SEQ_LEN, GRAD_ACCUM, SEED = 8, 1024, 1, 7
 CHUNK = 1 << 20

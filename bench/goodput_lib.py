@@ -4,7 +4,7 @@ and the table.
 Nothing here talks to a cluster or reads a clock, so tests/unit/test_bench_goodput.py can cover it.
 
 Where the step times come from: rank 0 of kubetrain's trainer writes one TensorBoard event per optimizer step into
-`<checkpoint dir>/tensorboard/` (kubetrain.trainer.tensorboard), flushed at once, one file per process it runs in;
+`<checkpoint dir>/tensorboard/` (kubetrain.trainer.observe.tensorboard), flushed at once, one file per process it runs in;
 on a claim those files outlive every pod. Each step's event carries its wall time and `train/tokens_per_second`,
 the step's tokens over its own duration (the loop's timer, from the step's start to its loss known on every
 rank: no checkpoint save or evaluation in it), so the duration is tokens per step / that rate. The file's first

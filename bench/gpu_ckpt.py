@@ -32,8 +32,8 @@ from gpu_train import Step, sampler_for
 from support.waiting import wait_for  # bench/support: a link to tests/support
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
-from kubetrain.trainer.engines import Engine, make_engine
 from kubetrain.trainer.loop import train_step
+from kubetrain.trainer.parallel.engines import Engine, make_engine
 
 
 def make_stager(rt: Runtime) -> Any:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from support.ports import free_port  # bench/support: a link to tests/support
 
 from kubetrain.core import contract
-from kubetrain.trainer.metrics import peak_flops
+from kubetrain.trainer.observe.metrics import peak_flops
 
 PG_TIMEOUT = timedelta(minutes=10)
 """Long enough for a 1B-parameter DeepSpeed init or a checkpoint of ~12 GB on one rank."""
@@ -94,7 +94,7 @@ def peak(rt: Runtime, precision: str, override_tflops: float | None) -> tuple[fl
     if override_tflops:
         return override_tflops * 1e12, "--peak-tflops"
     value = peak_flops(rt.device, precision)  # kubetrain's table (H100/H200 989e12 bf16) or KUBETRAIN_PEAK_FLOPS
-    return value, ("kubetrain.trainer.metrics" if value else None)
+    return value, ("kubetrain.trainer.observe.metrics" if value else None)
 
 
 def _version(dist_name: str) -> str | None:

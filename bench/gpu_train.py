@@ -25,9 +25,9 @@ from gpu_env import Runtime, max_over_ranks
 from torch import nn
 
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.trainer.data import Sampler, load_corpus
-from kubetrain.trainer.engines import make_engine
+from kubetrain.trainer.data.text import Sampler, load_corpus
 from kubetrain.trainer.loop import mean_loss_and_stop, train_step
+from kubetrain.trainer.parallel.engines import make_engine
 
 Step = Callable[[int], "float | torch.Tensor"]
 """One optimizer step; its mean loss (a tensor is read only after the timed steps: no extra sync)."""

@@ -25,7 +25,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.trainer.data import load_corpus
+from kubetrain.trainer.data.text import load_corpus
 from kubetrain.trainer.model import Transformer
 
 WARMUP_STEPS = int(os.environ.get("BENCH_WARMUP_STEPS", "3"))

@@ -5,7 +5,7 @@
   gives the same final loss.
 - A rank killed (SIGKILL) while its background write is in flight: nothing of that save is committed, the
   gang resumes from the previous committed checkpoint, never from the torn directory, and goes on exactly
-  like the uninterrupted run. The write is made slow by a test fault, async_save.WRITE_DELAY_ENV (every
+  like the uninterrupted run. The write is made slow by a test fault, background.WRITE_DELAY_ENV (every
   background write sleeps before writing its files), so the kill lands inside it deterministically: the
   test kills rank 1 as soon as rank 0 logs that the save is staged.
 """
@@ -23,8 +23,8 @@ from support.trainer_harness import Gang, Run, rel_diff, tiny_spec
 from support.waiting import wait_for
 
 from kubetrain.core.progress import COMMIT_MARKER, complete_checkpoints
-from kubetrain.trainer.async_save import WRITE_DELAY_ENV
-from kubetrain.trainer.checkpoint import safe_load
+from kubetrain.trainer.checkpoint.background import WRITE_DELAY_ENV
+from kubetrain.trainer.checkpoint.safe_load import safe_load
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ from support.waiting import wait_for
 
 from kubetrain.core.contract import CONFIG_ERROR_EXIT_CODE
 from kubetrain.core.progress import COMMIT_MARKER
-from kubetrain.trainer.async_save import WRITE_DELAY_ENV
+from kubetrain.trainer.checkpoint.background import WRITE_DELAY_ENV
 
 pytestmark = pytest.mark.e2e
 

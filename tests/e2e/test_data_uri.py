@@ -19,7 +19,7 @@ from support.trainer_harness import Gang, rel_diff, tiny_spec
 
 from kubetrain.core.contract import FAIL_AT
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.data_stream import PREFETCH, list_objects
+from kubetrain.trainer.data.stream import PREFETCH, list_objects
 
 pytestmark = pytest.mark.e2e
 

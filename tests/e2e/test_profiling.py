@@ -14,7 +14,7 @@ from support.trainer_harness import Gang, run_cli, tiny_spec
 from support.waiting import wait_for
 
 from kubetrain.core import contract
-from kubetrain.trainer.profiling import requested_steps
+from kubetrain.trainer.observe.profiling import requested_steps
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import pytest
 from support.trainer_harness import Gang, tiny_spec
 
 from kubetrain.core import contract
-from kubetrain.trainer import tensorboard as tb
+from kubetrain.trainer.observe import tensorboard as tb
 
 pytestmark = pytest.mark.e2e
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")

@@ -62,7 +62,7 @@ def kt(ns: str, operator: OperatorProcess) -> ClusterClient:
 
 
 def report_progress(core: client.CoreV1Api, ns: str, job: str, step: int, loss: float) -> None:
-    """What rank 0's pod_progress does in a real pod: the progress record on worker 0's annotation."""
+    """What rank 0's progress reporter (observe/progress.py) does in a real pod: the progress record on worker 0's annotation."""
     record = Progress(job=job, step=step, max_steps=10, loss=loss, step_seconds=0.5,
                       time=contract.format_time(datetime.now(UTC)))
     core.patch_namespaced_pod(f"{job}-worker-0", ns, {"metadata": {"annotations": {

@@ -3,7 +3,7 @@ status.networkTransport, and a transport that is not spec.fabric's sets FabricDe
 Warning Event.
 
 Worker pods are kwok pods on a node that advertises the EFA devices, so nothing runs NCCL: the test
-plays rank 0 with the progress helper (`python -m kubetrain.trainer.pod_progress --json`), under the
+plays rank 0 with the progress helper (`python -m kubetrain.trainer.observe.progress --json`), under the
 workers' own ServiceAccount token, as the trainer would report after its first collective."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from support.resources import not_found_ok
 
 from kubetrain.core import api, contract
 from kubetrain.core.progress import Progress
-from kubetrain.trainer import pod_progress as pp
+from kubetrain.trainer.observe import progress as pp
 
 pytestmark = pytest.mark.integration
 
@@ -73,7 +73,7 @@ def report(admin: client.ApiClient, ns: str, job: str, tmp: Path, step: int, tra
     env = {contract.POD_NAME: f"{job}-worker-0", contract.POD_NAMESPACE: ns, pp.API_SERVER_ENV: cfg.host,
            pp.TOKEN_FILE_ENV: str(token), pp.CA_FILE_ENV: str(cfg.ssl_ca_cert)}
     record = Progress(job=job, step=step, max_steps=10, world_size=1, network_transport=transport)
-    done = subprocess.run([sys.executable, "-m", "kubetrain.trainer.pod_progress", "--json", record.model_dump_json(
+    done = subprocess.run([sys.executable, "-m", "kubetrain.trainer.observe.progress", "--json", record.model_dump_json(
         by_alias=True, exclude_none=True)], capture_output=True, text=True, timeout=60, env={**os.environ, **env})
     assert done.returncode == 0, done.stderr
 

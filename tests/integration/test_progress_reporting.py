@@ -34,7 +34,7 @@ from support.waiting import wait_for
 
 from kubetrain.core import api, contract
 from kubetrain.core.progress import Progress
-from kubetrain.trainer import pod_progress as pp
+from kubetrain.trainer.observe import progress as pp
 
 pytestmark = pytest.mark.integration
 
@@ -76,8 +76,8 @@ def worker0_sa(core: client.CoreV1Api, ns: str, pod: str) -> str:
 
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m kubetrain.trainer.pod_progress` as a custom script would run it in the pod."""
-    return subprocess.run([sys.executable, "-m", "kubetrain.trainer.pod_progress", *args], capture_output=True,
+    """`python -m kubetrain.trainer.observe.progress` as a custom script would run it in the pod."""
+    return subprocess.run([sys.executable, "-m", "kubetrain.trainer.observe.progress", *args], capture_output=True,
                           text=True, timeout=60, env={**os.environ, **env})
 
 
@@ -172,7 +172,7 @@ def test_custom_script_progress_holds_off_hang_detection_until_it_stops(
     deadline, steps = 6, 14
     script = (
         "import sys, time\n"
-        "from kubetrain.trainer.pod_progress import report_progress\n"
+        "from kubetrain.trainer.observe.progress import report_progress\n"
         f"for step in range(1, {steps} + 1):\n"
         f"    report_progress(step, loss=10.0 / step, max_steps={steps}, checkpoint_step=step if step % 5 == 0 else None,"
         " checkpoint_path=f'/checkpoints/step-{step:08d}')\n"

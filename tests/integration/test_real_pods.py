@@ -376,7 +376,7 @@ def test_what_no_restart_cures_fails_the_job_once_naming_the_field(jobs: RealJob
         else:
             body = quickstart(model={"hfUri": uri}, s3={"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"},
                               image=helm_image.names()["operator"], command=["python3", "-c", "pass"])
-            said, named = "spec.image: the worker's image cannot run kubetrain.trainer.fetch", "spec.image"
+            said, named = "spec.image: the worker's image cannot run kubetrain.trainer.data.fetch", "spec.image"
         name = jobs.create(body, name=fault)
         st = jobs.wait_phase(name, "Failed", timeout=300)
         if fault == "checkpoint-bucket":

@@ -1,4 +1,4 @@
-"""Background checkpoint writes (async_save.py, CheckpointManager): the pure decisions, the in-flight
+"""Background checkpoint writes (checkpoint/background.py, CheckpointManager): the pure decisions, the in-flight
 save's states, and the manager's rules on a one-process gloo group with a real tiny engine: commit only
 after the write finished, at most one write in flight, the last save waits for its write, a failed
 write fails the rank and is never committed, and exiting never commits a write still in flight."""
@@ -18,8 +18,8 @@ from support.waiting import wait_for
 
 from kubetrain.core.api import CheckpointSpec, TrainingJobSpec
 from kubetrain.core.progress import COMMIT_MARKER, complete_checkpoints
-from kubetrain.trainer import async_save
-from kubetrain.trainer.async_save import (
+from kubetrain.trainer.checkpoint import background
+from kubetrain.trainer.checkpoint.background import (
     WRITE_DELAY_ENV,
     CheckpointWriteError,
     InFlight,
@@ -28,11 +28,11 @@ from kubetrain.trainer.async_save import (
     writes_in_background,
     writes_running,
 )
-from kubetrain.trainer.checkpoint import TrainerState
-from kubetrain.trainer.ckpt_manager import CheckpointManager
-from kubetrain.trainer.engines import make_engine
-from kubetrain.trainer.metrics import Metrics
+from kubetrain.trainer.checkpoint.directory import TrainerState
+from kubetrain.trainer.checkpoint.manager import CheckpointManager
 from kubetrain.trainer.model import build_model
+from kubetrain.trainer.observe.metrics import Metrics
+from kubetrain.trainer.parallel.engines import make_engine
 
 
 @pytest.mark.parametrize(
@@ -157,7 +157,7 @@ def test_the_last_save_commits_the_pending_one_and_itself(manager: CheckpointMan
 def test_a_failed_write_fails_the_rank_and_is_never_committed(
     manager: CheckpointManager, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = async_save.storage_writer
+    real = background.storage_writer
 
     def broken(directory: Path) -> Any:
         writer = real(directory)
@@ -168,7 +168,7 @@ def test_a_failed_write_fails_the_rank_and_is_never_committed(
         writer.write_data = fail
         return writer
 
-    monkeypatch.setattr(async_save, "storage_writer", broken)
+    monkeypatch.setattr(background, "storage_writer", broken)
     manager.maybe_save(TrainerState(step=2, world_size=1), final=False, stopping=False)
     wait_for(lambda: manager.in_flight is not None and manager.in_flight.future.done(), 30, what="the write")
     with pytest.raises(CheckpointWriteError, match=r"(?s)checkpoint step 2: .*step-00000002 failed: .*disk full"):

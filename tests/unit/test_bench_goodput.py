@@ -7,7 +7,7 @@ import json
 import goodput_lib as gl  # bench/, on pytest's pythonpath (pyproject.toml)
 import pytest
 
-from kubetrain.trainer.tensorboard import event, record
+from kubetrain.trainer.observe.tensorboard import event, record
 
 TOKENS = 2048
 

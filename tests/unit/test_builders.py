@@ -184,7 +184,7 @@ def test_the_fetch_in_an_image_without_the_trainer_package_is_a_configuration_er
 def test_the_fetch_runs_the_fetch_module_where_the_image_has_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in (contract.CONFIG, contract.CACHE_DIR)}
     code, stderr, said = _run_fetch_source(tmp_path, env=env)
-    # kubetrain.trainer.fetch itself ran, as __main__: it found no config to read (its own configuration error).
+    # kubetrain.trainer.data.fetch itself ran, as __main__: it found no config to read (its own configuration error).
     assert code == contract.CONFIG_ERROR_EXIT_CODE, stderr
     assert f"{contract.CONFIG_ERROR_PREFIX}{contract.CONFIG}: environment variable is not set" in stderr
     assert "spec.image" not in stderr

@@ -154,7 +154,7 @@ def _metric_names(module: Path) -> set[str]:
 
 def test_dashboard_queries_use_exported_metrics() -> None:
     known = _metric_names(REPO / "operator/src/kubetrain/operator/runtime/metrics.py") | _metric_names(
-        REPO / "trainer-image/src/kubetrain/trainer/metrics.py")
+        REPO / "trainer-image/src/kubetrain/trainer/observe/metrics.py")
     dashboards = sorted((CHART / "dashboards").glob("*.json"))
     assert dashboards
     for path in dashboards:

@@ -1,4 +1,4 @@
-"""checkpoint.uri's pure policies (trainer object_store.py): the client options, what a commit prunes, and which
+"""checkpoint.uri's pure policies (trainer checkpoint/object_store.py): the client options, what a commit prunes, and which
 errors stop the job instead of restarting it."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from kubetrain.core.api import S3Spec
+from kubetrain.trainer.checkpoint.object_store import parse_step, steps_to_delete
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.object_store import parse_step, steps_to_delete
-from kubetrain.trainer.s3 import s3_options, store_error
+from kubetrain.trainer.data.s3 import s3_options, store_error
 
 
 @pytest.mark.parametrize(("s3", "style", "endpoint", "region"), [

@@ -1,4 +1,4 @@
-"""data.uri's stream (kubetrain.trainer.data_stream): the shuffle, the assignment of shards to data-parallel
+"""data.uri's stream (kubetrain.trainer.data.stream): the shuffle, the assignment of shards to data-parallel
 ranks, where a sample lies, the listing's checks, and reading windows through the prefetching cache (a local
 fsspec file system in the place of the bucket)."""
 
@@ -14,7 +14,7 @@ from support.waiting import wait_for
 
 from kubetrain.core.api import DataSpec, TrainingJobSpec
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.data_stream import (
+from kubetrain.trainer.data.stream import (
     PREFETCH,
     Prefetcher,
     Shard,

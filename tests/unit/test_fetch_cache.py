@@ -1,4 +1,4 @@
-"""The fetch step's pure parts (kubetrain.trainer.fetch): the listing under a URI, the marker that makes a
+"""The fetch step's pure parts (kubetrain.trainer.data.fetch): the listing under a URI, the marker that makes a
 second fetch a no-op, who reports, and the spec the trainer runs once the cache holds the model and tokenizer."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from kubetrain.core import contract
 from kubetrain.core.api import TrainingJobSpec
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.fetch import (
+from kubetrain.trainer.data.fetch import (
     MARKER,
     Listing,
     check_listing,

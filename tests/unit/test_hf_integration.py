@@ -15,7 +15,7 @@ from kubetrain.core import contract
 from kubetrain.core.cli import main
 from kubetrain.core.progress import COMMIT_MARKER, committed_checkpoints, committed_hf_checkpoints, read_progress
 from kubetrain.integrations import transformers as kt
-from kubetrain.trainer import pod_progress
+from kubetrain.trainer.observe import progress as observe_progress
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def reporting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
     monkeypatch.setenv(contract.OUTPUT_DIR, str(out))
     monkeypatch.setenv(contract.RANK, "0")
     monkeypatch.setenv(contract.RESTART_GENERATION, "2")
-    monkeypatch.setattr(pod_progress, "_script", None)  # a reporter for this output directory
+    monkeypatch.setattr(observe_progress, "_script", None)  # a reporter for this output directory
     handlers = {sig: signal.getsignal(sig) for sig in kt.STOP_SIGNALS}
     yield out
     for sig, handler in handlers.items():  # a callback left installed by a test ends with it

@@ -13,8 +13,8 @@ from kubetrain.core import contract, local
 from kubetrain.core.api import MemoryTierSpec, TrainingJob
 from kubetrain.core.progress import COMMIT_MARKER, checkpoint_dirname
 from kubetrain.operator.jobs import builders as b
-from kubetrain.trainer.ckpt_manager import ResumePlan, plan_resume
-from kubetrain.trainer.memory_tier import (
+from kubetrain.trainer.checkpoint.manager import ResumePlan, plan_resume
+from kubetrain.trainer.checkpoint.memory import (
     MemoryTier,
     Offer,
     TierSettings,

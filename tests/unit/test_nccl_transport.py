@@ -2,7 +2,7 @@
 
 The NCCL path needs GPUs; here the first collective is a stand-in that writes what NCCL would write.
 Lines are as NCCL's debug.cc prints them (`host:pid:tid [cudaDev] NCCL INFO ...`), their text as NCCL,
-aws-ofi-nccl and the GKE plugins log it (see kubetrain.trainer.nccl_transport).
+aws-ofi-nccl and the GKE plugins log it (see kubetrain.trainer.observe.transport).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 
 from kubetrain.core import contract
 from kubetrain.core.progress import Progress
-from kubetrain.trainer import nccl_transport as nt
-from kubetrain.trainer.pod_progress import annotation_value
+from kubetrain.trainer.observe import transport as nt
+from kubetrain.trainer.observe.progress import annotation_value
 
 
 def _lines(*texts: str) -> list[str]:

@@ -17,10 +17,10 @@ from torch import nn
 
 from kubetrain.core.api import TrainingJobSpec
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.data import Sampler
-from kubetrain.trainer.engines import make_engine
+from kubetrain.trainer.data.text import Sampler
 from kubetrain.trainer.model import Attention, build_model
 from kubetrain.trainer.parallel import Layout
+from kubetrain.trainer.parallel.engines import make_engine
 from kubetrain.trainer.parallel.pipeline import RankPart, rank_stages, split_stage, split_stages, stage_blocks
 from kubetrain.trainer.parallel.tensor import hf_plan
 

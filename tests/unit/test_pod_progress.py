@@ -21,7 +21,7 @@ import pytest
 
 from kubetrain.core import contract
 from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
-from kubetrain.trainer import pod_progress as pp
+from kubetrain.trainer.observe import progress as pp
 
 
 class Stub:
@@ -227,7 +227,7 @@ def test_trainer_reporter_annotates_when_in_a_pod(
     """loop.Reporter (rank 0 of the built-in trainer) sends the progress.json record to the pod."""
     loop = pytest.importorskip("kubetrain.trainer.loop")
     from kubetrain.core.api import TrainingJobSpec  # noqa: PLC0415
-    from kubetrain.trainer.checkpoint import TrainerState  # noqa: PLC0415
+    from kubetrain.trainer.checkpoint.directory import TrainerState  # noqa: PLC0415
     from kubetrain.trainer.config import read_env  # noqa: PLC0415
 
     for k, v in pod_env.items():
@@ -261,7 +261,7 @@ def test_a_training_error_puts_out_the_steps_the_throttle_held(tmp_path: Path, e
     loop writes the newest step out; a loop left normally writes nothing it was not asked to."""
     loop = pytest.importorskip("kubetrain.trainer.loop")
     from kubetrain.core.api import TrainingJobSpec  # noqa: PLC0415
-    from kubetrain.trainer.checkpoint import TrainerState  # noqa: PLC0415
+    from kubetrain.trainer.checkpoint.directory import TrainerState  # noqa: PLC0415
     from kubetrain.trainer.config import read_env  # noqa: PLC0415
 
     out = tmp_path / "out"

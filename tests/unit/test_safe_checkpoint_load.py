@@ -16,16 +16,11 @@ from support.process_group import gloo_world_of_one
 from support.trainer_harness import tiny_spec
 
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.trainer.checkpoint import (
-    TrainerState,
-    UntrustedCheckpointError,
-    load_checkpoint,
-    safe_load,
-    save_checkpoint,
-)
-from kubetrain.trainer.engines import TorchEngine, make_engine
-from kubetrain.trainer.grad_compression import PowerSGD
+from kubetrain.trainer.checkpoint.directory import TrainerState, load_checkpoint, save_checkpoint
+from kubetrain.trainer.checkpoint.safe_load import UntrustedCheckpointError, safe_load
 from kubetrain.trainer.model import build_model
+from kubetrain.trainer.parallel.compression import PowerSGD
+from kubetrain.trainer.parallel.engines import TorchEngine, make_engine
 
 STEPS = 3
 POWERSGD = tiny_spec(maxSteps=STEPS, ddp={"gradientCompression": "powersgd", "powerSgdStartStep": 2})

@@ -16,13 +16,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from kubetrain.core import contract
 from kubetrain.core.api import DataSpec, ModelSpec, OptimizerSpec, TrainingJobSpec
 from kubetrain.core.progress import COMMIT_MARKER, complete_checkpoints
-from kubetrain.trainer.checkpoint import TrainerState, missing_parts, prune, require_every_part
+from kubetrain.trainer.checkpoint.directory import TrainerState, missing_parts, prune, require_every_part
 from kubetrain.trainer.config import ConfigError, load_spec, parse_fail_at, read_env
-from kubetrain.trainer.data import Sampler, eval_batches, load_corpus, split_eval
-from kubetrain.trainer.engines import deepspeed_config
+from kubetrain.trainer.data.text import Sampler, eval_batches, load_corpus, split_eval
 from kubetrain.trainer.main import await_generation, peer_lost
-from kubetrain.trainer.metrics import PEAK_FLOPS_ENV, peak_flops
 from kubetrain.trainer.model import Transformer, flops_per_token
+from kubetrain.trainer.observe.metrics import PEAK_FLOPS_ENV, peak_flops
+from kubetrain.trainer.parallel.engines import deepspeed_config
 from kubetrain.trainer.schedule import lr_factor
 
 
@@ -282,7 +282,7 @@ def test_a_checkpoint_is_committed_only_with_every_ranks_part(tmp_path: Path) ->
 def test_device_memory_is_exported_per_kind() -> None:
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from kubetrain.trainer.metrics import Metrics  # noqa: PLC0415
+    from kubetrain.trainer.observe.metrics import Metrics  # noqa: PLC0415
 
     registry = CollectorRegistry()
     Metrics("llm", 3, None, registry).observe_device_memory(allocated=10, reserved=30, peak=20)
@@ -310,7 +310,7 @@ def test_a_local_runs_metrics_listen_on_loopback_only(tmp_path: Path) -> None:
 
     from kubetrain.core.api import TrainingJob  # noqa: PLC0415
     from kubetrain.core.local import LocalRun, RunOptions  # noqa: PLC0415
-    from kubetrain.trainer.metrics import Metrics  # noqa: PLC0415
+    from kubetrain.trainer.observe.metrics import Metrics  # noqa: PLC0415
 
     job = TrainingJob.model_validate({"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
                                       "metadata": {"name": "t"}, "spec": {}})

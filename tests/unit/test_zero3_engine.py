@@ -7,10 +7,10 @@ from support.process_group import gloo_world_of_one
 from support.trainer_harness import tiny_spec
 
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.trainer.data import Sampler, load_corpus
-from kubetrain.trainer.engines import DeepSpeedEngine, make_engine
+from kubetrain.trainer.data.text import Sampler, load_corpus
 from kubetrain.trainer.loop import train_step
 from kubetrain.trainer.model import build_model, transformer_blocks
+from kubetrain.trainer.parallel.engines import DeepSpeedEngine, make_engine
 
 
 def test_zero3_at_world_size_one_fetches_whole_blocks_and_keeps_parameters_resident() -> None:

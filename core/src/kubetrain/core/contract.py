@@ -56,8 +56,10 @@ TOKENIZER_CACHE = "tokenizer"
 DATA_CACHE = "data"
 FETCH_CONTAINER = "fetch"
 """The init container of worker pods whose job fetches model.hfUri or data.tokenizerUri: `python -m
-kubetrain.trainer.fetch` in the trainer's image, with its environment and mounts. Exit codes as the trainer's
+kubetrain.trainer.data.fetch` in the trainer's image, with its environment and mounts. Exit codes as the trainer's
 (CONFIG_ERROR_EXIT_CODE for a wrong bucket, refused credentials, ...; 1 for a transient failure)."""
+FETCH_MODULE = "kubetrain.trainer.data.fetch"
+"""The fetch step's module, run with `python -m` by the init container and by the local backend."""
 RESTART_GENERATION = "KUBETRAIN_RESTART_GENERATION"
 METRICS_PORT = "KUBETRAIN_METRICS_PORT"
 METRICS_ADDR = "KUBETRAIN_METRICS_ADDR"
@@ -192,7 +194,7 @@ PROGRESS_FILE = "progress.json"
 """Rank 0's progress record in KUBETRAIN_OUTPUT_DIR (see kubetrain.core.progress)."""
 PROGRESS_ANNOTATION = "kubetrain.io/progress"
 """The same record (JSON) as an annotation on worker 0's pod: rank 0 patches its own pod
-(kubetrain.trainer.pod_progress) and the operator reads it for status and hang detection."""
+(kubetrain.trainer.observe.progress) and the operator reads it for status and hang detection."""
 PROFILE_ANNOTATION = "kubetrain.io/profile"
 """On a TrainingJob (the operator copies it to worker 0's pod) or that pod: `N` or `N:<any tag>` asks rank 0
 to profile its next N steps; each new value is one request."""

@@ -49,7 +49,7 @@ MAX_REPORTED_RANKS = 24
 _BEAT_MIN_INTERVAL = 0.2
 DUMP_REQUEST = "dump-request"
 """In the heartbeat directory: the supervisor's request that every rank dump its flight recorder to the
-directory the file names (kubetrain's trainer watches for it, kubetrain.trainer.flight_recorder)."""
+directory the file names (kubetrain's trainer watches for it, kubetrain.trainer.observe.flight_recorder)."""
 TRACE_PREFIX = "fr_trace_rank_"
 """A rank's flight recorder trace: `<dest>/fr_trace_rank_<RANK>`, the name torchfrtrace reads."""
 TRACE_READY = ".fr"

@@ -339,7 +339,7 @@ class LocalRun:
             return None
         self.line.say(f"fetching {', '.join(self.spec.fetched_uris())} into {env[contract.CACHE_DIR]} ...")
         log = open(logs / "fetch.log", "wb")  # noqa: SIM115 - closed in _stop_all, as the ranks' logs
-        popen = launcher.start([sys.executable, "-m", "kubetrain.trainer.fetch"], env, stdout=log,
+        popen = launcher.start([sys.executable, "-m", contract.FETCH_MODULE], env, stdout=log,
                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         popen.wait()
         return Proc(0, 0, popen, log, init=contract.FETCH_CONTAINER)

@@ -81,7 +81,7 @@ class Progress(_Model):
     """The network transport NCCL chose (contract.TRANSPORT_*: IB, OFI, GPUDirectTCPX, FasTrak, Socket,
     P2P/SHM) or gloo; None: not known (not probed, or an older trainer)."""
     fetch: Fetch | None = None
-    """The fetch of model.hfUri / data.tokenizerUri before training (kubetrain.trainer.fetch), as it goes."""
+    """The fetch of model.hfUri / data.tokenizerUri before training (kubetrain.trainer.data.fetch), as it goes."""
     preflight: Preflight | None = None
     """This generation's preflight (kubetrain.trainer.preflight): every rank's figures, gathered by rank 0."""
 

@@ -19,7 +19,7 @@ The callback, on every rank:
 - in a gloo gang (CPU), once training ended, lets the process leave at exit without the interpreter's
   teardown (kubetrain.integrations.leave): torch's gloo can abort there, which would fail a rank that finished;
 and on rank 0 reports step, loss, eval loss, learning rate and each committed checkpoint through
-kubetrain.trainer.pod_progress (progress.json for `kubetrain run`, the pod annotation for the operator):
+kubetrain.trainer.observe.progress (progress.json for `kubetrain run`, the pod annotation for the operator):
 status.currentStep, loss, lastCheckpoint, resumedFromStep and goodput follow. The loss is the Trainer's
 logged one (the mean over ranks since the previous log): set logging_steps small.
 """
@@ -51,7 +51,7 @@ from kubetrain.core.progress import (
     committed_hf_checkpoints,
 )
 from kubetrain.integrations.leave import leave_at_exit, register_leave
-from kubetrain.trainer.pod_progress import make_progress, report_progress
+from kubetrain.trainer.observe.progress import make_progress, report_progress
 
 __all__ = ["KubetrainCallback", "commit_checkpoint", "progress_fields", "resume_checkpoint"]
 

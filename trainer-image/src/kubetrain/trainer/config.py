@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -161,3 +162,13 @@ def checkpoint_dir(spec: TrainingJobSpec, env: Env) -> Path:
     if env.output_dir is not None:
         return env.output_dir / "checkpoints"
     raise ConfigError("checkpoint.dir", f"not set and {contract.CHECKPOINT_DIR} is not set either")
+
+
+def config_error(exc: Exception) -> int:
+    """Exit CONFIG_ERROR_EXIT_CODE; the message (the field and the reason) goes to stderr and, in a pod, to the
+    termination message, which the operator puts in the job's status and Events."""
+    from kubetrain.core.launcher import termination_message  # noqa: PLC0415
+
+    print(f"kubetrain.trainer: {contract.CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr, flush=True)
+    termination_message(f"{contract.CONFIG_ERROR_PREFIX}{exc}")
+    return contract.CONFIG_ERROR_EXIT_CODE

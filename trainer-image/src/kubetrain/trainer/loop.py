@@ -21,20 +21,22 @@ from kubetrain.core import contract, hangs, hardware
 from kubetrain.core.api import ResumeTier, TrainingJobSpec
 from kubetrain.core.contract import SIGTERM_EXIT_CODE
 from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
-from kubetrain.trainer import flight_recorder, nccl_transport, parallel, preflight
-from kubetrain.trainer.async_save import writes_running
-from kubetrain.trainer.checkpoint import TrainerState, now_rfc3339
-from kubetrain.trainer.ckpt_manager import CheckpointManager
+from kubetrain.trainer import parallel, preflight
+from kubetrain.trainer.checkpoint.background import writes_running
+from kubetrain.trainer.checkpoint.directory import TrainerState, now_rfc3339
+from kubetrain.trainer.checkpoint.manager import CheckpointManager
+from kubetrain.trainer.checkpoint.memory import MemoryTier
 from kubetrain.trainer.config import ConfigError, Env, checkpoint_dir
-from kubetrain.trainer.data import Sampler, eval_batches, load_corpus, split_eval
-from kubetrain.trainer.data_stream import ShardStream, cache_dir, eval_text
-from kubetrain.trainer.engines import Engine, StepInfo, make_engine
-from kubetrain.trainer.memory_tier import MemoryTier
-from kubetrain.trainer.metrics import Metrics, peak_flops
+from kubetrain.trainer.data.stream import ShardStream, cache_dir, eval_text
+from kubetrain.trainer.data.text import Sampler, eval_batches, load_corpus, split_eval
 from kubetrain.trainer.model import build_model, flops_per_token, vocab_size
-from kubetrain.trainer.pod_progress import PodProgressReporter
-from kubetrain.trainer.profiling import StepProfiler
-from kubetrain.trainer.tensorboard import ScalarWriter
+from kubetrain.trainer.observe import flight_recorder
+from kubetrain.trainer.observe import transport as nccl_transport
+from kubetrain.trainer.observe.metrics import Metrics, peak_flops
+from kubetrain.trainer.observe.profiling import StepProfiler
+from kubetrain.trainer.observe.progress import PodProgressReporter
+from kubetrain.trainer.observe.tensorboard import ScalarWriter
+from kubetrain.trainer.parallel.engines import Engine, StepInfo, make_engine
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -148,7 +150,7 @@ class Reporter:
                 self.progress.initial_loss = previous.initial_loss
                 self.progress.checkpoints = list(previous.checkpoints)
                 self.progress.last_checkpoint = previous.last_checkpoint
-                self.progress.fetch = previous.fetch  # the fetch step's record (kubetrain.trainer.fetch) stays
+                self.progress.fetch = previous.fetch  # the fetch step's record (kubetrain.trainer.data.fetch) stays
 
     def step(self, record: dict[str, Any], state: TrainerState, rates: Rates, force: bool) -> None:
         if not self.enabled:

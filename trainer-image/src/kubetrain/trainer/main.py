@@ -15,7 +15,6 @@ import traceback
 from pathlib import Path
 
 from kubetrain.core import contract
-from kubetrain.core.contract import CONFIG_ERROR_EXIT_CODE
 
 
 def main() -> int:
@@ -32,8 +31,8 @@ def main() -> int:
     if os.environ.get(contract.STANDBY) and not await_generation():
         return 0
     # Not before: a launcher (a restarted container's, say) starts its ranks without the API models.
-    from kubetrain.trainer.config import ConfigError, load_spec, read_env  # noqa: PLC0415
-    from kubetrain.trainer.fetch import resolved  # noqa: PLC0415
+    from kubetrain.trainer.config import ConfigError, config_error, load_spec, read_env  # noqa: PLC0415
+    from kubetrain.trainer.data.fetch import resolved  # noqa: PLC0415
 
     try:
         env = read_env()
@@ -53,16 +52,6 @@ def main() -> int:
         if type(exc).__name__ != "CheckpointException":  # DCP's is a BaseException; KeyboardInterrupt is not ours
             raise
         return crashed(exc)
-
-
-def config_error(exc: Exception) -> int:
-    """Exit CONFIG_ERROR_EXIT_CODE; the message (the field and the reason) goes to stderr and, in a pod, to the
-    termination message, which the operator puts in the job's status and Events."""
-    from kubetrain.core.launcher import termination_message  # noqa: PLC0415
-
-    print(f"kubetrain.trainer: {contract.CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr, flush=True)
-    termination_message(f"{contract.CONFIG_ERROR_PREFIX}{exc}")
-    return CONFIG_ERROR_EXIT_CODE
 
 
 def crashed(exc: BaseException) -> int:

@@ -23,7 +23,7 @@ from kubetrain.core import contract
 from kubetrain.core.api import Preflight, PreflightRank, TrainingJobSpec
 from kubetrain.core.preflight import degraded_ranks, summarize, verdict_message
 from kubetrain.trainer.config import Env
-from kubetrain.trainer.metrics import Metrics
+from kubetrain.trainer.observe.metrics import Metrics
 
 log = logging.getLogger("kubetrain.trainer")
 

@@ -69,7 +69,7 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
 
 
 def fetch_record(progress: Progress) -> bool:
-    """The fetch's own record (kubetrain.trainer.fetch, in the init container): no step yet. Taken for a step,
+    """The fetch's own record (kubetrain.trainer.data.fetch, in the init container): no step yet. Taken for a step,
     its step 0 of a restarted generation would move currentStep back and count as progress."""
     return progress.fetch is not None and progress.step == 0
 

@@ -497,7 +497,7 @@ def worker_pod(
     return pod
 
 
-FETCH_MODULE = "kubetrain.trainer.fetch"
+FETCH_MODULE = contract.FETCH_MODULE
 FETCH_IMAGE_ERROR = (f"{contract.CONFIG_ERROR_PREFIX}spec.image: the worker's image cannot run {FETCH_MODULE}, "
                      "which fetches model.hfUri and data.tokenizerUri in the init container `fetch`: build the "
                      "image FROM the trainer image, or pip install 'kubetrain-trainer[s3]' in it")
@@ -533,7 +533,7 @@ Secret, writes the cache the trainer reads, and passes the same Pod Security lev
 
 
 def fetch_container(trainer: dict[str, Any]) -> dict[str, Any]:
-    """The init container that fetches model.hfUri and data.tokenizerUri into the cache (kubetrain.trainer.fetch),
+    """The init container that fetches model.hfUri and data.tokenizerUri into the cache (kubetrain.trainer.data.fetch),
     with the trainer container's image, environment, mounts, resources and securityContext."""
     shared = {k: copy.deepcopy(trainer[k]) for k in _FETCH_SHARES if k in trainer}
     return {"name": contract.FETCH_CONTAINER, **shared, "command": list(FETCH_COMMAND)}

@@ -33,8 +33,8 @@ import torch
 from kubetrain.core import contract
 from kubetrain.core.api import DataSpec, TrainingJobSpec
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.data import load_corpus, split_micro_batches
-from kubetrain.trainer.s3 import file_system, list_under, store_error
+from kubetrain.trainer.data.s3 import file_system, list_under, store_error
+from kubetrain.trainer.data.text import load_corpus, split_micro_batches
 
 log = logging.getLogger("kubetrain.trainer")
 

@@ -19,7 +19,7 @@ Standard library only (urllib, ssl): no Kubernetes client in the image. Override
 non-standard mount): ``KUBETRAIN_API_SERVER`` (URL), ``KUBETRAIN_TOKEN_FILE``, ``KUBETRAIN_CA_FILE``.
 
 Custom scripts (``spec.command``) call :func:`report_progress` on rank 0, or run
-``python -m kubetrain.trainer.pod_progress --step N [--loss L] ...`` (see docs/trainer.md).
+``python -m kubetrain.trainer.observe.progress --step N [--loss L] ...`` (see docs/trainer.md).
 """
 
 from __future__ import annotations
@@ -397,12 +397,12 @@ def report_progress(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kubetrain.trainer.pod_progress --step N ...``: one report, sent now.
+    """``python -m kubetrain.trainer.observe.progress --step N ...``: one report, sent now.
 
     Exit 0 when the annotation was written (or there is no pod to annotate: a local run),
     1 when the API server refused it or could not be reached (the message says why).
     """
-    ap = argparse.ArgumentParser(prog="python -m kubetrain.trainer.pod_progress", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m kubetrain.trainer.observe.progress", description=main.__doc__)
     ap.add_argument("--step", type=int, help="last completed optimizer step")
     ap.add_argument("--loss", type=float)
     ap.add_argument("--max-steps", type=int, default=0)

@@ -1,6 +1,6 @@
 """The fetch step: model.hfUri and data.tokenizerUri into the worker's cache before training.
 
-``python -m kubetrain.trainer.fetch`` reads the job's config (contract.CONFIG) and copies every object under each
+``python -m kubetrain.trainer.data.fetch`` reads the job's config (contract.CONFIG) and copies every object under each
 URI of ``spec.fetched_uris()`` to ``$KUBETRAIN_CACHE_DIR/<model|tokenizer>/``, keeping the keys' paths relative to
 the URI. In a pod it is the init container ``fetch`` (its cache an emptyDir the trainer mounts too); a local run
 runs it once before it starts the ranks. Each file is written under a temporary name and renamed; the marker
@@ -32,10 +32,10 @@ from typing import Any
 
 from kubetrain.core import contract
 from kubetrain.core.api import Fetch, TrainingJobSpec
-from kubetrain.trainer import s3
-from kubetrain.trainer.config import ConfigError
+from kubetrain.trainer.config import ConfigError, config_error, load_spec
+from kubetrain.trainer.data import s3
 
-log = logging.getLogger("kubetrain.trainer.fetch")
+log = logging.getLogger("kubetrain.trainer.data.fetch")
 
 MARKER = ".kubetrain-fetched.json"
 """In each fetched directory, written last: the URI and the listing it holds."""
@@ -128,7 +128,7 @@ def resolved(spec: TrainingJobSpec, cache_dir: Path | None) -> TrainingJobSpec:
         where = cache_dir / TARGETS[name]
         if (read_marker(where) or {}).get("uri") != uri:
             raise ConfigError(name, f"{uri} is not in the cache {where}: the fetch step did not run (`python -m "
-                                    f"kubetrain.trainer.fetch`; in a pod the init container `{contract.FETCH_CONTAINER}`)")
+                                    f"kubetrain.trainer.data.fetch`; in a pod the init container `{contract.FETCH_CONTAINER}`)")
     model, data = spec.model, spec.data
     if model.hf_uri is not None:
         model = model.model_copy(update={"hf_uri": None, "hf_path": str(cache_dir / contract.MODEL_CACHE)})
@@ -244,7 +244,7 @@ def progress_report(environ: Mapping[str, str]) -> Report | None:
     if not should_report(environ):
         return None
     from kubetrain.core.progress import read_progress  # noqa: PLC0415
-    from kubetrain.trainer.pod_progress import make_progress, report_progress  # noqa: PLC0415
+    from kubetrain.trainer.observe.progress import make_progress, report_progress  # noqa: PLC0415
 
     out = environ.get(contract.OUTPUT_DIR)
     base = (read_progress(Path(out)) if out else None) or make_progress(0, environ=environ)
@@ -260,8 +260,6 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(levelname)s fetch %(message)s")
     for name in ("botocore", "aiobotocore"):  # not "Found credentials in ..." once per client
         logging.getLogger(name).setLevel(logging.WARNING)
-    from kubetrain.trainer.config import load_spec  # noqa: PLC0415
-    from kubetrain.trainer.main import config_error  # noqa: PLC0415
 
     try:
         config, cache = os.environ.get(contract.CONFIG), os.environ.get(contract.CACHE_DIR)

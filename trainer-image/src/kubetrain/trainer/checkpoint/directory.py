@@ -1,7 +1,7 @@
 """Checkpoint directories: ``<dir>/step-NNNNNNNN/`` committed by an atomic ``COMMITTED`` marker.
 
 Every rank writes its part (the engine's model/optimizer state, its own RNG file);
-once every rank's part is written (a barrier; for a background write, async_save.py)
+once every rank's part is written (a barrier; for a background write, background.py)
 rank 0 writes the trainer state and then the marker with temp-file + ``os.replace``.
 A directory without the marker (a save cut off by a crash) is ignored on resume and
 removed by the next commit.
@@ -10,9 +10,7 @@ removed by the next commit.
 from __future__ import annotations
 
 import json
-import pickle
 import random
-import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,10 +23,11 @@ import torch.distributed as dist
 
 from kubetrain.core.contract import format_time
 from kubetrain.core.progress import COMMIT_MARKER, atomic_write_text, checkpoint_dirname, complete_checkpoints
+from kubetrain.trainer.checkpoint.safe_load import safe_load
 from kubetrain.trainer.config import ConfigError
 
-if TYPE_CHECKING:  # engines imports this module's safe_load
-    from kubetrain.trainer.engines import Engine
+if TYPE_CHECKING:
+    from kubetrain.trainer.checkpoint.savable import Savable
 
 TRAINER_STATE = "trainer.json"
 BEST_EVAL = "best-eval.json"
@@ -60,31 +59,6 @@ class TrainerState:
         return cls(**known)
 
 
-class UntrustedCheckpointError(ConfigError):
-    """A checkpoint file that needs objects the trainer never saves. A ConfigError, so the gang exits 2 and
-    is not restarted onto the same file."""
-
-    def __init__(self, path: Path, needs: str | None) -> None:
-        what = f" ({needs})" if needs else ""
-        super().__init__(
-            "checkpoint.dir",
-            f"refused to load {path}: it holds objects the trainer never saves{what}, so it may have been "
-            "tampered with. Nothing in it was run; remove its step directory to resume from an older checkpoint",
-        )
-        self.path = path
-
-
-def safe_load(path: Path) -> Any:
-    """Read a checkpoint file the trainer wrote with ``torch.save``. Only tensors and plain containers are
-    unpickled (weights_only): all the trainer saves is such, and any other object in a pickle can run code
-    as it loads, in every later generation, for whoever can write the checkpoint volume."""
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as exc:
-        found = re.search(r"GLOBAL (\S+)", str(exc))
-        raise UntrustedCheckpointError(path, f"it needs {found.group(1)}" if found else None) from exc
-
-
 def now_rfc3339() -> str:
     return format_time(datetime.now(UTC), micros=True)
 
@@ -103,7 +77,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save_checkpoint(root: Path, engine: Engine, state: TrainerState, keep: int, shared: bool = True) -> Path:
+def save_checkpoint(root: Path, engine: Savable, state: TrainerState, keep: int, shared: bool = True) -> Path:
     """Collective: every rank calls it. Returns the committed directory. `shared`: the directory is
     one for all workers, so rank 0 requires every rank's part in it before committing."""
     path = prepare_dir(root, state.step)
@@ -188,7 +162,7 @@ def prune(root: Path, keep: int, best_eval: int | None = None) -> None:
                 shutil.rmtree(entry, ignore_errors=True)
 
 
-def load_checkpoint(path: Path, engine: Engine) -> TrainerState:
+def load_checkpoint(path: Path, engine: Savable) -> TrainerState:
     """Collective: restore the engine, this rank's RNG and the trainer state from a committed directory."""
     state = TrainerState.from_json(json.loads((path / TRAINER_STATE).read_text()))
     engine.load(path, state.world_size)

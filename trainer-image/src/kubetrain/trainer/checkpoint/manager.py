@@ -1,4 +1,4 @@
-"""When the loop checkpoints and where it starts from: the policy over checkpoint.py's directory format.
+"""When the loop checkpoints and where it starts from: the policy over directory.py's format.
 
 :class:`CheckpointManager` resumes at start from the newest state the gang holds (the memory tier's
 newest step every rank holds, when it is at least the durable tier's newest committed step, else
@@ -8,7 +8,7 @@ stop requested by a signal when ``onSigterm``). Each commit is timed, counted an
 
 With ``asyncSave`` (ddp, fsdp) a due save stages the state and returns; the write runs in the background
 and is committed after a later step's all-reduce says every rank's write finished (:meth:`write_done`,
-:meth:`after_step`; async_save.py). The last step's save and a save on a stop wait for their write.
+:meth:`after_step`; background.py). The last step's save and a save on a stop wait for their write.
 
 With ``checkpoint.uri`` the durable tier is a bucket (object_store.py): each rank stages its part in a
 directory of its own under ``root`` and uploads it (after the background write, or before the synchronous
@@ -34,7 +34,7 @@ import torch.distributed as dist
 from kubetrain.core import contract
 from kubetrain.core.api import CheckpointSpec, ResumeTier
 from kubetrain.core.progress import checkpoint_dirname, latest_checkpoint
-from kubetrain.trainer.async_save import (
+from kubetrain.trainer.checkpoint.background import (
     DcpWriter,
     InFlight,
     commit_due,
@@ -42,7 +42,7 @@ from kubetrain.trainer.async_save import (
     writes_in_background,
     writes_running,
 )
-from kubetrain.trainer.checkpoint import (
+from kubetrain.trainer.checkpoint.directory import (
     TrainerState,
     commit_checkpoint,
     load_checkpoint,
@@ -50,11 +50,18 @@ from kubetrain.trainer.checkpoint import (
     save_checkpoint,
     save_rng,
 )
+from kubetrain.trainer.checkpoint.memory import MemoryTier, Offer, choose_tier, common_step
+from kubetrain.trainer.checkpoint.object_store import (
+    FIELD,
+    Bucket,
+    drop_staged,
+    fresh_step_dir,
+    restore_dir,
+    staging_dir,
+)
+from kubetrain.trainer.checkpoint.savable import Savable
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.engines import Engine
-from kubetrain.trainer.memory_tier import MemoryTier, Offer, choose_tier, common_step
-from kubetrain.trainer.metrics import Metrics
-from kubetrain.trainer.object_store import FIELD, Bucket, drop_staged, fresh_step_dir, restore_dir, staging_dir
+from kubetrain.trainer.observe.metrics import Metrics
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -111,7 +118,7 @@ class CheckpointManager:
 
     root: Path
     policy: CheckpointSpec
-    engine: Engine
+    engine: Savable
     metrics: Metrics
     reporter: CheckpointReporter
     memory: MemoryTier | None = None

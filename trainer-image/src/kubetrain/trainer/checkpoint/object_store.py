@@ -1,6 +1,6 @@
 """checkpoint.uri: the durable tier in S3-compatible object storage, through s3fs (fsspec's S3 file system).
 
-The directory format is checkpoint.py's, with the bucket in the place of the shared directory::
+The directory format is directory.py's, with the bucket in the place of the shared directory::
 
     <uri>/step-NNNNNNNN/   every rank's files (dcp/, rng/, engine.pt, ... as a shared directory holds them)
                            trainer.json, then COMMITTED, written by rank 0 last
@@ -10,7 +10,7 @@ Each rank writes its part of a checkpoint into a staging directory of its own (`
 rank-R/step-N``; in a pod an emptyDir, no claim), so that every file there is its own and complete once its write
 has finished, and then uploads that directory. The commit rule does not change: rank 0 writes ``COMMITTED``
 only once every rank's upload has finished (a barrier for a synchronous save; for a background one the
-all-reduce of async_save.py, whose "write finished" now means "written and uploaded"), and only after checking
+all-reduce of background.py, whose "write finished" now means "written and uploaded"), and only after checking
 that every rank's RNG file is in the bucket. A step without ``COMMITTED`` (an upload cut off) is never listed
 as a checkpoint, and rank 0 deletes such steps when a generation starts (no writer of the earlier one is left)
 and when a commit prunes. A resume downloads the newest committed step into one directory per worker.
@@ -33,9 +33,9 @@ from typing import Any
 
 from kubetrain.core.api import S3Spec
 from kubetrain.core.progress import COMMIT_MARKER, checkpoint_dirname
-from kubetrain.trainer.checkpoint import BEST_EVAL, TRAINER_STATE, TrainerState, commit_marker
+from kubetrain.trainer.checkpoint.directory import BEST_EVAL, TRAINER_STATE, TrainerState, commit_marker
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.s3 import call, file_system, require_bucket, store_error
+from kubetrain.trainer.data.s3 import call, file_system, require_bucket, store_error
 
 log = logging.getLogger("kubetrain.trainer")
 

@@ -25,13 +25,15 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.trainer import grad_compression, legacy_ckpt, parallel, zero3_tuning
-from kubetrain.trainer.checkpoint import safe_load
+from kubetrain.trainer import parallel
+from kubetrain.trainer.checkpoint import legacy
+from kubetrain.trainer.checkpoint.safe_load import safe_load
 from kubetrain.trainer.config import ConfigError
+from kubetrain.trainer.parallel import compression, zero3
 from kubetrain.trainer.schedule import lr_factor
 
 if TYPE_CHECKING:
-    from kubetrain.trainer.async_save import DcpWriter
+    from kubetrain.trainer.checkpoint.savable import LocalState, StateWriter
 
 DEFAULT_FP16_INIT_SCALE = 2.0**16
 FP16_INIT_SCALE_ENV = "KUBETRAIN_FP16_INIT_SCALE"
@@ -88,12 +90,16 @@ class Engine:
     def save(self, path: Path) -> None:
         raise NotImplementedError
 
-    def save_async(self, path: Path, writer: DcpWriter) -> Future[Any]:
-        """Strategies ddp and fsdp (async_save.BACKGROUND_STRATEGIES): stage now, write in the background."""
+    def save_async(self, path: Path, writer: StateWriter) -> Future[Any]:
+        """Strategies ddp and fsdp (checkpoint/background.py: BACKGROUND_STRATEGIES): stage now, write in the background."""
         raise NotImplementedError
 
     def load(self, path: Path, saved_world_size: int) -> None:
         raise NotImplementedError
+
+    def local_state(self) -> LocalState | None:
+        """This engine's per-rank torch state for the memory tier (checkpoint/savable.py); None by default."""
+        return None
 
     pipeline_degree: int = 1
     """Pipeline stages (parallelism.pipeline): each rank holds one stage's parameters."""
@@ -174,10 +180,10 @@ class TorchEngine(Engine):
             else:
                 self.model = parallel.parallelize(model, spec, device, layout, self.amp_dtype)
         else:
-            extra = grad_compression.ddp_options(spec.ddp, model, device)
+            extra = compression.ddp_options(spec.ddp, model, device)
             self.model = parallel.replicate(model, spec, device, **extra)
         self.compression = (
-            grad_compression.attach(self.model, spec.ddp, spec.seed) if spec.strategy == "ddp" else None
+            compression.attach(self.model, spec.ddp, spec.seed) if spec.strategy == "ddp" else None
         )
         # Without a comm hook DDP all-reduces every gradient once per step, in the parameters' dtype.
         self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -264,6 +270,9 @@ class TorchEngine(Engine):
 
     # -- checkpoints: torch.distributed.checkpoint, resharded on load
 
+    def local_state(self) -> LocalState:
+        return self
+
     def _state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: PLC0415
 
@@ -276,7 +285,7 @@ class TorchEngine(Engine):
         dcp.save(self._state(), checkpoint_id=str(path / "dcp"))
         self._save_small(path)
 
-    def save_async(self, path: Path, writer: DcpWriter) -> Future[Any]:
+    def save_async(self, path: Path, writer: StateWriter) -> Future[Any]:
         """Stage the model/optimizer state into CPU memory and write it to ``path/dcp`` in the background
         (the future); the small parts (scheduler, scaler, compression state) are written now."""
         future = writer.write(self._state(), path / "dcp")
@@ -300,8 +309,8 @@ class TorchEngine(Engine):
             raise ConfigError("strategy", f"checkpoint {path} was not written by strategy ddp/fsdp (no dcp/ directory)")
         state = self._state()
         own = [group["params"] for group in state["optim"]["param_groups"]]
-        if legacy_ckpt.is_fused(path / "dcp"):
-            legacy_ckpt.load_fused(state, path / "dcp")
+        if legacy.is_fused(path / "dcp"):
+            legacy.load_fused(state, path / "dcp")
         else:
             dcp.load(state, checkpoint_id=str(path / "dcp"))
         # DCP keeps one rank's copy of non-tensor values: the optimizer's one group names that rank's
@@ -323,7 +332,7 @@ class TorchEngine(Engine):
 
 def deepspeed_config(spec: TrainingJobSpec, world_size: int, model: nn.Module | None = None) -> dict[str, Any]:
     """The generated DeepSpeed config (docs/trainer.md#the-generated-deepspeed-config), in three layers:
-    kubetrain's tuning defaults (ZeRO-3's from ``model`` and ``world_size``: zero3_tuning), then
+    kubetrain's tuning defaults (ZeRO-3's from ``model`` and ``world_size``: parallel/zero3.py), then
     spec.deepspeed.config over them, then what the spec's own fields fix (batch sizes, clipping, precision,
     ZeRO stage, offload) over both: a user tunes any DeepSpeed key but cannot contradict the spec."""
     ds = spec.deepspeed
@@ -338,8 +347,8 @@ def deepspeed_config(spec: TrainingJobSpec, world_size: int, model: nn.Module | 
         "wall_clock_breakdown": False,  # no per-phase timers and their log lines: the trainer times steps itself
     }
     if stage == 3:
-        facts = zero3_tuning.model_facts(model) if model is not None else None
-        defaults["zero_optimization"] = zero3_tuning.zero3_defaults(facts, world_size, bool(ds and ds.offload_param))
+        facts = zero3.model_facts(model) if model is not None else None
+        defaults["zero_optimization"] = zero3.zero3_defaults(facts, world_size, bool(ds and ds.offload_param))
     ours: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": spec.micro_batch_size,
         "gradient_accumulation_steps": spec.gradient_accumulation_steps,
@@ -457,7 +466,7 @@ class DeepSpeedEngine(Engine):
         except RuntimeError as exc:
             # ZeRO's flat optimizer partitions follow the parameters' order, which the split changed: such a
             # checkpoint cannot be converted safely, so it is refused for good rather than retried.
-            if legacy_ckpt.FUSED in str(exc):
+            if legacy.FUSED in str(exc):
                 raise ConfigError("image", f"DeepSpeed checkpoint {path} holds the built-in model with one fused "
                                   "attn.qkv projection, as trainers before tensor parallelism wrote it: resume it "
                                   "with the trainer image that wrote it (spec.image), or start afresh") from exc

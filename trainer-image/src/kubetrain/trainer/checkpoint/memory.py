@@ -15,7 +15,7 @@ and then deletes every other step directory of its own: it keeps the newest comp
 the next, so it holds at most two copies. Only tensors and plain containers are saved, and read back with
 ``torch.load(weights_only=True)`` (checkpoint.safe_load).
 
-On resume (ckpt_manager.CheckpointManager.resume) the gang agrees, in one all_gather_object, on the newest
+On resume (manager.CheckpointManager.resume) the gang agrees, in one all_gather_object, on the newest
 step that every rank holds complete; when it is at least the durable tier's newest committed step, every
 rank loads its own part of it. A recreated pod has an empty /dev/shm, so that gang finds no common step and
 resumes from the durable tier. The pure decisions are :func:`common_step`, :func:`choose_tier` and
@@ -41,8 +41,9 @@ import torch
 from kubetrain.core import contract, hangs
 from kubetrain.core.api import ResumeTier, TrainingJobSpec
 from kubetrain.core.progress import COMMIT_MARKER, atomic_write_text, checkpoint_dirname, complete_checkpoints
-from kubetrain.trainer.checkpoint import TRAINER_STATE, TrainerState, now_rfc3339, rng_state, safe_load, set_rng_state
-from kubetrain.trainer.engines import Engine, TorchEngine
+from kubetrain.trainer.checkpoint.directory import TRAINER_STATE, TrainerState, now_rfc3339, rng_state, set_rng_state
+from kubetrain.trainer.checkpoint.safe_load import safe_load
+from kubetrain.trainer.checkpoint.savable import LocalState, Savable
 
 log = logging.getLogger("kubetrain.trainer")
 
@@ -184,7 +185,7 @@ def _fill(template: Any, saved: Any, where: str) -> Any:
     return saved
 
 
-def engine_state(engine: TorchEngine) -> dict[str, Any]:
+def engine_state(engine: LocalState) -> dict[str, Any]:
     """This rank's own part of the engine's state, collective-free."""
     from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: PLC0415
 
@@ -196,7 +197,7 @@ def engine_state(engine: TorchEngine) -> dict[str, Any]:
     return state
 
 
-def load_engine_state(engine: TorchEngine, saved: dict[str, Any]) -> None:
+def load_engine_state(engine: LocalState, saved: dict[str, Any]) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: PLC0415
 
     model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
@@ -208,7 +209,7 @@ def load_engine_state(engine: TorchEngine, saved: dict[str, Any]) -> None:
         engine.scaler.load_state_dict(saved["scaler"])
 
 
-def estimate_bytes(engine: TorchEngine) -> int:
+def estimate_bytes(engine: LocalState) -> int:
     """This rank's state in bytes before any is saved: its parameters (shards), AdamW's two states of each,
     PowerSGD's error feedback (a gradient's size), and some slack."""
     params = 0
@@ -246,7 +247,7 @@ class Offer:
 class MemoryTier:
     """One rank's memory tier (collective-free). Built only for strategies ddp and fsdp."""
 
-    def __init__(self, settings: TierSettings, engine: TorchEngine, rank: int, world_size: int, strategy: str):
+    def __init__(self, settings: TierSettings, engine: LocalState, rank: int, world_size: int, strategy: str):
         self.settings = settings
         self.engine = engine
         self.rank = rank
@@ -258,17 +259,18 @@ class MemoryTier:
         self.skip_warned = False
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str], spec: TrainingJobSpec, engine: Engine, rank: int,
+    def from_env(cls, environ: Mapping[str, str], spec: TrainingJobSpec, engine: Savable, rank: int,
                  world_size: int) -> MemoryTier | None:
         settings = TierSettings.from_env(environ, spec)
         if settings is None:
             return None
-        if not isinstance(engine, TorchEngine):
+        local = engine.local_state()
+        if local is None:
             if rank == 0:
                 log.info("checkpoint.memory is off for strategy %s (DeepSpeed writes its own checkpoints, not "
                          "one per rank): every restart resumes from the durable tier", spec.strategy)
             return None
-        return cls(settings, engine, rank, world_size, spec.strategy)
+        return cls(settings, local, rank, world_size, spec.strategy)
 
     # -- what this rank holds
 

@@ -1,6 +1,6 @@
 """The S3 API of the job's s3:// URIs (spec.s3), through s3fs: one file system's options and error rules.
 
-checkpoint.uri (object_store.py), data.uri (data_stream.py), model.hfUri and data.tokenizerUri (fetch.py) all
+checkpoint.uri (checkpoint/object_store.py), data.uri (stream.py), model.hfUri and data.tokenizerUri (fetch.py) all
 reach the store this way. Errors that a restart cannot cure (no such bucket, credentials refused, no endpoint)
 become a ConfigError naming the field: the gang exits 2 and the job fails with the message instead of
 restarting into the same error.

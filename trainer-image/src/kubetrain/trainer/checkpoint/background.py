@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from kubetrain.core.api import CheckpointSpec
-from kubetrain.trainer.checkpoint import TrainerState
+from kubetrain.trainer.checkpoint.directory import TrainerState
 from kubetrain.trainer.config import ConfigError
 
 BACKGROUND_STRATEGIES = ("ddp", "fsdp")

@@ -117,7 +117,7 @@ class Sampler:
         return split_micro_batches(self.corpus[idx].long(), micro_batch, grad_accum)
 
     def close(self) -> None:
-        """Nothing to release (data_stream.ShardStream, its counterpart for data.uri, stops a thread)."""
+        """Nothing to release (stream.ShardStream, its counterpart for data.uri, stops a thread)."""
 
 
 def split_micro_batches(windows: torch.Tensor, micro_batch: int, grad_accum: int

@@ -24,7 +24,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.nn.parallel import DistributedDataParallel
 
 from kubetrain.core.api import DDPSpec
-from kubetrain.trainer.checkpoint import safe_load
+from kubetrain.trainer.checkpoint.safe_load import safe_load
 
 log = logging.getLogger("kubetrain.trainer")
 
