@@ -191,6 +191,16 @@ def test_the_launcher_reports_the_root_cause_and_stops_the_other_ranks(configmap
     assert p.returncode == 7  # rank 2 (sleeping) was terminated, not waited for
 
 
+def test_a_rank_that_nccl_aborted_is_not_the_root_cause(configmap_dir):
+    # local rank 0 is aborted at once (SIGABRT, exit 134: NCCL's watchdog after its peer failed); local rank 1,
+    # the real cause, fails a moment later and is reported
+    code = ("import os, sys, time; r = int(os.environ['LOCAL_RANK']); time.sleep(0.3 * r); "
+            "os.abort() if r == 0 else sys.exit(7)")
+    p = pod_launcher(configmap_dir, sys.executable, "-S", "-c", code, env={"PET_NPROC_PER_NODE": "2"})
+    p.communicate(timeout=60)
+    assert p.returncode == 7
+
+
 def test_the_launcher_forwards_sigterm_to_every_rank(configmap_dir, tmp_path):
     code = ("import os, signal, sys, time; r = os.environ['RANK']; "
             "signal.signal(signal.SIGTERM, lambda *_: (open(os.path.join(sys.argv[1], 'term-' + r), 'w').close(), "

@@ -180,6 +180,12 @@ PEER_LOST_EXIT_CODE = 3
 """Exit code of a rank whose collective failed because another rank went away (connection
 reset, closed, timed out): the consequence of another failure, rarely its cause. Retryable;
 launchers and the lifecycle policy report any other failure before this one."""
+ABORTED_EXIT_CODE = 134
+"""A process that called abort() (SIGABRT, 128 + 6). NCCL's watchdog ends a rank this way when one of its
+collectives failed or timed out (TORCH_NCCL_ASYNC_ERROR_HANDLING=3), usually because another rank failed first;
+the trainer exits PEER_LOST_EXIT_CODE before that abort when it sees the error (kubetrain.trainer.observe.
+nccl_watch), a custom script does not. Launchers and the lifecycle policy report it after any other failure and
+before a lost peer (blame_order)."""
 IN_PLACE_GAVE_UP_EXIT_CODE = 75
 """A launcher that waited IN_PLACE_WAIT seconds for a new generation and got none (EX_TEMPFAIL): its pod
 is recreated, and the restart it causes recreates every pod (the in-place path did not answer)."""
@@ -236,10 +242,18 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def blame_order(code: int | None) -> int:
+    """How surely an exit code is a failure of its own rather than the echo of another's, lowest first: 0 any
+    failure of its own, 1 an abort (ABORTED_EXIT_CODE: NCCL's watchdog, mostly after a peer's failure), 2 a lost
+    peer (PEER_LOST_EXIT_CODE)."""
+    return {ABORTED_EXIT_CODE: 1, PEER_LOST_EXIT_CODE: 2}.get(code, 0) if code is not None else 0
+
+
 def root_cause(codes: Sequence[int]) -> int | None:
     """The exit code to report for a group of failed processes, in the order they were seen
-    to fail: the first that is not PEER_LOST_EXIT_CODE, else PEER_LOST_EXIT_CODE (None if empty)."""
-    return next((c for c in codes if c != PEER_LOST_EXIT_CODE), codes[0] if codes else None)
+    to fail: the first of the lowest blame_order (any other failure before an abort before a lost peer;
+    None if empty)."""
+    return min(codes, key=blame_order) if codes else None  # min keeps the first of equals
 
 
 @dataclass(frozen=True)

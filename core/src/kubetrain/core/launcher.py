@@ -14,7 +14,7 @@ Child i gets the worker's environment with the torch and torchrun variables of l
 from the placement read back from the worker's environment, and metrics port
 KUBETRAIN_METRICS_PORT + i. SIGTERM/SIGINT go to every child (they checkpoint and exit). When
 a child fails the others are terminated and the launcher exits with the root cause
-(contract.root_cause: the first failure that is not a lost peer, exit 3, waiting up to
+(contract.root_cause: the first failure that is not a lost peer, exit 3, nor an abort, 134, waiting up to
 PEER_LOST_GRACE_SECONDS for one). A command that cannot be started exits 127 (not found) or
 126 (not executable) after one line on stderr, as a shell does.
 
@@ -442,11 +442,11 @@ def _supervise(children: list[Any], stop: list[int], in_place: InPlace | None = 
             return _hung(children, stop, in_place)
         # Stopping: every child got the signal and is writing its checkpoint; wait for all of them
         # (the pod's grace period bounds it). Otherwise a failure ends the worker, except that a rank
-        # which lost its peer usually dies a moment before the rank that caused it: while that is all
-        # there is, give a sibling PEER_LOST_GRACE_SECONDS to show the real cause.
+        # which lost its peer (or that NCCL's watchdog aborted) usually dies a moment before the rank that
+        # caused it: while that is all there is, give a sibling PEER_LOST_GRACE_SECONDS to show the real cause.
         if codes and not stop:
             waiting = (
-                all(f == contract.PEER_LOST_EXIT_CODE for f in codes)
+                all(contract.blame_order(f) > 0 for f in codes)
                 and time.monotonic() - first_failure_at < PEER_LOST_GRACE_SECONDS
             )
             if not waiting:

@@ -30,9 +30,9 @@ from kubetrain.trainer.config import ConfigError, Env, checkpoint_dir
 from kubetrain.trainer.data.stream import ShardStream, cache_dir, eval_text
 from kubetrain.trainer.data.text import Sampler, eval_batches, load_corpus, split_eval
 from kubetrain.trainer.model import build_model, flops_per_token, vocab_size
-from kubetrain.trainer.observe import flight_recorder
+from kubetrain.trainer.observe import flight_recorder, nccl_watch
 from kubetrain.trainer.observe import transport as nccl_transport
-from kubetrain.trainer.observe.metrics import Metrics, peak_flops
+from kubetrain.trainer.observe.metrics import Metrics, peak_flops, uses_tf32
 from kubetrain.trainer.observe.profiling import StepProfiler
 from kubetrain.trainer.observe.progress import PodProgressReporter
 from kubetrain.trainer.observe.tensorboard import ScalarWriter
@@ -101,6 +101,8 @@ def init_distributed(env: Env, device: torch.device) -> Path | None:
         device_id=device if device.type == "cuda" else None,
     )
     flight_recorder.watch_requests(env.rank)
+    if backend == "nccl":
+        nccl_watch.start(env.rank)  # a collective that failed exits PEER_LOST_EXIT_CODE, not NCCL's abort
     return nccl_log
 
 
@@ -314,7 +316,7 @@ class StepObserver:
             "step": state.step,
             "loss": loss,
             "lr": lr,
-            "grad_norm": info.grad_norm,
+            "grad_norm": None if info.grad_norm is None else float(info.grad_norm),  # after the loss's wait
             "tokens_per_second": tps,
             "step_seconds": seconds,
             "generation": self.env.generation,
@@ -364,11 +366,10 @@ def inject_failure(env: Env, step: int) -> None:
 
 def weighted_mean(local: torch.Tensor, weight: float, device: torch.device, *extra: float) -> list[float]:
     """Collective: the mean of every rank's ``local`` weighed by its ``weight`` (1, or 0 on a pipeline stage
-    that computes no loss), then the sums over ranks of ``extra`` (in the same all-reduce)."""
-    red = torch.tensor([weight, *extra], dtype=torch.float64)
-    red = torch.cat([(local.to(torch.float64).cpu() * weight).reshape(1), red])
-    if device.type == "cuda":
-        red = red.to(device)
+    that computes no loss), then the sums over ranks of ``extra`` (in the same all-reduce). On a GPU the one
+    device-to-host wait is the result's (the step's loss): the host values go up without a stream sync."""
+    red = torch.tensor([weight, *extra], dtype=torch.float64).to(device, non_blocking=True)
+    red = torch.cat([(local.to(device, torch.float64) * weight).reshape(1), red])
     dist.all_reduce(red)
     total, weights, *sums = red.tolist()
     # Under tensor parallelism the T ranks of a group hold the same loss: the mean over all is still theirs.
@@ -393,6 +394,8 @@ def train(env: Env, spec: TrainingJobSpec) -> int:
     data, held = open_data(env, spec)  # config errors before the gang
     with contextlib.closing(data):  # data.uri's prefetch thread stops
         device = pick_device(env)
+        if uses_tf32(device.type, spec.precision):  # fp32 matmuls on TF32 tensor cores; MFU's peak is TF32's
+            torch.set_float32_matmul_precision("high")
         nccl_log = init_distributed(env, device)
         try:
             transport = network_transport(env, spec, device, nccl_log)

@@ -137,12 +137,27 @@ class Transformer(nn.Module):
 
 
 def flops_per_token(model: nn.Module, spec: ModelSpec) -> float:
-    """Training FLOPs per token (PaLM appendix B): 6·N_non-embedding + 12·L·d·T (attention)."""
-    if isinstance(model, Transformer):
-        n = model.num_params(exclude_embeddings=True)
+    """Training FLOPs per token (PaLM appendix B): 6·N_non-embedding + 12·L·d·T (attention), with the model's own
+    N, L and d (an hfPath model's from its config, not the built-in model's spec sizes) and T the trained
+    sequence length (model.seqLen)."""
+    if isinstance(model, HFCausalLM):
+        inner: Any = model.inner
+        layers, width = hf_sizes(inner.config)
+        n = sum(p.numel() for p in model.parameters()) - int(inner.get_input_embeddings().weight.numel())
+    elif isinstance(model, Transformer):
+        n, layers, width = model.num_params(exclude_embeddings=True), model.n_layers, model.d_model
     else:
-        n = sum(p.numel() for p in model.parameters())
-    return 6.0 * n + 12.0 * spec.n_layers * spec.d_model * spec.seq_len
+        n, layers, width = sum(p.numel() for p in model.parameters()), spec.n_layers, spec.d_model
+    return 6.0 * n + 12.0 * layers * width * spec.seq_len
+
+
+def hf_sizes(config: Any) -> tuple[int, int]:
+    """A Hugging Face config's layers and attention width (heads x head size: hidden_size unless the config sets
+    its own head_dim); a multimodal config's text model's."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers, hidden = int(text.num_hidden_layers), int(text.hidden_size)
+    head_dim = getattr(text, "head_dim", None)
+    return layers, int(text.num_attention_heads) * int(head_dim) if head_dim else hidden
 
 
 class HFCausalLM(nn.Module):

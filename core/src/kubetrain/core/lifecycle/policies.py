@@ -245,8 +245,9 @@ def _failures(spec: TrainingJobSpec, job: JobView, now: datetime) -> tuple[list[
         what = (f"the gang did not run within {spec.restart_policy.start_timeout_seconds}s "
                 f"(startTimeoutSeconds; worker {waiting.index} is {waiting.phase.value.lower()})")
     failures = [_failure(spec, w, k) for w, k in kinds]
-    # The harshest action first; a peer-lost exit is a consequence of another failure, so it comes last.
-    failures.sort(key=lambda f: (SEVERITY[f.action], f.worker.exit_code == contract.PEER_LOST_EXIT_CODE))
+    # The harshest action first; an abort (NCCL's watchdog) and a peer-lost exit mostly echo another failure,
+    # so they come after it (contract.blame_order).
+    failures.sort(key=lambda f: (SEVERITY[f.action], contract.blame_order(f.worker.exit_code)))
     if failures and not what:
         what = describe(failures[0].worker, failures[0].kind)
     return failures, what

@@ -1,6 +1,8 @@
-"""The flight recorder on a hang: torch.distributed's record of each rank's recent collectives (NCCL's and,
-since torch 2.10, gloo's), saved beside the stacks so `torchfrtrace <dir>` can tell which collective which
-rank never joined.
+"""The flight recorder on a hang: torch.distributed's record of each rank's recent collectives, saved beside the
+stacks so `torchfrtrace <dir>` can tell which collective which rank never joined. torch 2.13 keeps two recorders:
+ProcessGroupNCCL's own (FlightRecorderCUDA, read by `_dump_nccl_trace`, which adds NCCL's communicator state) and
+the generic one the other backends write (gloo's since torch 2.10, read by `_dump_fr_trace`); a gang on NCCL
+dumps the first, any other the second (recorder_for).
 
 A stuck main thread cannot dump it, but a collective's wait releases the GIL: a daemon thread watches the
 heartbeat directory for the supervisor's request (kubetrain.core.hangs.DUMP_REQUEST, which names where to
@@ -36,11 +38,31 @@ def prepare_env(env: MutableMapping[str, str]) -> None:
     env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(where).parent / hangs.TRACE_PREFIX))
 
 
-def dump(dest: str, rank: int) -> Path | None:
-    """This rank's trace as `dest/fr_trace_rank_<rank>`; None where torch has none to give."""
+NCCL_RECORDER = "_dump_nccl_trace"
+"""torch._C._distributed_c10d's dump of ProcessGroupNCCL's recorder (collectives, stack traces, NCCL's state)."""
+GENERIC_RECORDER = "_dump_fr_trace"
+"""Its dump of the recorder the other backends write (gloo); NCCL's collectives are not in it."""
+
+
+def recorder_for(backend: str | None) -> str:
+    """The dump function for a gang on `backend` (dist.get_backend(): "nccl", "gloo", or per device as
+    "cpu:gloo,cuda:nccl"): NCCL's recorder wherever NCCL carries collectives, else the generic one."""
+    parts = (backend or "").replace(",", ":").split(":")
+    return NCCL_RECORDER if "nccl" in parts else GENERIC_RECORDER
+
+
+def _backend() -> str | None:
+    import torch.distributed as dist  # noqa: PLC0415 - only once a dump is asked for
+
+    return str(dist.get_backend()) if dist.is_available() and dist.is_initialized() else None
+
+
+def dump(dest: str, rank: int, backend: str | None = None) -> Path | None:
+    """This rank's trace as `dest/fr_trace_rank_<rank>` from the recorder of the gang's `backend` (default:
+    the default group's); None where torch has none to give."""
     try:
         c10d = torch._C._distributed_c10d  # the dump API torchfrtrace reads, not in torch's stubs
-        data = c10d._dump_fr_trace(True, True, False)  # type: ignore[attr-defined]
+        data = getattr(c10d, recorder_for(backend or _backend()))(True, True, False)  # collectives, stacks, all
         Path(dest).mkdir(parents=True, exist_ok=True)
         path = Path(dest, f"{hangs.TRACE_PREFIX}{rank}")
         path.with_suffix(".tmp").write_bytes(data)

@@ -25,6 +25,23 @@ _PEAKS: list[tuple[str, float, float]] = [
 ]
 
 
+def uses_tf32(device_type: str, precision: str) -> bool:
+    """Whether fp32 matmuls run on TF32 tensor cores (the trainer sets torch.set_float32_matmul_precision("high")
+    then): precision fp32 on CUDA. bf16/fp16 compute in half precision anyway; a CPU has no TF32."""
+    return device_type == "cuda" and precision == "fp32"
+
+
+def table_peak(device_name: str, precision: str, tf32: bool) -> float | None:
+    """The table's dense peak FLOP/s for a GPU named `device_name` (torch.cuda.get_device_name): bf16/fp16's, or
+    for fp32 TF32's. fp32 without TF32 runs on the plain FP32 units, whose peak the table does not hold: None."""
+    if precision == "fp32" and not tf32:
+        return None
+    for key, low, fp32 in _PEAKS:
+        if key in device_name:
+            return fp32 if precision == "fp32" else low
+    return None
+
+
 def peak_flops(device: torch.device, precision: str) -> float | None:
     """Peak FLOP/s of this device for the precision, or None when unknown (CPU, unlisted GPU)."""
     raw = os.environ.get(PEAK_FLOPS_ENV)
@@ -35,11 +52,7 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
             log.warning("ignoring %s=%r: not a number", PEAK_FLOPS_ENV, raw)
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, low, fp32 in _PEAKS:
-        if key in name:
-            return fp32 if precision == "fp32" else low
-    return None
+    return table_peak(torch.cuda.get_device_name(device), precision, uses_tf32(device.type, precision))
 
 
 _LABELS = ["job", "rank"]

@@ -14,6 +14,7 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,9 @@ DEEPSPEED_SHM_ENV = "KUBETRAIN_DEEPSPEED_SHM"
 
 @dataclass
 class StepInfo:
-    grad_norm: float | None
+    grad_norm: float | torch.Tensor | None
+    """The global gradient norm before clipping; on a GPU a device tensor that the loop reads after the step's
+    loss (one device-to-host wait per step, not one more)."""
     skipped: bool = False
     """The optimizer step was skipped (fp16 overflow)."""
     loss_scale: float | None = None
@@ -58,9 +61,25 @@ def _fp16_init_scale() -> float:
     return float(raw) if raw else DEFAULT_FP16_INIT_SCALE
 
 
+FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""Parameter dtypes torch's fused AdamW kernel takes."""
+
+
+def fused_adamw(device_types: Iterable[str], dtypes: Iterable[torch.dtype], offloaded: bool = False) -> bool:
+    """Whether AdamW runs torch's fused kernel (a few launches per step instead of a foreach chain): every
+    parameter on CUDA in a floating dtype, and the optimizer not offloaded to the host (DeepSpeed's
+    offload_optimizer steps host copies). Elsewhere (CPU) torch's default stays."""
+    kinds, types = list(device_types), list(dtypes)
+    return bool(kinds) and not offloaded and all(k == "cuda" for k in kinds) and all(t in FUSED_DTYPES for t in types)
+
+
 def make_optimizer(params: Any, spec: TrainingJobSpec) -> torch.optim.Optimizer:
     o = spec.optimizer
-    return torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8, weight_decay=o.weight_decay)
+    params = list(params)
+    offloaded = spec.strategy == "deepspeed" and bool(spec.deepspeed and spec.deepspeed.offload_optimizer)
+    fused = fused_adamw([p.device.type for p in params], [p.dtype for p in params], offloaded)
+    return torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8, weight_decay=o.weight_decay,
+                             fused=fused or None)  # None: torch's default (foreach), as before
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, spec: TrainingJobSpec) -> LambdaLR:
@@ -120,8 +139,9 @@ class Engine:
         return total
 
 
-def grad_norm(grads: list[torch.Tensor], pipeline: int = 1) -> float:
-    """The global L2 norm of the gradients, the same number on every rank.
+def grad_norm(grads: list[torch.Tensor], pipeline: int = 1) -> torch.Tensor:
+    """The global L2 norm of the gradients, the same number on every rank: a 0-dim float64 tensor on the
+    gradients' device (the all-reduce's under FSDP2 CPU offload), read by the caller when it waits anyway.
 
     Plain tensors (DDP) are whole on every rank. DTensors (FSDP2, tensor parallelism) are reduced by one
     all-reduce of every rank's local squares, each element counted once over the gang (parallel.copies):
@@ -131,7 +151,7 @@ def grad_norm(grads: list[torch.Tensor], pipeline: int = 1) -> float:
     them up, each counted by the copies within its stage (``pipeline`` stages).
     """
     if not any(hasattr(g, "to_local") for g in grads):
-        return float(torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+        return torch.nn.utils.get_total_norm(grads, norm_type=2.0).to(torch.float64)
     device = grads[0].device
     if device.type == "cpu" and dist.get_backend() == "nccl":  # FSDP2 CPU offload keeps gradients in host memory
         device = torch.device("cuda", torch.cuda.current_device())
@@ -142,21 +162,30 @@ def grad_norm(grads: list[torch.Tensor], pipeline: int = 1) -> float:
     for copies, local in by_copies.items():  # one fused norm per group (torch's foreach kernels)
         squares += torch.nn.utils.get_total_norm(local, norm_type=2.0).to(device, torch.float64).square() / copies
     dist.all_reduce(squares)
-    return float(squares.sqrt())
+    return squares.sqrt()
 
 
-def clip_gradients(model: nn.Module, max_norm: float, pipeline: int = 1) -> float:
+def clip_gradients(model: nn.Module, max_norm: float, pipeline: int = 1) -> torch.Tensor:
     """Clip the global gradient norm to ``max_norm``; returns the norm before clipping (one reduction for
-    the norm, then an in-place scale of the local gradients only when it is above ``max_norm``)."""
+    the norm, then an in-place scale of the local gradients by min(1, max_norm / norm), computed on the
+    device: scaling by 1 changes nothing, and no host decision waits for the norm)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
-        return 0.0
+        return torch.zeros((), dtype=torch.float64)
     norm = grad_norm(grads, pipeline)
-    coef = max_norm / (norm + 1e-6)
-    if coef < 1.0:
-        for g in grads:
-            g.mul_(coef)
+    _scale(grads, torch.clamp(max_norm / (norm + 1e-6), max=1.0))
     return norm
+
+
+@torch.no_grad()
+def _scale(grads: list[torch.Tensor], coef: torch.Tensor) -> None:
+    """grads *= coef in place: one foreach kernel per device and dtype, DTensors through their local shards."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for g in grads:
+        local = g.to_local() if hasattr(g, "to_local") else g
+        groups.setdefault((local.device, local.dtype), []).append(local)
+    for (device, dtype), tensors in groups.items():
+        torch._foreach_mul_(tensors, coef.to(device, dtype))
 
 
 # --------------------------------------------------------------------------- DDP and FSDP2
@@ -436,7 +465,7 @@ class DeepSpeedEngine(Engine):
         scale = None
         if self.spec.precision == "fp16":
             scale = float(getattr(self.engine.optimizer, "cur_scale", 0.0)) or None
-        return StepInfo(grad_norm=float(norm) if norm is not None else None, skipped=skipped, loss_scale=scale)
+        return StepInfo(grad_norm=norm, skipped=skipped, loss_scale=scale)  # read after the step's loss
 
     def lr(self) -> float:
         return float(self.engine.get_lr()[0])
