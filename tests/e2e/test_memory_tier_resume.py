@@ -102,6 +102,10 @@ def test_kubetrain_run_resumes_from_memory_and_removes_it(tmp_path: Path) -> Non
     assert (s["phase"], s["restarts"], s["resumed_from"], s["resumed_tiers"]) == ("Succeeded", 1, [15], ["memory"])
     assert "resumed from step 15 (memory)" in proc.stdout
     assert s["goodput"]["steps_lost"] <= 2  # at most steps 16 and 17 again, not 11 to 17
+    memory = s["memory"]  # every rank's peak, gathered by rank 0 of the last generation (status.memory)
+    assert (memory["generation"], memory["step"], memory["notices"]) == (1, 20, [])  # the tier fit the machine
+    assert [(r["rank"], r["worker"]) for r in memory["ranks"]] == [(0, 0), (1, 1)]
+    assert all(r["hostPeakBytes"] > 0 and r.get("devicePeakBytes") is None for r in memory["ranks"])
     log = (out / "logs" / "gen-1" / "rank-0.log").read_text()
     where = re.search(r"resumed from the memory tier \((/dev/shm/kubetrain-[^)]+)\) \(step 15\)", log)
     assert where, log[-2000:]

@@ -436,13 +436,16 @@ def test_every_worker_knows_its_pod_through_the_downward_api():
             contract.POD_NAME: {"fieldRef": {"fieldPath": "metadata.name"}},
             contract.POD_NAMESPACE: {"fieldRef": {"fieldPath": "metadata.namespace"}},
             contract.NODE_NAME: NODE_NAME_REF,
+            contract.MEMORY_LIMIT: MEMORY_LIMIT_REF,
         }
-    # progressReporting off: no pod identity, so the trainer does not try to annotate; the node (preflight) stays
+    # progressReporting off: no pod identity, so the trainer does not try to annotate; the node (preflight) and
+    # the memory limit (checkpoint/budget.py) stay
     assert env_from(b.worker_pod(job(progressReporting=False), 0, 0, b.WorkerSettings())) == {
-        contract.NODE_NAME: NODE_NAME_REF}
+        contract.NODE_NAME: NODE_NAME_REF, contract.MEMORY_LIMIT: MEMORY_LIMIT_REF}
 
 
 NODE_NAME_REF = {"fieldRef": {"fieldPath": "spec.nodeName"}}
+MEMORY_LIMIT_REF = {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1"}}
 
 
 def test_progress_role_grants_get_patch_of_worker_0_only():

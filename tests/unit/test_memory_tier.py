@@ -1,11 +1,13 @@
-"""checkpoint.memory's pure decisions: the step the gang holds in common, memory or durable, the budget, the
-rank directory's rules, and how both backends pass the tier to their workers."""
+"""checkpoint.memory's pure decisions: the step the gang holds in common, memory or durable, the rank
+directory's rules, and how both backends pass the tier and the pod's memory to their workers (the budget over
+the pod's memory: test_memory_budget.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +22,6 @@ from kubetrain.trainer.checkpoint.memory import (
     TierSettings,
     choose_tier,
     common_step,
-    does_not_fit,
 )
 
 MiB = 2**20
@@ -49,21 +50,6 @@ def test_the_gang_resumes_from_the_newest_step_every_rank_holds(held, common):
 ])
 def test_memory_wins_when_at_least_as_new_as_the_durable_tier(memory, durable, tier):
     assert choose_tier(memory, durable) == tier
-
-
-@pytest.mark.parametrize(("state", "budget", "free", "held", "sharing", "fits"), [
-    (10 * MiB, 20 * MiB, 1000 * MiB, 0, 1, True),
-    (10 * MiB, 19 * MiB, 1000 * MiB, 0, 1, False),  # two copies exceed the budget
-    (10 * MiB, None, 1000 * MiB, 0, 1, True),  # no budget given: the free space alone
-    (10 * MiB, None, 19 * MiB, 0, 1, False),  # two copies do not fit in the free space
-    (10 * MiB, None, 10 * MiB, 10 * MiB, 1, True),  # it already holds one copy
-    (10 * MiB, None, 40 * MiB, 0, 4, False),  # four ranks share that free space
-])
-def test_a_rank_keeps_the_tier_only_where_two_copies_fit(state, budget, free, held, sharing, fits):
-    why = does_not_fit(state, budget, free, held, sharing)
-    assert (why is None) == fits
-    if not fits:
-        assert "two copies of this rank's state" in why
 
 
 def _offer(*steps: int, fits: bool = True) -> Offer:
@@ -149,6 +135,46 @@ def test_worker_pods_get_the_tier_in_their_dev_shm(resources, procs, budget):
     assert env[contract.MEMORY_CKPT_DIR] == contract.POD_MEMORY_CKPT_DIR
     assert contract.POD_MEMORY_CKPT_DIR.startswith("/dev/shm/")  # the pod's memory emptyDir
     assert (env[contract.MEMORY_CKPT_EVERY], int(env[contract.MEMORY_CKPT_BYTES])) == ("5", budget)
+
+
+def _pod(job: TrainingJob) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The worker container's env by name, and the pod's /dev/shm volume."""
+    pod = b.worker_pod(job, 0, 0, b.WorkerSettings())
+    env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+    return env, next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")
+
+
+@pytest.mark.parametrize(("spec", "size_limit"), [
+    # the tier's share of the memory limit (0.25 x 64Gi) joins /dev/shm: its files live there
+    ({"resources": {"memory": "64Gi"}, "procsPerWorker": 4}, 16 * 2**30 + 16 * 2**30),
+    ({"resources": {"memory": "64Gi", "shmSize": "1Gi"}, "checkpoint": {"memory": {"memoryShare": 0.5}}},
+     2**30 + 32 * 2**30),
+    ({"resources": {"shmSize": "8Gi"}}, 8 * 2**30),  # no memory limit: no share to add
+    ({"resources": {"memory": "64Gi"}, "checkpoint": {"memory": {"enabled": False}}}, 16 * 2**30),
+])
+def test_worker_pods_tell_the_trainer_their_memory_and_size_dev_shm_for_the_tier(spec, size_limit):
+    job = _job(**spec)
+    env, dshm = _pod(job)
+    assert int(b.quantity_value(dshm["emptyDir"]["sizeLimit"])) == size_limit
+    assert int(env[contract.SHM_BYTES]["value"]) == size_limit
+    assert env[contract.MEMORY_PROCS]["value"] == str(job.spec.procs)
+    assert env[contract.MEMORY_LIMIT]["valueFrom"] == {"resourceFieldRef": {"resource": "limits.memory",
+                                                                            "divisor": "1"}}
+
+
+def test_a_local_run_tells_its_ranks_the_machines_memory(tmp_path, monkeypatch):
+    (tmp_path / "meminfo").write_text("MemTotal:       16384000 kB\nMemFree:  1 kB\n")
+    (tmp_path / "memory.max").write_text("8589934592\n")
+    monkeypatch.setattr(local, "MEMINFO", tmp_path / "meminfo")
+    monkeypatch.setattr(local, "CGROUP_MEMORY_MAX", tmp_path / "memory.max")
+    assert local.machine_memory_bytes() == 8 * 2**30  # the container's cgroup limit, below MemTotal
+    (tmp_path / "memory.max").write_text("max\n")
+    assert local.machine_memory_bytes() == 16384000 * 1024
+    run = local.LocalRun(_job(workers=2, procsPerWorker=2, command=["python", "train.py"]), tmp_path,
+                         local.RunOptions(output_dir=tmp_path / "out"))
+    env = run._worker_env(1, 0, 29999)
+    assert (env[contract.MEMORY_LIMIT], env[contract.MEMORY_PROCS]) == (str(16384000 * 1024), "4")  # every rank
+    assert int(env[contract.SHM_BYTES]) == local.shm_bytes()
 
 
 @pytest.mark.parametrize("spec", [

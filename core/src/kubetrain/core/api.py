@@ -197,6 +197,8 @@ class ConditionReason(enum.StrEnum):
     """OperatorOutdated: the spec has fields this operator does not know (the message names them)."""
     PROGRESS_REPORTING_FORBIDDEN = "ProgressReportingForbidden"
     """A Warning Event, no condition: the API server refused the job's progress Role or RoleBinding (the operator lacks RBAC for it); the job trains, its status shows no progress."""
+    MEMORY_BUDGET = "MemoryBudget"
+    """A Warning Event, no condition: rank 0 found that a pod's memory cannot hold the memory tier, or background saves' staging (status.memory.notices); the job trains without it."""
 
 
 class _Model(BaseModel):
@@ -358,7 +360,7 @@ class MemoryTierSpec(_Model):
     every_steps: int = Field(10, ge=1, le=MAX_STEPS)
     """Keep the state in memory every N optimizer steps: a restart in place redoes at most N steps."""
     memory_share: float = Field(0.25, gt=0, le=0.9)
-    """The share of the worker's memory (its pod's memory limit, else /dev/shm's size, per process) that the tier may hold; it keeps two copies while it writes a new one. A rank whose state does not fit skips the tier and says so in its log; the gang then resumes from the durable tier."""
+    """The share of a worker pod's memory (its memory limit, else /dev/shm's size) that the tier may hold over the pod's processes; each keeps two copies of its state while it writes a new one, and the pod's /dev/shm is sized to hold the share. Where a pod cannot hold every process's two copies (this share, /dev/shm's room, or the memory limit beside what the processes use), rank 0 says so once with the numbers (its log, status.memory.notices, a Warning Event MemoryBudget) and the gang keeps no tier that generation; restarts then resume from the durable tier."""
 
     def budget_bytes(self, memory_bytes: int, processes: int) -> int:
         """Each of a worker's `processes` processes' budget (contract.MEMORY_CKPT_BYTES) out of the worker's
@@ -1171,6 +1173,38 @@ class Preflight(_Model):
     """Ranks below spec.preflight.degradedFraction of the median (NodeDegraded says by how much)."""
 
 
+class RankMemory(_Model):
+    """One rank's peak memory."""
+
+    model_config = ConfigDict(extra="ignore")  # a newer trainer's report must still be read (progress.Progress)
+    rank: int
+    """Global rank."""
+    worker: int
+    """Worker index (the pod `<job>-worker-<i>`; locally the node rank)."""
+    host_peak_bytes: int = 0
+    """The most host memory its process has held resident since it started (VmHWM; the page cache not included)."""
+    device_peak_bytes: int | None = None
+    """The most GPU memory its tensors have held since it started (torch.cuda.max_memory_allocated; the caching allocator reserves more); unset on CPU."""
+
+
+class MemoryReport(_Model):
+    """Peak memory of every rank of one generation, as rank 0 gathered it, and what its checkpoints could not keep in the pods' memory."""
+
+    model_config = ConfigDict(extra="ignore")
+    generation: int = 0
+    """The generation it comes from."""
+    step: int = 0
+    """The step after which the ranks' figures were gathered (the first, every checkpoint, the last, every 100); 0: none yet."""
+    host_peak_bytes: int = 0
+    """The highest host peak of any rank."""
+    device_peak_bytes: int | None = None
+    """The highest GPU peak of any rank; unset on CPU."""
+    ranks: list[RankMemory] = Field(default_factory=list)
+    """Every rank's figures, by rank (a gang of more than 256 ranks lists the 256 with the highest host peaks)."""
+    notices: list[str] = Field(default_factory=list)
+    """What the pods' memory (limit and /dev/shm, summed over each pod's processes) could not hold this generation, with the numbers: checkpoint.memory off, or background saves written synchronously. Also a Warning Event MemoryBudget."""
+
+
 class HangSuspect(_Model):
     """A rank named by a hang verdict."""
 
@@ -1274,6 +1308,8 @@ class TrainingJobStatus(_Model):
     """Worker 0's fetch of model.hfUri and data.tokenizerUri into its pod's cache, as it reported it: bytes so far of the total. Unset without those URIs, or until reported."""
     preflight: Preflight | None = None
     """The current generation's preflight, as rank 0 reported it (spec.preflight): per-rank compute and exchange, bus bandwidth, slowest and degraded ranks. Unset until reported."""
+    memory: MemoryReport | None = None
+    """Peak memory per rank (host resident, GPU allocated) of the newest generation that reported it, and what its checkpoints could not keep in the pods' memory. A restarted gang's replaces it once it reports, so a generation that ran out of memory leaves its figures until then."""
     avoided_nodes: list[str] = Field(default_factory=list)
     """Nodes where a preflight found a degraded rank, which later worker pods avoid (restartPolicy.avoidDegradedNodes)."""
     last_hang: LastHang | None = None

@@ -133,6 +133,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if summary.preflight:
         print(f"  {preflight_line(summary.preflight)}")
+    if summary.memory:
+        print(f"  {memory_line(summary.memory)}")
     if summary.phase == Phase.FAILED:
         print(f"  {summary.message}", file=sys.stderr)
     native = None if summary.bf16_emulated is None else not summary.bf16_emulated
@@ -312,6 +314,17 @@ def preflight_line(p: dict[str, Any]) -> str:
     degraded = f", degraded ranks {p['degradedRanks']}" if p.get("degradedRanks") else ""
     return (f"preflight: {p.get('worldSize')} rank(s), compute median {p.get('medianGflops', 0):.1f} GFLOP/s, "
             f"slowest rank {p.get('slowestRank')}{busbw}{degraded}; {p.get('seconds', 0):.2f}s")
+
+
+def memory_line(m: dict[str, Any]) -> str:
+    """The summary's memory line (status.memory in wire form): the highest peaks, by rank, and the notices."""
+    ranks = m.get("ranks") or []
+    host = max(ranks, key=lambda r: r.get("hostPeakBytes", 0), default=None)
+    line = f"memory: peak host {m.get('hostPeakBytes', 0) / 2**30:.2f} GiB" + (f" (rank {host['rank']})" if host else "")
+    if m.get("devicePeakBytes") is not None:
+        device = max(ranks, key=lambda r: r.get("devicePeakBytes") or 0, default=None)
+        line += f", GPU {m['devicePeakBytes'] / 2**30:.2f} GiB" + (f" (rank {device['rank']})" if device else "")
+    return "; ".join([f"{line} at step {m.get('step', 0)}", *(m.get("notices") or [])])
 
 
 def best_eval_text(step: int | None) -> str:

@@ -107,6 +107,14 @@ MEMORY_CKPT_BYTES = "KUBETRAIN_MEMORY_CKPT_BYTES"
 POD_MEMORY_CKPT_DIR = "/dev/shm/kubetrain-ckpt"
 """MEMORY_CKPT_DIR in a pod: on its /dev/shm volume (a memory emptyDir), which container restarts keep and a
 recreated pod starts without."""
+MEMORY_LIMIT = "KUBETRAIN_MEMORY_LIMIT_BYTES"
+"""The memory a worker's processes share, in bytes: in a pod its container's memory limit (Downward API
+`resourceFieldRef` `limits.memory`; without a limit the kubelet gives the node's allocatable memory); locally the
+machine's (its cgroup's limit, else MemTotal). The trainer sizes its checkpoint copies against it (budget.py)."""
+SHM_BYTES = "KUBETRAIN_SHM_BYTES"
+"""The size of /dev/shm in bytes: in a pod its memory emptyDir's sizeLimit; locally /dev/shm's size."""
+MEMORY_PROCS = "KUBETRAIN_MEMORY_PROCS"
+"""How many processes share MEMORY_LIMIT and SHM_BYTES: a pod's procsPerWorker; locally every rank of the run."""
 
 HEARTBEAT_DIR = "KUBETRAIN_HEARTBEAT_DIR"
 """Where each rank writes its heartbeat (`rank-<RANK>.beat`) and registers its stack dump (`<pid>.stack`):
@@ -366,6 +374,16 @@ class MemoryTier:
     def env(self) -> dict[str, str]:
         return {MEMORY_CKPT_DIR: self.directory, MEMORY_CKPT_EVERY: str(self.every_steps),
                 MEMORY_CKPT_BYTES: str(self.budget_bytes)}
+
+
+def memory_env(limit_bytes: int | None, shm_bytes: int | None, procs: int) -> dict[str, str]:
+    """MEMORY_LIMIT, SHM_BYTES and MEMORY_PROCS where known (a pod's memory limit comes from the Downward API)."""
+    env = {MEMORY_PROCS: str(procs)}
+    if limit_bytes is not None:
+        env[MEMORY_LIMIT] = str(limit_bytes)
+    if shm_bytes is not None:
+        env[SHM_BYTES] = str(shm_bytes)
+    return env
 
 
 def kubetrain_env(

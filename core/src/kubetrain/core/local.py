@@ -133,6 +133,9 @@ class Summary:
     preflight: dict[str, Any] | None = None
     """The last generation's preflight with its verdict (status.preflight: per-rank GFLOP/s and exchange time,
     bus bandwidth, slowest and degraded ranks); None: not run (spec.preflight.enabled false, a custom command)."""
+    memory: dict[str, Any] | None = None
+    """Peak memory per rank of the newest generation that reported it (status.memory: host resident, GPU
+    allocated) and what the machine's memory could not hold of its checkpoints; None: not reported (a custom command)."""
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=2)
@@ -272,6 +275,33 @@ def progress_text(p: Progress | None, gen: int, restarts: int, started: float, b
     )
 
 
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
+MEMINFO = Path("/proc/meminfo")
+
+
+def machine_memory_bytes() -> int | None:
+    """The memory a local run's processes share: the cgroup (v2) limit of the container it runs in, where one is
+    set, else the machine's MemTotal; None where neither can be read."""
+    found = []
+    with contextlib.suppress(OSError, ValueError):
+        raw = CGROUP_MEMORY_MAX.read_text().strip()
+        if raw != "max":
+            found.append(int(raw))
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        line = next(x for x in MEMINFO.read_text().splitlines() if x.startswith("MemTotal:"))
+        found.append(int(line.split()[1]) * 1024)
+    return min(found) if found else None
+
+
+def shm_bytes() -> int | None:
+    """/dev/shm's size, where there is one."""
+    try:
+        size = os.statvfs(SHM)
+    except OSError:
+        return None
+    return size.f_blocks * size.f_frsize
+
+
 class LocalRun:
     """Supervise one TrainingJob as local processes until it succeeds, fails, is suspended or is stopped.
 
@@ -366,6 +396,7 @@ class LocalRun:
                 cache_dir=str(self.out / CACHE_ENTRY),
             )
         )
+        env.update(contract.memory_env(machine_memory_bytes(), shm_bytes(), spec.world_size))  # one machine, shared
         for item in spec.env or []:
             if "name" in item and "value" in item:
                 env[str(item["name"])] = str(item["value"])
@@ -639,4 +670,5 @@ class LocalRun:
             bf16_slowdown=self.bf16_slowdown,
             bf16_emulated=self.bf16_emulated,
             preflight=st.preflight.dump() if st.preflight else None,
+            memory=st.memory.dump() if st.memory else None,
         )

@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from kubetrain.core.api import Fetch, Preflight, _Model
+from kubetrain.core.api import Fetch, MemoryReport, Preflight, _Model
 
 COMMIT_MARKER = "COMMITTED"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -84,6 +84,9 @@ class Progress(_Model):
     """The fetch of model.hfUri / data.tokenizerUri before training (kubetrain.trainer.data.fetch), as it goes."""
     preflight: Preflight | None = None
     """This generation's preflight (kubetrain.trainer.preflight): every rank's figures, gathered by rank 0."""
+    memory: MemoryReport | None = None
+    """This generation's peak memory per rank, gathered by rank 0 (kubetrain.trainer.observe.memory), and what the
+    pods' memory could not hold of its checkpoints (kubetrain.trainer.checkpoint.budget)."""
 
 
 def atomic_write_text(path: Path, text: str) -> None:

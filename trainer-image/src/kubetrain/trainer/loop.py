@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from kubetrain.core import contract, hangs, hardware
-from kubetrain.core.api import ResumeTier, TrainingJobSpec
+from kubetrain.core.api import MemoryReport, ResumeTier, TrainingJobSpec
 from kubetrain.core.contract import SIGTERM_EXIT_CODE
 from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
 from kubetrain.trainer import parallel, preflight
@@ -32,6 +32,7 @@ from kubetrain.trainer.data.text import Sampler, eval_batches, load_corpus, spli
 from kubetrain.trainer.model import build_model, flops_per_token, vocab_size
 from kubetrain.trainer.observe import flight_recorder, nccl_watch
 from kubetrain.trainer.observe import transport as nccl_transport
+from kubetrain.trainer.observe.memory import PeakMemory
 from kubetrain.trainer.observe.metrics import Metrics, peak_flops, uses_tf32
 from kubetrain.trainer.observe.profiling import StepProfiler
 from kubetrain.trainer.observe.progress import PodProgressReporter
@@ -199,6 +200,17 @@ class Reporter:
     def resumed(self, step: int, tier: ResumeTier) -> None:
         self.progress.resumed_from = step
         self.progress.resumed_tier = tier
+
+    def memory(self, report: MemoryReport | None) -> None:
+        """Every rank's peaks as gathered (None: not a report step); the notices said at resume stay."""
+        if report is not None:
+            notices = self.progress.memory.notices if self.progress.memory is not None else []
+            self.progress.memory = report.model_copy(update={"notices": notices})
+
+    def memory_notices(self, notices: list[str]) -> None:
+        """What the pods' memory cannot hold of the checkpoints (CheckpointManager.resume, rank 0)."""
+        report = self.progress.memory or MemoryReport(generation=self.env.generation)
+        self.progress.memory = report.model_copy(update={"notices": list(notices)})
 
     def started(self, step: int) -> None:
         """Out at once: the step this generation starts from."""
@@ -502,6 +514,7 @@ def _train(
         reporter.started(state.step)
         observer = StepObserver(env, spec, engine, metrics, fpt, peak_flops(device, spec.precision))
         evaluator = Evaluator(env, spec, engine, held, device, metrics)
+        peaks = PeakMemory.of_rank(env.rank, env.generation, device, metrics)
         profiler = StepProfiler(spec, env.rank, ckpt_root, device, reporter.profile_request)
         mbs, ga = spec.micro_batch_size, spec.gradient_accumulation_steps
         layout = layout_of(env, spec)
@@ -524,6 +537,7 @@ def _train(
             final = state.step >= spec.max_steps
             evaluator.after_step(state, record, final)
             due = checkpoints.due(state.step, final=final, stopping=stopping)
+            reporter.memory(peaks.after_step(state.step, record, first=first, final=final, checkpoint=due))
             reporter.step(record, state, observer.rates(), force=first or final or due)
             if first:
                 _compile_notice(env, spec, first_step_seconds=record["step_seconds"])

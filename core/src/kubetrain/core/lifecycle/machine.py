@@ -30,7 +30,13 @@ from kubetrain.core.lifecycle.model import (
 )
 from kubetrain.core.lifecycle.policies import JobView, decide
 from kubetrain.core.lifecycle.preflight import preflight_condition
-from kubetrain.core.lifecycle.status import fabric_condition, phase_conditions, progress_condition, take_progress
+from kubetrain.core.lifecycle.status import (
+    fabric_condition,
+    memory_event,
+    phase_conditions,
+    progress_condition,
+    take_progress,
+)
 
 CREATE_RECHECK_SECONDS = 2.0
 """How soon to look again after creating workers."""
@@ -83,6 +89,8 @@ def step(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed, n
     new.conditions, preflight_event = preflight_condition(spec, new, observed, new.conditions, now)
     if preflight_event is not None:
         effects.append(preflight_event)
+    if (memory_warning := memory_event(status, new)) is not None:
+        effects.append(memory_warning)
     requeue = CREATE_RECHECK_SECONDS if d.action == Action.CREATE_WORKERS else d.requeue_after
     return Transition(new, tuple(effects), requeue, d)
 

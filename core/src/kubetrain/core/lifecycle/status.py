@@ -57,6 +57,7 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
             status.resumed_from_step = progress.resumed_from or 0
             status.resumed_from = progress.resumed_tier if progress.resumed_from is not None else None
             status.network_transport = progress.network_transport or status.network_transport
+            status.memory = progress.memory or status.memory
             _take_rates(status, progress)
         ck = progress.last_checkpoint
         if ck is not None:
@@ -66,6 +67,14 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
     found = observed.checkpoint
     if found is not None and (status.last_checkpoint is None or status.last_checkpoint.step < found.step):
         status.last_checkpoint = found
+
+
+def memory_event(before: TrainingJobStatus, after: TrainingJobStatus) -> RecordEvent | None:
+    """One Warning Event for the memory notices rank 0 reported that status did not hold yet (the memory tier or
+    background staging does not fit the pods' memory); a restarted gang that says the same says nothing new."""
+    seen = set(before.memory.notices) if before.memory is not None else set()
+    new = [n for n in (after.memory.notices if after.memory is not None else []) if n not in seen]
+    return RecordEvent("Warning", ConditionReason.MEMORY_BUDGET, "; ".join(new)) if new else None
 
 
 def fetch_record(progress: Progress) -> bool:

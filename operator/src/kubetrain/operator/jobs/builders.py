@@ -362,6 +362,7 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
         ),
     }
     values[contract.CACHE_DIR] = contract.POD_CACHE_DIR
+    values.update(contract.memory_env(None, int(quantity_value(shm_size_limit(spec))), spec.procs))  # budget.py
     cores = contract.cpu_cores(spec.resources.cpu) if spec.resources.cpu else None
     values.update(contract.thread_env(cores, spec.procs))  # the worker's CPU request, shared by its processes
     values.update(fabrics.profile(spec).env)
@@ -376,6 +377,8 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
             {"name": contract.POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         ]
     env.append({"name": contract.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})  # preflight
+    env.append({"name": contract.MEMORY_LIMIT,  # the container's memory limit (else the node's allocatable), bytes
+                "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1"}}})
     env += object_store_env(spec)
     user = {e["name"]: e for e in spec.env or [] if "name" in e}
     return [e for e in env if e["name"] not in user] + list(user.values())
@@ -417,9 +420,24 @@ def memory_tier(spec: TrainingJobSpec) -> contract.MemoryTier | None:
     tier = spec.checkpoint.memory
     if not tier.enabled or not spec.restarts_in_place or _template_replaces_dshm(spec):
         return None
-    memory = spec.resources.memory or fabrics.profile(spec).default_memory or spec.resources.shm_size
+    memory = pod_memory_limit(spec) or spec.resources.shm_size
     return contract.MemoryTier(contract.POD_MEMORY_CKPT_DIR, tier.every_steps,
                                tier.budget_bytes(int(quantity_value(memory)), spec.procs))
+
+
+def pod_memory_limit(spec: TrainingJobSpec) -> str | None:
+    """A worker pod's memory limit: resources.memory, else its fabric profile's default; None: none."""
+    return spec.resources.memory or fabrics.profile(spec).default_memory
+
+
+def shm_size_limit(spec: TrainingJobSpec) -> str:
+    """The sizeLimit of a worker pod's /dev/shm (`dshm`): resources.shmSize and, where the pod keeps the memory
+    tier and has a memory limit, the tier's share of that limit beside it (memoryShare: the tier's files live
+    there). Its pages count against the memory limit as any other, so the room costs nothing until used."""
+    tier = memory_tier(spec)
+    if tier is None or pod_memory_limit(spec) is None:
+        return spec.resources.shm_size
+    return _add_quantities(spec.resources.shm_size, str(tier.budget_bytes * spec.procs))
 
 
 def _template_volume(spec: TrainingJobSpec, name: str) -> dict[str, Any] | None:
@@ -616,7 +634,7 @@ def _worker_meta(job: TrainingJob, index: int, generation: int, labels: dict[str
 def _worker_volumes(job: TrainingJob, claim: str | None) -> list[dict[str, Any]]:
     volumes = [
         {"name": "config", "configMap": {"name": config_name(job.metadata.name)}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.spec.resources.shm_size}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size_limit(job.spec)}},
         {"name": "checkpoints", **({"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}})},
         {"name": "output", "emptyDir": {}},
     ]

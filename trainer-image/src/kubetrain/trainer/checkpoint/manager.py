@@ -42,6 +42,7 @@ from kubetrain.trainer.checkpoint.background import (
     writes_in_background,
     writes_running,
 )
+from kubetrain.trainer.checkpoint.budget import GangPlan, PodMemory, RankNeed, own_bytes, plan_gang
 from kubetrain.trainer.checkpoint.directory import (
     TrainerState,
     commit_checkpoint,
@@ -50,7 +51,7 @@ from kubetrain.trainer.checkpoint.directory import (
     save_checkpoint,
     save_rng,
 )
-from kubetrain.trainer.checkpoint.memory import MemoryTier, Offer, choose_tier, common_step
+from kubetrain.trainer.checkpoint.memory import MemoryTier, Offer, choose_tier, common_step, estimate_bytes
 from kubetrain.trainer.checkpoint.object_store import (
     FIELD,
     Bucket,
@@ -61,6 +62,7 @@ from kubetrain.trainer.checkpoint.object_store import (
 )
 from kubetrain.trainer.checkpoint.savable import Savable
 from kubetrain.trainer.config import ConfigError
+from kubetrain.trainer.observe.memory import host_resident_bytes
 from kubetrain.trainer.observe.metrics import Metrics
 
 log = logging.getLogger("kubetrain.trainer")
@@ -75,6 +77,8 @@ class CheckpointReporter(Protocol):
     def resumed(self, step: int, tier: ResumeTier) -> None: ...
 
     def checkpoint(self, state: TrainerState, path: Path | str, seconds: float) -> None: ...
+
+    def memory_notices(self, notices: list[str]) -> None: ...
 
 
 def save_due(policy: CheckpointSpec, step: int, *, final: bool, stopping: bool) -> bool:
@@ -149,24 +153,20 @@ class CheckpointManager:
     def resume(self, state: TrainerState) -> TrainerState:
         """Load the newest state the gang holds into the engine (and this rank's RNG); the state to go on
         from. ``state`` is what the progress file carried over; without a checkpoint it is returned as is.
-        One collective picks it: every rank offers the memory-tier steps it holds, rank 0 the durable tier's
-        newest committed checkpoint, and every rank computes the same plan from what all offered."""
+        One collective picks it: every rank offers the memory-tier steps it holds and its memory figures, rank 0
+        the durable tier's newest committed checkpoint, and every rank computes the same plans from what all
+        offered: where to resume from, and what the pods' memory holds of background staging and the tier."""
         rank = dist.get_rank()
         durable, error = self._durable_offer() if rank == 0 else (None, None)
-        mine: dict[str, Any] = {"offer": self.memory.offer() if self.memory is not None else None,
-                                "durable": durable, "error": error}
+        offer = self.memory.offer() if self.memory is not None else None
+        mine: dict[str, Any] = {"offer": offer, "durable": durable, "error": error, "need": self._need(offer)}
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         _raise_shared([gathered[0]["error"]])  # every rank fails alike, none waits in a collective for rank 0
         plan = plan_resume([g["offer"] for g in gathered], gathered[0]["durable"])
+        budget = self._plan_memory([g["need"] for g in gathered])
         saved = self._load(plan) if plan.tier is not None else None
-        if self.memory is not None:
-            self.memory.keep_only_up_to(plan.step)  # later steps: a lineage this gang abandoned
-            if not plan.keep_memory:
-                self.memory.turn_off()
-                if rank == 0 and plan.unfit_ranks:
-                    log.info("checkpoint.memory is off for this generation: rank(s) %s cannot hold their state "
-                             "(each says why in its log)", list(plan.unfit_ranks))
+        self._keep_in_memory(plan, budget)
         if saved is None:
             return state
         if saved.world_size != state.world_size:
@@ -178,6 +178,47 @@ class CheckpointManager:
             initial_loss=saved.initial_loss if saved.initial_loss is not None else state.initial_loss,
             checkpoints=sorted(set(saved.checkpoints) | set(state.checkpoints)),
         )
+
+    def _need(self, offer: Offer | None) -> RankNeed | None:
+        """This rank's memory figures for the pod's budget; None where the engine keeps no per-rank state."""
+        local = self.engine.local_state()
+        if local is None:
+            return None
+        state = estimate_bytes(local)
+        own = own_bytes(host_resident_bytes(), state, state_on_host=self.engine.device.type == "cpu")
+        if offer is None:
+            return RankNeed(state, own)
+        return RankNeed(state, own, offer.held_bytes, offer.free_bytes)
+
+    def _plan_memory(self, needs: list[RankNeed | None]) -> GangPlan | None:
+        """What the pods' memory holds: background staging, the memory tier (budget.plan_gang); None where there
+        is nothing to plan (DeepSpeed)."""
+        if any(n is None for n in needs):
+            return None
+        return plan_gang(PodMemory.from_env(os.environ), [n for n in needs if n is not None],
+                         staging=self.writer is not None, tier=self.memory is not None)
+
+    def _keep_in_memory(self, plan: ResumePlan, budget: GangPlan | None) -> None:
+        """Apply the memory plan: synchronous saves where staging does not fit, the tier where it does (with
+        this rank's budget); rank 0 says once what does not fit, in its log and its progress record."""
+        rank = dist.get_rank()
+        if budget is not None and not budget.staging and self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.memory is not None:
+            self.memory.keep_only_up_to(plan.step)  # later steps: a lineage this gang abandoned
+            budgets = budget.tier_budgets if budget is not None else None
+            if not plan.keep_memory or budgets is None:
+                self.memory.turn_off()
+                if rank == 0 and plan.unfit_ranks:
+                    log.warning("checkpoint.memory is off for this generation: rank(s) %s cannot use %s (each "
+                                "says why in its log)", list(plan.unfit_ranks), self.memory.settings.directory)
+            else:
+                self.memory.budget_bytes = budgets[rank]
+        if rank == 0 and budget is not None and budget.notices:
+            for notice in budget.notices:
+                log.warning("%s", notice)
+            self.reporter.memory_notices(list(budget.notices))
 
     def _durable_offer(self) -> tuple[tuple[int, str] | None, tuple[str, str] | None]:
         """Rank 0: the durable tier's newest committed checkpoint (step, path or uri), or the error that stops
@@ -281,6 +322,8 @@ class CheckpointManager:
                         job.step, job.status(), job.path)
         if self.writer is not None and not writes_running():  # the writer thread reads the staging buffers
             self.writer.close()
+        if self.memory is not None:
+            self.memory.close()
 
     def _start(self, writer: DcpWriter, state: TrainerState, t0: float) -> None:
         """Stage this rank's part of ``state.step`` and start writing it; returns once training may go on."""

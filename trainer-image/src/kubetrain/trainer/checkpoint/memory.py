@@ -12,14 +12,17 @@ each rank writes, without any collective::
       COMMITTED      written last, atomically (temp + os.replace): {step, rank, worldSize, strategy, bytes}
 
 and then deletes every other step directory of its own: it keeps the newest complete step while it writes
-the next, so it holds at most two copies. Only tensors and plain containers are saved, and read back with
+the next, so it holds at most two copies. The write leaves the step: inside it the rank only copies its state
+into a host snapshot it reuses from save to save (:class:`Snapshot`; pinned, non-blocking copies on CUDA), and
+a thread writes the files from that snapshot while training goes on (one write in flight: the next due save
+first waits for it). Only tensors and plain containers are saved, and read back with
 ``torch.load(weights_only=True)`` (checkpoint.safe_load).
 
 On resume (manager.CheckpointManager.resume) the gang agrees, in one all_gather_object, on the newest
 step that every rank holds complete; when it is at least the durable tier's newest committed step, every
 rank loads its own part of it. A recreated pod has an empty /dev/shm, so that gang finds no common step and
-resumes from the durable tier. The pure decisions are :func:`common_step`, :func:`choose_tier` and
-:func:`does_not_fit`.
+resumes from the durable tier. The pure decisions are :func:`common_step` and :func:`choose_tier`; whether the
+gang keeps the tier at all, and each rank's budget, is budget.plan_gang's, over the pod's memory.
 
 DeepSpeed keeps no memory tier: its checkpoints are written by DeepSpeed's engine, whose files of one rank
 are not a whole state of that rank (ZeRO's model states are written once, by data-parallel rank 0).
@@ -27,11 +30,14 @@ are not a whole state of that rank (ZeRO's model states are written once, by dat
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +58,8 @@ OPTIMIZER_STATES_PER_PARAM = 2
 """AdamW's exp_avg and exp_avg_sq, each the size of its parameter (shard)."""
 SLACK_BYTES = 1 << 20
 """Beyond the tensors: the RNG, scheduler and trainer state, the pickle's framing."""
+CLOSE_WAIT_SECONDS = 60.0
+"""At exit, how long a rank waits for its write in flight (to memory: normally well under a second)."""
 
 
 def rank_dir(directory: Path, rank: int) -> Path:
@@ -79,23 +87,6 @@ def choose_tier(memory_step: int | None, durable_step: int | None) -> ResumeTier
     return "durable" if durable_step is not None else None
 
 
-def does_not_fit(state_bytes: int, budget_bytes: int | None, free_bytes: int, held_bytes: int,
-                 sharing: int) -> str | None:
-    """Why a rank whose state takes `state_bytes` cannot keep the tier, or None. It holds two copies while it
-    writes a new one: both within its budget (MEMORY_CKPT_BYTES), and what it lacks of them (it already
-    holds `held_bytes`) within its share of the directory's free space (`sharing` processes write there)."""
-    need = 2 * state_bytes
-    if budget_bytes is not None and need > budget_bytes:
-        return (f"two copies of this rank's state ({_mib(need)}) exceed its budget of {_mib(budget_bytes)} "
-                f"({contract.MEMORY_CKPT_BYTES}: checkpoint.memory.memoryShare of the worker's memory)")
-    lacking = max(0, need - held_bytes)
-    share = free_bytes // max(1, sharing)
-    if lacking > share:
-        return f"two copies of this rank's state ({_mib(need)}) need {_mib(lacking)} more than it holds, and " \
-               f"its share of the free space there is {_mib(share)}"
-    return None
-
-
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
@@ -111,7 +102,7 @@ class TierSettings:
     every_steps: int
     budget_bytes: int | None
     sharing: int = 1
-    """Processes that write into the same directory's file system (LOCAL_WORLD_SIZE)."""
+    """Processes that write into the same directory's file system (MEMORY_PROCS, else LOCAL_WORLD_SIZE)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], spec: TrainingJobSpec) -> TierSettings | None:
@@ -132,29 +123,59 @@ class TierSettings:
             directory=Path(directory),
             every_steps=number(contract.MEMORY_CKPT_EVERY) or spec.checkpoint.memory.every_steps,
             budget_bytes=number(contract.MEMORY_CKPT_BYTES),
-            sharing=number(contract.LOCAL_WORLD_SIZE) or 1,
+            sharing=number(contract.MEMORY_PROCS) or number(contract.LOCAL_WORLD_SIZE) or 1,
         )
 
 
 # --------------------------------------------------------------------------- the engine's local state
 
 
-def _local(value: Any) -> Any:
-    """A state dict with every DTensor replaced by this rank's local tensor, every tensor on the CPU, and
-    no view larger than itself (torch.save writes a view's whole storage)."""
-    if isinstance(value, dict):
-        return {k: _local(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_local(v) for v in value)
-    if isinstance(value, torch.Tensor):
-        t = value.to_local() if hasattr(value, "to_local") else value
-        t = t.detach()
-        if t.device.type != "cpu":
-            return t.cpu()
-        if t.untyped_storage().nbytes() != t.numel() * t.element_size() or not t.is_contiguous():
-            return t.clone()
-        return t
-    return value
+class Snapshot:
+    """Host buffers for one rank's state, reused from save to save: the copy a tier save makes inside the step
+    (pinned buffers and non-blocking copies, then one synchronize, on CUDA), which its background write reads.
+    Every DTensor becomes this rank's local shard; a tensor met twice is copied once; a buffer is contiguous
+    and its own storage (torch.save writes a view's whole storage)."""
+
+    def __init__(self, pinned: bool) -> None:
+        self.pinned = pinned
+        self.buffers: list[torch.Tensor] = []
+        self._next = 0
+        self._seen: dict[int, torch.Tensor] = {}
+
+    def take(self, tree: Any) -> Any:
+        """``tree`` with every tensor copied into its buffer and every other value copied."""
+        self._next, self._seen = 0, {}
+        out = self._walk(tree)
+        del self.buffers[self._next:]
+        self._seen = {}
+        if self.pinned:
+            torch.cuda.synchronize()
+        return out
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers)
+
+    def _walk(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: self._walk(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._walk(v) for v in value)
+        if isinstance(value, torch.Tensor):
+            if id(value) not in self._seen:
+                self._seen[id(value)] = self._copy(value)
+            return self._seen[id(value)]
+        return copy.deepcopy(value)
+
+    def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        local = (tensor.to_local() if hasattr(tensor, "to_local") else tensor).detach()
+        i, self._next = self._next, self._next + 1
+        if i < len(self.buffers) and (self.buffers[i].shape, self.buffers[i].dtype) == (local.shape, local.dtype):
+            buffer = self.buffers[i]
+        else:
+            buffer = torch.empty(local.shape, dtype=local.dtype, pin_memory=self.pinned)
+            self.buffers[i:i + 1] = [buffer]
+        buffer.copy_(local, non_blocking=self.pinned)
+        return buffer
 
 
 class MemoryStateMismatchError(RuntimeError):
@@ -185,13 +206,12 @@ def _fill(template: Any, saved: Any, where: str) -> Any:
     return saved
 
 
-def engine_state(engine: LocalState) -> dict[str, Any]:
-    """This rank's own part of the engine's state, collective-free."""
+def live_state(engine: LocalState) -> dict[str, Any]:
+    """This rank's own part of the engine's state as the engine holds it (no copy), collective-free."""
     from torch.distributed.checkpoint.state_dict import get_state_dict  # noqa: PLC0415
 
     model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
-    state: dict[str, Any] = {"model": _local(model_sd), "optim": _local(optim_sd),
-                             "scheduler": engine.scheduler.state_dict()}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "scheduler": engine.scheduler.state_dict()}
     if engine.scaler is not None:
         state["scaler"] = engine.scaler.state_dict()
     return state
@@ -241,13 +261,30 @@ class Offer:
     steps: tuple[int, ...] | None
     """The steps this rank holds complete; None where it keeps no tier."""
     fits: bool
-    """This rank's state fits its budget and free space (the gang keeps the tier only where all fit)."""
+    """Its directory can be used (False: its file system cannot even be read; the gang then keeps no tier)."""
+    held_bytes: int = 0
+    """What those steps take in the directory."""
+    free_bytes: int | None = None
+    """The directory's free space."""
+
+
+@dataclass
+class PendingWrite:
+    """A tier save whose files a thread writes from the snapshot."""
+
+    step: int
+    path: Path
+    future: Future[tuple[int, float]]
+    """The bytes written and the seconds the write took, once committed."""
+    stall: float
+    """Seconds the step stopped for it (waiting for the previous write, the snapshot)."""
 
 
 class MemoryTier:
     """One rank's memory tier (collective-free). Built only for strategies ddp and fsdp."""
 
-    def __init__(self, settings: TierSettings, engine: LocalState, rank: int, world_size: int, strategy: str):
+    def __init__(self, settings: TierSettings, engine: LocalState, rank: int, world_size: int, strategy: str,
+                 device: torch.device | None = None):
         self.settings = settings
         self.engine = engine
         self.rank = rank
@@ -255,8 +292,13 @@ class MemoryTier:
         self.strategy = strategy
         self.root = rank_dir(settings.directory, rank)
         self.active = True
+        self.budget_bytes = settings.budget_bytes
+        """This rank's budget for its two copies (the gang's plan sets it at resume: budget.plan_gang)."""
         self.last_bytes: int | None = None
         self.skip_warned = False
+        self.snapshot = Snapshot(pinned=device is not None and device.type == "cuda")
+        self.pending: PendingWrite | None = None
+        self._writer: ThreadPoolExecutor | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], spec: TrainingJobSpec, engine: Savable, rank: int,
@@ -270,7 +312,7 @@ class MemoryTier:
                 log.info("checkpoint.memory is off for strategy %s (DeepSpeed writes its own checkpoints, not "
                          "one per rank): every restart resumes from the durable tier", spec.strategy)
             return None
-        return cls(settings, local, rank, world_size, spec.strategy)
+        return cls(settings, local, rank, world_size, spec.strategy, engine.device)
 
     # -- what this rank holds
 
@@ -289,18 +331,17 @@ class MemoryTier:
 
     def offer(self) -> Offer:
         held = self.held()
+        steps = tuple(s for s, _ in held)
         try:
             free = free_bytes(self.settings.directory)
         except OSError as exc:
             log.warning("checkpoint.memory is off: %s: %s; restarts resume from the durable tier",
                         self.settings.directory, exc)
-            return Offer(tuple(s for s, _ in held), False)
-        held_bytes = sum(tree_bytes(p) for _, p in held)
-        why = does_not_fit(estimate_bytes(self.engine), self.settings.budget_bytes, free, held_bytes,
-                           self.settings.sharing)
-        if why:
-            log.warning("checkpoint.memory is off: %s; restarts resume from the durable tier", why)
-        return Offer(tuple(s for s, _ in held), why is None)
+            return Offer(steps, False)
+        return Offer(steps, True, sum(tree_bytes(p) for _, p in held), free)
+
+    def state_bytes(self) -> int:
+        return estimate_bytes(self.engine)
 
     # -- resume
 
@@ -327,12 +368,22 @@ class MemoryTier:
                 shutil.rmtree(path, ignore_errors=True)
 
     def turn_off(self) -> None:
-        """The gang keeps no tier this generation: nothing of it stays in memory."""
+        """The tier is off on this rank from now on: nothing of it stays in memory (a write in flight ends first)."""
         self.active = False
+        self.collect(wait=True)
+        self.snapshot = Snapshot(self.snapshot.pinned)
         self.remove()
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def close(self) -> None:
+        """At exit, however it comes: the write in flight may end (bounded; it writes to memory), so that the
+        newest step it holds is complete. One that does not end in time stays torn, which resume ignores."""
+        self.collect(wait=True, timeout=CLOSE_WAIT_SECONDS)
+        if self._writer is not None:
+            self._writer.shutdown(wait=False)
+            self._writer = None
 
     # -- saving
 
@@ -340,67 +391,105 @@ class MemoryTier:
         return self.active and not final and step % self.settings.every_steps == 0
 
     def maybe_save(self, state: TrainerState, *, final: bool) -> Path | None:
-        """Write this rank's part of ``state.step`` when due (no collective); the committed directory, or None."""
+        """When due (no collective): wait for the previous write (normally long done), copy this rank's state
+        into the snapshot and start writing it in the background. The directory being written, or None."""
         if not self.due(state.step, final=final):
             return None
         hangs.write_beat(state.step, hangs.CHECKPOINT, force=True)
         try:
-            return self._save(state)
+            t0 = time.perf_counter()
+            self.collect(wait=True)
+            return self._start(state, t0) if self.active and self._room_for(state.step) else None
         finally:
             hangs.write_beat(state.step, force=True)  # judged as training again
 
-    def _save(self, state: TrainerState) -> Path | None:
+    def _room_for(self, step: int) -> bool:
+        """The free space holds this rank's share of a new copy; where it does not, the step is skipped."""
         expected = self.last_bytes or estimate_bytes(self.engine)
         try:
             free = free_bytes(self.settings.directory)
         except OSError:
             free = 0
-        if expected > free // max(1, self.settings.sharing):
-            if not self.skip_warned:
-                log.warning("checkpoint.memory: step %d not kept: %s free in %s, this rank's state takes %s "
-                            "(said once; later steps are skipped alike while it stays full)", state.step,
-                            _mib(free), self.settings.directory, _mib(expected))
-                self.skip_warned = True
-            return None
-        t0 = time.perf_counter()
+        if expected <= free // max(1, self.settings.sharing):
+            return True
+        if not self.skip_warned:
+            log.warning("checkpoint.memory: step %d not kept: %s free in %s, this rank's state takes %s "
+                        "(said once; later steps are skipped alike while it stays full)", step,
+                        _mib(free), self.settings.directory, _mib(expected))
+            self.skip_warned = True
+        return False
+
+    def _start(self, state: TrainerState, t0: float) -> Path | None:
+        """Inside the step: the snapshot (and PowerSGD's state, written at once); then the write goes on alone."""
         path = self.root / checkpoint_dirname(state.step)
         try:
-            written = self._write(path, state)
-        except OSError as exc:
-            log.warning("checkpoint.memory is off: writing %s failed (%s); restarts resume from the durable tier",
-                        path, exc)
-            self.turn_off()
-            return None
-        budget = self.settings.budget_bytes
-        if budget is not None and 2 * written > budget:
-            log.warning("checkpoint.memory is off: this rank's state takes %s, two copies exceed its budget of %s; "
-                        "restarts resume from the durable tier", _mib(written), _mib(budget))
-            self.turn_off()
-            return None
-        self.last_bytes = written
-        for entry in self.root.glob("step-*"):
-            if entry != path:
-                shutil.rmtree(entry, ignore_errors=True)
-        if self.rank == 0:
-            log.info("memory tier step %d kept in %.2fs (%s on this rank)", state.step, time.perf_counter() - t0,
-                     _mib(written))
-        return path
-
-    def _write(self, path: Path, state: TrainerState) -> int:
-        if path.exists():  # a torn write of the same step, by an earlier generation
-            shutil.rmtree(path)
-        path.mkdir(parents=True, mode=0o700)
-        try:
-            torch.save({"engine": engine_state(self.engine), "rng": rng_state()}, path / STATE_FILE)
+            if path.exists():  # a torn write of the same step, by an earlier generation
+                shutil.rmtree(path)
+            path.mkdir(parents=True, mode=0o700)
+            snapshot = self.snapshot.take(live_state(self.engine))
             if self.engine.compression is not None:
                 self.engine.compression.save(path)
-            atomic_write_text(path / TRAINER_STATE, json.dumps(asdict(state)))
+        except OSError as exc:
+            self._off(path, exc)
+            return None
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kubetrain-memory-tier")
+        future = self._writer.submit(self._write, path, state.step, {"engine": snapshot, "rng": rng_state()},
+                                     json.dumps(asdict(state)))
+        self.pending = PendingWrite(state.step, path, future, stall=time.perf_counter() - t0)
+        return path
+
+    def _write(self, path: Path, step: int, saved: dict[str, Any], trainer_state: str) -> tuple[int, float]:
+        """The writer thread: the files, COMMITTED last, then this rank's other steps go."""
+        t0 = time.perf_counter()
+        try:
+            torch.save(saved, path / STATE_FILE)
+            atomic_write_text(path / TRAINER_STATE, trainer_state)
             written = tree_bytes(path)
-            marker = {"step": state.step, "rank": self.rank, "worldSize": self.world_size,
+            marker = {"step": step, "rank": self.rank, "worldSize": self.world_size,
                       "strategy": self.strategy, "bytes": written, "time": now_rfc3339()}
             atomic_write_text(path / COMMIT_MARKER, json.dumps(marker) + "\n")
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
-        return written
+        for entry in self.root.glob("step-*"):
+            if entry != path:
+                shutil.rmtree(entry, ignore_errors=True)
+        return written, time.perf_counter() - t0
 
+    def collect(self, *, wait: bool, timeout: float | None = None) -> None:
+        """Take the outcome of the write in flight once it ended (waiting for it, at most `timeout`, when `wait`):
+        a write that failed, or a state bigger than the budget, turns the tier off on this rank."""
+        job = self.pending
+        if job is None or (not wait and not job.future.done()):
+            return
+        try:
+            written, seconds = job.future.result(timeout=timeout)
+        except FutureTimeout:
+            log.warning("checkpoint.memory: step %d not kept: its write did not end within %.0f s", job.step,
+                        timeout or 0)
+            return
+        except OSError as exc:
+            self.pending = None
+            self._off(job.path, exc)
+            return
+        self.pending = None
+        self._kept(job, written, seconds)
+
+    def _kept(self, job: PendingWrite, written: int, seconds: float) -> None:
+        budget = self.budget_bytes
+        if budget is not None and 2 * written > budget:
+            log.warning("checkpoint.memory is off: this rank's state takes %s, two copies exceed its budget of %s; "
+                        "restarts resume from the durable tier", _mib(written), _mib(budget))
+            self.turn_off()
+            return
+        self.last_bytes = written
+        if self.rank == 0:
+            log.info("memory tier step %d kept: %.3f s in the step, written in %.3f s in the background (%s on "
+                     "this rank)", job.step, job.stall, seconds, _mib(written))
+
+    def _off(self, path: Path, exc: BaseException) -> None:
+        log.warning("checkpoint.memory is off: writing %s failed (%s); restarts resume from the durable tier",
+                    path, exc)
+        shutil.rmtree(path, ignore_errors=True)
+        self.turn_off()

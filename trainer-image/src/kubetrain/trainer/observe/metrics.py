@@ -104,6 +104,12 @@ class Metrics:
             "kubetrain_trainer_device_memory_bytes", "This rank's GPU memory as torch sees it after a step: "
             "allocated (by tensors), reserved (by the caching allocator), peak (max allocated during the step)",
             [*_LABELS, "kind"], registry=self.registry)
+        self.peak_memory_bytes = Gauge(
+            "kubetrain_trainer_peak_memory_bytes", "This rank's peak memory since its process started: host (its "
+            "resident set, VmHWM), device (GPU memory allocated by tensors, on CUDA)", [*_LABELS, "kind"],
+            registry=self.registry)
+        self.device_peak_bytes: int | None = None
+        """The most GPU memory allocated since the process started (torch's own peak is reset every step)."""
         self.preflight_gflops = gauge("kubetrain_trainer_preflight_gflops",
                                       "This rank's matmul rate at the generation's preflight, GFLOP/s")
         self.preflight_busbw = gauge("kubetrain_trainer_preflight_bus_bandwidth_gbps",
@@ -169,6 +175,13 @@ class Metrics:
 
     def observe_device_memory(self, allocated: int, reserved: int, peak: int) -> None:
         lb = self.labels
+        self.device_peak_bytes = max(self.device_peak_bytes or 0, peak)
         self.cuda_memory_bytes.labels(**lb).set(peak)
         for kind, value in (("allocated", allocated), ("reserved", reserved), ("peak", peak)):
             self.device_memory_bytes.labels(**lb, kind=kind).set(value)
+
+    def observe_peak_memory(self, host: int, device: int | None) -> None:
+        """This rank's peaks since its process started (observe.memory.PeakMemory)."""
+        self.peak_memory_bytes.labels(**self.labels, kind="host").set(host)
+        if device is not None:
+            self.peak_memory_bytes.labels(**self.labels, kind="device").set(device)
