@@ -15,12 +15,12 @@ from support.process_group import gloo_world_of_one
 from support.trainer_harness import tiny_spec
 from torch import nn
 
-from kubetrain.core.api import TrainingJobSpec
+from kubetrain.core.api import FSDPSpec, TrainingJobSpec
 from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.data.text import Sampler
 from kubetrain.trainer.model import Attention, build_model
 from kubetrain.trainer.parallel import Layout
-from kubetrain.trainer.parallel.engines import make_engine
+from kubetrain.trainer.parallel.engines import fsdp_sync, make_engine
 from kubetrain.trainer.parallel.pipeline import RankPart, rank_stages, split_stage, split_stages, stage_blocks
 from kubetrain.trainer.parallel.tensor import hf_plan
 
@@ -184,6 +184,53 @@ def test_a_pipeline_that_does_not_divide_the_world_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as refused:
         Layout(6, 2, 2)
     assert refused.value.field == "parallelism.pipeline"
+
+
+# --------------------------------------------------------------------------- HSDP (parallelism.replicate)
+
+
+@pytest.mark.parametrize(("world", "tensor", "pipeline", "replicate", "shape", "names"), [
+    (4, 1, 1, 2, (2, 2), ("replicate", "dp")),
+    (16, 1, 1, 2, (2, 8), ("replicate", "dp")),  # 2 nodes of 8: shard within a node, replicate across
+    (16, 2, 1, 2, (2, 4, 2), ("replicate", "dp", "tp")),
+    (16, 2, 2, 2, (2, 2, 2, 2), ("pp", "replicate", "dp", "tp")),
+    (4, 1, 1, 4, (4, 1), ("replicate", "dp")),  # every rank its own group: DDP-like
+])
+def test_hsdp_splits_the_data_dimension_into_replica_groups(world: int, tensor: int, pipeline: int, replicate: int,
+                                                            shape: tuple[int, ...], names: tuple[str, ...]) -> None:
+    layout = Layout(world, tensor, pipeline, replicate)
+    assert (layout.shape, layout.names) == (shape, names)
+    assert layout.data == world // tensor // pipeline and layout.shard * replicate == layout.data
+    plain = Layout(world, tensor, pipeline)  # which data a rank reads does not depend on the grouping
+    assert [layout.data_rank(r) for r in range(world)] == [plain.data_rank(r) for r in range(world)]
+
+
+def test_an_hsdp_group_is_consecutive_ranks_so_one_worker_holds_it() -> None:
+    """2 workers x 4 processes, replicate 2: the shard group of ranks 0-3 is worker 0, of 4-7 worker 1."""
+    layout = Layout(8, 1, 1, 2)
+    groups = [[r for r in range(8) if layout.data_rank(r) // layout.shard == g] for g in range(2)]
+    assert groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_a_replicate_degree_that_does_not_divide_the_data_ranks_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Layout(8, 2, 1, 3)
+    assert refused.value.field == "parallelism.replicate" and "data-parallel ranks 4" in refused.value.message
+
+
+@pytest.mark.parametrize(("fsdp", "replicas", "switches"), [
+    (None, 1, [{}, {}, {}]),  # every micro-batch reduce-scatters: gradients stay sharded
+    (FSDPSpec(), 1, [{}, {}, {}]),
+    (None, 2, [{"set_requires_all_reduce": False}] * 2 + [{"set_requires_all_reduce": True}]),  # HSDP: once a step
+    (FSDPSpec(accumulateUnsharded=True), 1,
+     [{"set_requires_gradient_sync": False}] * 2 + [{"set_requires_gradient_sync": True}]),
+    (FSDPSpec(accumulateUnsharded=True), 2,
+     [{"set_requires_gradient_sync": False}] * 2 + [{"set_requires_gradient_sync": True}]),
+])
+def test_fsdp_gradients_accumulate_sharded_unless_asked_otherwise(fsdp: FSDPSpec | None, replicas: int,
+                                                                 switches: list[dict[str, bool]]) -> None:
+    """Three micro-batches: which FSDP2 switches each backward sets."""
+    assert [fsdp_sync(fsdp, replicas, last) for last in (False, False, True)] == switches
 
 
 @pytest.mark.parametrize(("layers", "stages", "runs"), [

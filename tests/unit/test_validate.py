@@ -397,6 +397,31 @@ def test_pipeline_parallel_layouts(spec, line, tmp_path, capsys):
     _validate_layout(spec, line, tmp_path, capsys)
 
 
+REPLICATE_WORLD_LINE = ("spec.parallelism.replicate: parallelism.replicate must divide the data-parallel processes: "
+                        "world size (workers x processes per worker) / (parallelism.tensor x parallelism.pipeline); "
+                        "HSDP shards within each of the R groups")
+REPLICATE_STRATEGY_LINE = ("spec.parallelism.replicate: parallelism.replicate > 1 (HSDP) needs strategy fsdp: ddp "
+                           "replicates the whole model already, and deepspeed shards over all processes")
+
+
+@pytest.mark.parametrize(("spec", "line"), [
+    ("{strategy: fsdp, workers: 2, procsPerWorker: 4, parallelism: {replicate: 2}}", None),  # a group per worker
+    ("{strategy: fsdp, workers: 4, procsPerWorker: 2, parallelism: {replicate: 2}}", None),
+    ("{strategy: fsdp, workers: 2, procsPerWorker: 4, parallelism: {replicate: 2, tensor: 2}}", None),
+    ("{strategy: fsdp, workers: 2, procsPerWorker: 2, gradientAccumulationSteps: 2, "
+     "parallelism: {replicate: 2, pipeline: 2}}", None),  # 2 data ranks per stage, each its own group
+    ("{strategy: fsdp, workers: 2, procsPerWorker: 2, gradientAccumulationSteps: 2, "
+     "parallelism: {replicate: 4, pipeline: 2}}", REPLICATE_WORLD_LINE),  # 4 groups of 2 data ranks
+    ("{strategy: fsdp, workers: 3, procsPerWorker: 2, parallelism: {replicate: 4}}", REPLICATE_WORLD_LINE),
+    ("{strategy: fsdp, workers: 2, procsPerWorker: 2, parallelism: {replicate: 4, tensor: 2}}", REPLICATE_WORLD_LINE),
+    ("{strategy: ddp, workers: 2, parallelism: {replicate: 2}}", REPLICATE_STRATEGY_LINE),
+    ("{strategy: deepspeed, workers: 2, parallelism: {replicate: 2}}", REPLICATE_STRATEGY_LINE),
+])
+def test_hsdp_layouts(spec, line, tmp_path, capsys):
+    """R divides world / (T x P); R > 1 only with FSDP2."""
+    _validate_layout(spec, line, tmp_path, capsys)
+
+
 @pytest.mark.parametrize(("spec", "line"), [
     ("{compile: true}", None),  # ddp, bf16
     ("{compile: true, strategy: fsdp, precision: fp16, activationCheckpointing: true}", None),

@@ -234,6 +234,8 @@ class FSDPSpec(_Model):
     """Free each block's gathered parameters after its forward pass (ZeRO-3 like, less memory). False keeps them until backward (ZeRO-2 like, less communication)."""
     cpu_offload: bool = False
     """Keep sharded parameters, gradients and optimizer state in host memory."""
+    accumulate_unsharded: bool = False
+    """With gradientAccumulationSteps > 1: keep each micro-batch's gradients whole and reduce-scatter them once per step, instead of once per micro-batch. One reduce-scatter per step instead of gradientAccumulationSteps, but every process holds the whole model's gradient (4 bytes per parameter in fp32: 32 GB for an 8B model) until the step's last micro-batch. False (the default) keeps gradients sharded throughout. Pipeline stages (parallelism.pipeline > 1) accumulate whole gradients either way (torch's pipeline schedule)."""
 
 
 class DeepSpeedSpec(_Model):
@@ -267,6 +269,8 @@ class ParallelismSpec(_Model):
     """Tensor-parallel degree T: every block's attention and MLP projections are split across T processes of one worker (their fast intra-node links), and data parallelism (strategy fsdp) runs over the world size / T groups. T must divide procsPerWorker and model.nHeads (for a model.hfPath model: its config's num_attention_heads and num_key_value_heads, which the trainer checks when it loads the model); T > 1 needs strategy fsdp, and the built-in model or a model.hfPath model of the Llama family (model_type llama, mistral, qwen2 or qwen3). 1 (the default): data parallelism only."""
     pipeline: int = Field(1, ge=1, le=1024)
     """Pipeline-parallel degree P: the model's blocks are split into P consecutive stages (the first also holds the embeddings, the last the head and the loss), each run by world size / P processes, and the step's gradientAccumulationSteps micro-batches flow through them. P × tensor must divide the world size and P be at most model.nLayers; P > 1 needs strategy fsdp, the built-in model and precision fp32 or bf16; it composes with tensor (each stage split over T processes of a worker). 1 (the default): no pipeline."""
+    replicate: int = Field(1, ge=1, le=4096)
+    """HSDP (strategy fsdp): the data-parallel processes form R groups; FSDP2 shards each block's parameters, gradients and optimizer state within a group and replicates the shards across the groups, so a block's all-gather and reduce-scatter stay inside a group and only one all-reduce of the sharded gradients per step crosses groups. Choose R so that a group is one worker (R = workers with tensor and pipeline 1): the sharded traffic stays on a node's fast links, the inter-node network carries one all-reduce per step. R must divide world size / (tensor × pipeline); each process then holds 1/(world size / (tensor × pipeline × R)) of the model's state. 1 (the default): FSDP over all data-parallel processes."""
     pipeline_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B"] = "1F1B"
     """Order of the micro-batches' forward and backward passes on each stage: `1F1B` (the default) starts each micro-batch's backward as soon as the last stage has its loss and keeps at most P micro-batches' activations per stage (it needs gradientAccumulationSteps >= pipeline); `GPipe` runs all forwards, then all backwards (every micro-batch's activations held at once); `Interleaved1F1B` gives each process 2 smaller stages (process r runs stages r and r + P of 2P), a smaller idle bubble for twice the sends (it needs gradientAccumulationSteps a multiple of pipeline and model.nLayers >= 2 x pipeline)."""
 
@@ -813,6 +817,21 @@ SPEC_RULES: list[Rule] = [
         "parallelism.pipeline times parallelism.tensor must divide the world size (workers x processes per worker): "
         "every stage runs on the same number of processes",
         lambda s: s.parallelism.pipeline == 1 or s.world_size % (s.parallelism.tensor * s.parallelism.pipeline) == 0,
+    ),
+    Rule(
+        "parallelism.replicate",
+        f"self.parallelism.replicate == 1 || (self.workers * {_PROCS_CEL}) % (self.parallelism.tensor * self.parallelism.pipeline * self.parallelism.replicate) == 0",
+        "parallelism.replicate must divide the data-parallel processes: world size (workers x processes per worker) / "
+        "(parallelism.tensor x parallelism.pipeline); HSDP shards within each of the R groups",
+        lambda s: s.parallelism.replicate == 1
+        or s.world_size % (s.parallelism.tensor * s.parallelism.pipeline * s.parallelism.replicate) == 0,
+    ),
+    Rule(
+        "parallelism.replicate",
+        "self.parallelism.replicate == 1 || self.strategy == 'fsdp'",
+        "parallelism.replicate > 1 (HSDP) needs strategy fsdp: ddp replicates the whole model already, and deepspeed "
+        "shards over all processes",
+        lambda s: s.parallelism.replicate == 1 or s.strategy == "fsdp",
     ),
     Rule(
         "parallelism.pipeline",

@@ -355,7 +355,7 @@ def global_batch(spec: TrainingJobSpec, data_replicas: int) -> int:
 
 def layout_of(env: Env, spec: TrainingJobSpec) -> parallel.Layout:
     """The gang's (pp, dp, tp) grid: the sampler reads the data-parallel rank and size from it."""
-    return parallel.Layout(env.world_size, spec.parallelism.tensor, spec.parallelism.pipeline)
+    return parallel.Layout.of(env.world_size, spec.parallelism)
 
 
 def train_step(
@@ -497,7 +497,7 @@ def _train(
     metrics = Metrics(env.job, env.rank, env.metrics_port, addr=env.metrics_addr)
     metrics.set_generation(env.generation)
     checked = preflight.run(env, spec, device, metrics)  # collective, before the model: no step yet
-    model = build_model(spec.model, spec.activation_checkpointing, spec.seed)
+    model = build_model(spec.model, spec.activation_checkpointing, spec.seed, meta=True)  # storage once sharded
     check_vocab(data, held, vocab_size(model))
     fpt = flops_per_token(model, spec.model)
     engine = make_engine(spec, model, device, env.world_size)

@@ -4,10 +4,16 @@ Pre-norm blocks, causal attention through ``F.scaled_dot_product_attention``, GE
 MLP, learned positions, untied output head, no dropout (runs are deterministic).
 Every parameter lives in a submodule that is *called* (never indexed directly) so
 that FSDP2 and ZeRO-3 parameter hooks see every use.
+
+Initial weights depend on the seed and the parameter's name only (:func:`init_weights`): each parameter's
+whole tensor is drawn from a generator seeded with (seed, name), then cut to the part a rank holds. So a
+model built on the meta device, split and sharded, and only then given storage (parallel/materialize.py)
+starts from the same weights as one built whole, whatever the world size or layout.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -86,7 +92,9 @@ def own_blocks(model: nn.Module) -> list[nn.Module]:
 class Transformer(nn.Module):
     """``forward(tokens, targets)`` returns the mean next-token cross-entropy (fp32)."""
 
-    def __init__(self, spec: ModelSpec, activation_checkpointing: bool = False) -> None:
+    def __init__(self, spec: ModelSpec, activation_checkpointing: bool = False, seed: int | None = 0) -> None:
+        """``seed``: initialise the weights (:func:`init_weights`); None leaves them as built (the meta device,
+        DeepSpeed's zero.Init, where they are initialised once partitioned)."""
         super().__init__()
         self.seq_len = spec.seq_len
         self.activation_checkpointing = activation_checkpointing
@@ -99,17 +107,8 @@ class Transformer(nn.Module):
         self.n_layers = spec.n_layers
         self.n_heads = spec.n_heads
         self.d_model = spec.d_model
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        for name, p in self.named_parameters():
-            if p.dim() >= 2:
-                std = 0.02
-                if name.endswith("proj.weight") or name.endswith("out.weight"):
-                    std = 0.02 / (2 * self.n_layers) ** 0.5  # GPT-2 style scaled residual projections
-                nn.init.normal_(p, mean=0.0, std=std)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
+        if seed is not None:
+            init_weights(self, spec, seed)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """The mean loss; without ``targets``, what this module's part of the model outputs. A pipeline stage
@@ -134,6 +133,41 @@ class Transformer(nn.Module):
         if exclude_embeddings:
             n -= sum(e.weight.numel() for e in (self.tok, self.pos) if e is not None)
         return n
+
+
+def param_generator(seed: int, name: str, device: torch.device) -> torch.Generator:
+    """The generator of parameter ``name``'s initial values: seeded from (seed, name) alone."""
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return generator
+
+
+def initial_value(name: str, shape: torch.Size, n_layers: int, generator: torch.Generator,
+                  device: torch.device) -> torch.Tensor:
+    """The whole initial tensor of the built-in model's parameter ``name``: GPT-2's init (normal, std 0.02, the
+    residual projections scaled by 1/sqrt(2 × n_layers)), zero biases, unit norm weights."""
+    if len(shape) >= 2:
+        std = 0.02 / (2 * n_layers) ** 0.5 if name.endswith(("proj.weight", "out.weight")) else 0.02
+        return torch.empty(shape, device=device).normal_(0.0, std, generator=generator)
+    return torch.zeros(shape, device=device) if name.endswith("bias") else torch.ones(shape, device=device)
+
+
+def init_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
+    """Fill every parameter ``module`` holds (the whole built-in model, a pipeline stage, split and sharded
+    or not) with its initial value, each rank its own part: the whole tensor is drawn on this rank's device,
+    one parameter at a time, and cut as the parameter's DTensor placements say."""
+    from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: PLC0415
+
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            generator = param_generator(seed, name, local.device)
+            whole = initial_value(name, p.shape, spec.n_layers, generator, local.device).to(p.dtype)
+            if isinstance(p, DTensor):
+                # Every rank drew the same whole tensor: each keeps its part, no communication.
+                whole = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None)
+            p.copy_(whole)
 
 
 def flops_per_token(model: nn.Module, spec: ModelSpec) -> float:
@@ -195,11 +229,16 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     return []
 
 
-def build_model(spec: ModelSpec, activation_checkpointing: bool, seed: int) -> nn.Module:
-    """The model, initialised identically on every rank (seeded)."""
+def build_model(spec: ModelSpec, activation_checkpointing: bool, seed: int, meta: bool = False) -> nn.Module:
+    """The model, with the same weights on every rank (seeded). ``meta``: the built-in model on the meta device,
+    without storage, for the engine to split, shard and only then materialise (parallel/materialize.py) with
+    the same seed; a Hugging Face model is loaded whole either way."""
     torch.manual_seed(seed)
     if not spec.hf_path:
-        return Transformer(spec, activation_checkpointing)
+        if meta:
+            with torch.device("meta"):
+                return Transformer(spec, activation_checkpointing, seed=None)
+        return Transformer(spec, activation_checkpointing, seed=seed)
     path = Path(spec.hf_path)
     if importlib.util.find_spec("transformers") is None:
         raise ConfigError("model.hfPath", "needs the `transformers` package, which is not installed in this image")

@@ -9,6 +9,7 @@ from torch import nn
 
 from kubetrain.core.api import TrainingJobSpec
 from kubetrain.trainer.model import transformer_blocks
+from kubetrain.trainer.parallel.materialize import on_meta
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 def shard_data(model: nn.Module, spec: TrainingJobSpec, device: torch.device, dp_mesh: DeviceMesh,
                amp_dtype: torch.dtype | None) -> nn.Module:
     """``fully_shard`` per block, then the root, over ``dp_mesh`` (tensor-parallel DTensors are sharded
-    once more, along the data dimension)."""
+    once more, along the data dimension). A 2-D ``dp_mesh`` (replicate, dp) is HSDP: each parameter sharded
+    within a group and replicated across the groups."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard  # noqa: PLC0415
 
     fs = spec.fsdp
@@ -29,8 +31,8 @@ def shard_data(model: nn.Module, spec: TrainingJobSpec, device: torch.device, dp
         mp = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
     else:
         mp = MixedPrecisionPolicy()
-    if not (fs and fs.cpu_offload):
-        model.to(device)
+    if not (fs and fs.cpu_offload) and not on_meta(model):
+        model.to(device)  # a model on the meta device gets its storage once sharded (parallel.materialize)
     blocks = transformer_blocks(model)
     for i, block in enumerate(blocks):
         # The last block's parameters would be all-gathered again right away by backward: keep them.

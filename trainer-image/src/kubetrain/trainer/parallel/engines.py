@@ -25,11 +25,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from kubetrain.core.api import TrainingJobSpec
+from kubetrain.core.api import FSDPSpec, TrainingJobSpec
 from kubetrain.trainer import parallel
 from kubetrain.trainer.checkpoint import legacy
 from kubetrain.trainer.checkpoint.safe_load import safe_load
 from kubetrain.trainer.config import ConfigError
+from kubetrain.trainer.model import Transformer, initial_value, param_generator
 from kubetrain.trainer.parallel import compression, zero3
 from kubetrain.trainer.schedule import lr_factor
 
@@ -191,6 +192,18 @@ def _scale(grads: list[torch.Tensor], coef: torch.Tensor) -> None:
 # --------------------------------------------------------------------------- DDP and FSDP2
 
 
+def fsdp_sync(fsdp: FSDPSpec | None, replicas: int, last: bool) -> dict[str, bool]:
+    """FSDP2's gradient-sync switches for one micro-batch's backward (``last``: the step's last). By default every
+    micro-batch reduce-scatters, so gradients accumulate sharded (1/shard of the model's per process); HSDP
+    all-reduces the sharded sums across its ``replicas`` groups once, after the last. fsdp.accumulateUnsharded
+    keeps whole gradients until the last micro-batch: one reduce-scatter a step, a whole gradient held."""
+    if fsdp is not None and fsdp.accumulate_unsharded:
+        return {"set_requires_gradient_sync": last}
+    if replicas > 1:
+        return {"set_requires_all_reduce": last}
+    return {}
+
+
 class TorchEngine(Engine):
     """DDP (``DistributedDataParallel``) or FSDP2 (``fully_shard`` per block + root), torch AMP."""
 
@@ -201,9 +214,10 @@ class TorchEngine(Engine):
         self.precision = spec.precision
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
         self.pipeline: parallel.Pipeline | None = None
+        self.replicas = 1
         if spec.strategy == "fsdp":
-            layout = parallel.Layout(world_size, spec.parallelism.tensor, spec.parallelism.pipeline)
-            self.pipeline_degree = layout.pipeline
+            layout = parallel.Layout.of(world_size, spec.parallelism)
+            self.pipeline_degree, self.replicas = layout.pipeline, layout.replicate
             if layout.pipeline > 1:
                 self.model, self.pipeline = parallel.parallelize_pipeline(model, spec, device, layout, self.amp_dtype)
             else:
@@ -228,8 +242,10 @@ class TorchEngine(Engine):
                 self.scaler = torch.amp.GradScaler(device.type, init_scale=_fp16_init_scale())
 
     def _sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        """Gradient synchronisation of one micro-batch's backward (``last``: the step's last one)."""
         if self.strategy == "fsdp":
-            self.model.set_requires_gradient_sync(last)  # type: ignore[operator]
+            for switch, value in fsdp_sync(self.spec.fsdp, self.replicas, last).items():
+                getattr(self.model, switch)(value)
             return contextlib.nullcontext()
         return contextlib.nullcontext() if last else self.model.no_sync()  # type: ignore[operator]
 
@@ -407,6 +423,30 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _deepspeed_model(model: nn.Module, spec: TrainingJobSpec, device: torch.device,
+                     config: dict[str, Any]) -> nn.Module:
+    """``model`` with storage on ``device``. Built on the meta device, ZeRO-3 builds it again under
+    ``deepspeed.zero.Init`` (each block partitioned as soon as it is built) and initialises each parameter
+    gathered, one at a time; ZeRO 0-2 keep whole parameters on every rank anyway."""
+    if not parallel.on_meta(model):
+        return model.to(device)
+    if config["zero_optimization"]["stage"] != 3 or not isinstance(model, Transformer):
+        return parallel.materialize(model, spec, device)
+    import deepspeed  # noqa: PLC0415
+
+    # zero.Init reads the world size from deepspeed.comm, which wraps the existing process group once told to.
+    deepspeed.comm.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False,
+                                    dist_init_required=False)
+    with deepspeed.zero.Init(config_dict_or_path=config, remote_device=None, dtype=torch.float32):
+        built = Transformer(spec.model, spec.activation_checkpointing, seed=None)
+    for name, p in built.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
+            if dist.get_rank() == 0:
+                generator = param_generator(spec.seed, name, p.device)
+                p.copy_(initial_value(name, p.shape, spec.model.n_layers, generator, p.device))
+    return built
+
+
 class DeepSpeedEngine(Engine):
     """DeepSpeed ZeRO 0-3 with a torch AdamW (no JIT-compiled DeepSpeed Adam)."""
 
@@ -427,7 +467,8 @@ class DeepSpeedEngine(Engine):
         self.device = device
         self.world_size = world_size
         self.zero_stage = spec.deepspeed.zero_stage if spec.deepspeed else 2
-        model.to(device)
+        config = deepspeed_config(spec, world_size, model)
+        model = _deepspeed_model(model, spec, device, config)
         if spec.compile:  # before ZeRO wraps the model, as FSDP2 after it (its parameter hooks run eager)
             parallel.compile_blocks(model)
         optimizer = make_optimizer(model.parameters(), spec)
@@ -435,7 +476,7 @@ class DeepSpeedEngine(Engine):
             model=model,
             optimizer=optimizer,
             lr_scheduler=lambda opt: make_scheduler(opt, spec),
-            config=deepspeed_config(spec, world_size, model),
+            config=config,
             dist_init_required=False,
         )
         self.engine = engine

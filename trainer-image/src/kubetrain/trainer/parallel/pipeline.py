@@ -1,6 +1,7 @@
 """Pipeline parallelism for the built-in model: its blocks split into P stages, run by a torch schedule.
 
-Every rank builds the whole (seeded) model, then deletes what its stage does not own: the first stage keeps
+Every rank builds the whole model on the meta device (no storage), then deletes what its stage does not own
+(parallel.materialize gives the rest storage afterwards): the first stage keeps
 the embeddings, the last the final norm, the head and the loss, and each its run of blocks under their
 original indices. The parameters keep the whole model's names, so a checkpoint written by one layout is
 read by any other (DCP matches names, then reshards). The step's micro-batches (gradientAccumulationSteps
