@@ -39,7 +39,8 @@ COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 FEATURE_GATES="GenericWorkload=true,GangScheduling=true"
 REAL_NODE="${KUBETRAIN_REAL_NODE:-auto}"
 # Packages are installed where the node is asked for (1) or required (CI); auto only looks.
-if [[ "$REAL_NODE" == 1 || "${CI:-}" == true ]]; then "${HACK_DIR}/node-deps.sh"; fi
+# (under the lock hack/prebuild.sh takes for them too: two apt-get at once fail on dpkg's lock).
+if [[ "$REAL_NODE" == 1 || "${CI:-}" == true ]]; then flock "${KUBETRAIN_CACHE}/.node-deps.lock" "${HACK_DIR}/node-deps.sh"; fi
 if [[ "$REAL_NODE" == auto ]]; then
   if why="$("${HACK_DIR}/real-node.sh" check)"; then REAL_NODE=1
   elif [[ "${CI:-}" == true ]]; then die "CI needs the real node, but: ${why}"
@@ -166,8 +167,19 @@ if healthy; then
   echo "$KUBECONFIG_ADMIN"
   exit 0
 fi
-# Anything half-started is stopped first.
-"${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true
+# A background build (hack/prebuild.sh) may be building what is needed: build.sh waits for each such part.
+prebuild_status="$("${HACK_DIR}/prebuild.sh" status)"
+if grep -q '^prebuild: running' <<<"$prebuild_status"; then echo "$prebuild_status" >&2; fi
+# Anything half-started is stopped first. That stops the node's containerd: not while hack/images.sh
+# loads an image into it (the background build's images, or `make images`).
+if [[ -d "${D}/node" && -f "${KUBETRAIN_NODE_RUN}/images.lock" ]]; then
+  exec 7>>"${KUBETRAIN_NODE_RUN}/images.lock"
+  take_lock 7 "${KUBETRAIN_NODE_RUN}/images.lock" "hack/images.sh to finish (it uses the node's containerd)"
+  "${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true
+  exec 7>&-
+else
+  "${HACK_DIR}/cluster-down.sh" >/dev/null 2>&1 || true
+fi
 
 if [[ "$REAL_NODE" == 1 ]]; then "${HACK_DIR}/build.sh"; else "${HACK_DIR}/build.sh" "${CONTROL_PLANE[@]}" "${HOST_SERVICES[@]}"; fi
 # From here on a failure stops whatever was started (logs stay in ${D}/logs).

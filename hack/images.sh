@@ -111,9 +111,16 @@ bud() {
   local name="$1" file="$2" context="$3" start=$SECONDS
   shift 3
   log "building ${name} from ${file#"${REPO_ROOT}"/} ..."
-  bld bud --isolation chroot --network host --layers --pull=never "${CA_MOUNT[@]}" "$@" \
-    -f "$file" -t "$name" "$context" >&2
+  with_progress "building ${name}" bld bud --isolation chroot --network host --layers --pull=never \
+    "${CA_MOUNT[@]}" "$@" -f "$file" -t "$name" "$context" >&2
   log "  ${name} is $(image_id "$name" | cut -c1-19) ($((SECONDS - start))s)"
+}
+
+debootstrap_base() {  # debootstrap_base <rootfs> <log>: its milestones on stderr, everything in <log>
+  debootstrap --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \
+    bookworm "$1" "$DEBIAN_MIRROR" 2>&1 | tee "$2" \
+    | { grep --line-buffered -E 'packages\.\.\.$|system\.\.\.$|successfully|^[WE]:' || true; } >&2
+  return "${PIPESTATUS[0]}"
 }
 
 # The Debian base: made once (delete it with `hack/images.sh buildah rmi` to remake it).
@@ -123,9 +130,7 @@ build_base() {
   new_tmp base
   dir="${TMPS[-1]}" rootfs="${TMPS[-1]}/rootfs"
   log "making ${BASE_IMAGE} with debootstrap from ${DEBIAN_MIRROR} (1-2 min) ..."
-  if ! debootstrap --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \
-      bookworm "$rootfs" "$DEBIAN_MIRROR" 2>&1 | tee "${dir}/debootstrap.log" \
-      | { grep --line-buffered -E 'packages\.\.\.$|system\.\.\.$|successfully|^[WE]:' || true; } >&2; then
+  if ! with_progress "making ${BASE_IMAGE}" debootstrap_base "$rootfs" "${dir}/debootstrap.log"; then
     tail -n 20 "${dir}/debootstrap.log" >&2
     die "debootstrap failed (full log above: ${dir}/debootstrap.log is removed on exit)"
   fi
@@ -173,8 +178,15 @@ push_image() {
     log "no registry at ${REGISTRY} (hack/registry.sh start): ${1} not pushed"; return 0; }
   printf 'FROM %s\nLABEL io.kubetrain.published-to="%s"\n' "$1" "$REGISTRY" \
     | bld bud --isolation chroot --pull=never --layers -q -f - -t "$ref" "$REPO_ROOT" >/dev/null
-  skopeo copy -q --dest-tls-verify=false --dest-compress-format zstd "${STORAGE_REF}${ref}" "docker://${ref}"
+  with_progress "pushing ${ref}" \
+    skopeo copy -q --dest-tls-verify=false --dest-compress-format zstd "${STORAGE_REF}${ref}" "docker://${ref}"
   log "  pushed ${ref} ($(image_id "$ref" | cut -c1-19)) in $((SECONDS - start))s"
+}
+
+import_blobs() {  # import_blobs <oci layout> <blob>...: the layout with only those blobs into the node's containerd
+  local dir="$1"
+  shift
+  tar -C "$dir" -cf - oci-layout index.json "${@/#/blobs/sha256/}" | ctr_node images import - >&2
 }
 
 # load_image <name>: put the buildah image <name> into the node's containerd unless it is there.
@@ -193,11 +205,12 @@ load_image() {
   mkdir -p "${tmp}/oci/blobs/sha256"
   blob_names "$tmp" > "${tmp}/had"
   log "loading ${name} into the node's containerd ..."
-  skopeo copy --dest-oci-accept-uncompressed-layers "${STORAGE_REF}${name}" "oci:${tmp}/oci:${name}" >&2
+  with_progress "copying ${name} out of buildah's storage" \
+    skopeo copy --dest-oci-accept-uncompressed-layers "${STORAGE_REF}${name}" "oci:${tmp}/oci:${name}" >&2
   mapfile -t new < <(blob_names "$tmp" | comm -13 "${tmp}/had" -)
   [[ ${#new[@]} -eq 0 ]] || bytes="$(cd "${tmp}/oci/blobs/sha256" && du -cb "${new[@]}" | tail -n 1 | cut -f1)"
   log "  importing ${#new[@]} new blobs ($((bytes / 1048576)) MiB) ..."
-  tar -C "${tmp}/oci" -cf - oci-layout index.json "${new[@]/#/blobs/sha256/}" | ctr_node images import - >&2
+  with_progress "importing ${name} into the node's containerd" import_blobs "${tmp}/oci" "${new[@]}"
   [[ "$(node_image_id "$name")" == "$id" ]] || die "${name}: the node's image is not ${id} after the import"
   log "  loaded ${name} in $((SECONDS - start))s"
 }
@@ -221,10 +234,11 @@ main() {
   preflight
   # One build at a time: two at once (two test runs, a bench beside a test) would tag and load
   # over each other in one buildah storage.
+  # A second one waits (saying so every 30 s: hack/prebuild.sh may be building them), then finds them built.
   mkdir -p "${KUBETRAIN_NODE_RUN}"
-  exec 9>"${KUBETRAIN_NODE_RUN}/images.lock"
-  flock -w 3600 9 || die "another hack/images.sh held ${KUBETRAIN_NODE_RUN}/images.lock for an hour"
-  bash "${HACK_DIR}/containerd.sh" start >/dev/null
+  exec 9>>"${KUBETRAIN_NODE_RUN}/images.lock"
+  take_lock 9 "${KUBETRAIN_NODE_RUN}/images.lock" "the images (hack/images.sh)"
+  bash "${HACK_DIR}/containerd.sh" start >/dev/null 9>&-  # containerd stays: it must not hold the lock
   build_base
   for t in "${want[@]}"; do
     case "$t" in

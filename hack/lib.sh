@@ -18,18 +18,15 @@ export CGO_ENABLED=0
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-# module_version <module dir> <module path>: the version that dir's go.mod pins.
+# module_version <module dir> <module path>: the version that dir's go.mod requires (read without Go:
+# every build.sh, cluster-up and prebuild looks up each part's version, and `go mod edit -json` costs
+# about half a second each on a busy machine).
 module_version() {
-  (cd "$1" && go mod edit -json | python3 -c '
-import json, sys
-want = sys.argv[1]
-for r in json.load(sys.stdin).get("Require") or []:
-    if r["Path"] == want:
-        print(r["Version"])
-        break
-else:
-    sys.exit("not required: " + want)
-' "$2")
+  awk -v m="$2" '
+    /^require[ \t]*\(/ { block = 1; next }
+    block && /^\)/ { block = 0; next }
+    (block && $1 == m) || ($1 == "require" && $2 == m) { print (block ? $2 : $3); found = 1; exit }
+    END { if (!found) { print "not required: " m > "/dev/stderr"; exit 1 } }' "$1/go.mod"
 }
 
 k8s_version() { module_version "${HACK_DIR}/k8s" k8s.io/kubernetes; }
@@ -47,7 +44,7 @@ pause_version() { cat "${HACK_DIR}"/pause/go.mod "${HACK_DIR}"/pause/main.go | s
 # ${KUBETRAIN_BIN_CACHE}/<name>-<version>/<name>; prints its path. --path: only where it is (or would
 # be); --module-dir: the module's directory in GOMODCACHE (downloaded if needed), for its manifests.
 go_tool() {
-  local dir="$1" module="$2" pkg="$3" name="$4" v out start
+  local dir="$1" module="$2" pkg="$3" name="$4" v out
   v="$(module_version "$dir" "$module")"
   out="${KUBETRAIN_BIN_CACHE}/${name}-${v}/${name}"
   case "${5:-}" in
@@ -59,16 +56,80 @@ go_tool() {
     "") ;;
     *) die "usage: $0 [--path | --module-dir]" ;;
   esac
-  if [[ ! -x "$out" ]]; then
-    command -v go >/dev/null || die "building ${name} needs Go >= 1.26 on PATH"
-    log "building ${name} ${v} from ${pkg} (module ${dir#"${REPO_ROOT}/"}; cold: a few minutes) ..."
+  go_binary "$name" "$out" "$dir" "$pkg" ""
+  echo "$out"
+}
+
+# ------------------------------------------------------------------ building, and saying so
+# Every Go binary of the test cluster and its peers is built by go_binary: one builder per binary at a
+# time (a lock per binary, so that a test waiting for one part does not wait for the others), and a
+# line at least every PROGRESS_S seconds while it builds or waits, so no caller ever sits silent.
+PROGRESS_S="${KUBETRAIN_PROGRESS_S:-30}"
+
+# with_progress <what> <command...>: run the command, logging "still <what> (Ns)" every PROGRESS_S s.
+with_progress() {
+  local what="$1" start=$SECONDS next pid rc=0
+  shift
+  "$@" &
+  pid=$!
+  next=$((SECONDS + PROGRESS_S))
+  while pid_alive "$pid"; do
+    if ((SECONDS >= next)); then
+      log "  still ${what} ($((SECONDS - start))s so far)"
+      next=$((SECONDS + PROGRESS_S))
+    fi
+    sleep 1
+  done
+  wait "$pid" || rc=$?
+  return "$rc"
+}
+
+# lock_owner <lock file>: who holds it, as its holder wrote it ("<pid> <epoch> <what>").
+lock_owner() {
+  local pid since what
+  read -r pid since what <"$1.owner" 2>/dev/null || { echo "held by another build"; return 0; }
+  echo "held by pid ${pid} (${what:-a build}) for $(($(date +%s) - since))s"
+}
+
+# take_lock <fd> <lock file> <what>: flock it, saying every PROGRESS_S s what it waits for and for how long.
+take_lock() {
+  local fd="$1" lock="$2" what="$3" start=$SECONDS
+  if ! flock -n "$fd"; then
+    log "waiting for ${what}: $(lock_owner "$lock")"
+    until flock -w "$PROGRESS_S" "$fd"; do
+      log "  still waiting for ${what} ($((SECONDS - start))s so far; $(lock_owner "$lock"))"
+    done
+    log "  ${what}: waited $((SECONDS - start))s"
+  fi
+  echo "$$ $(date +%s) ${KUBETRAIN_BUILD_OWNER:-$0}" >"${lock}.owner"
+}
+
+# go_binary <name> <out> <module dir> <package> <ldflags>: `go build` <package> into <out> unless it is
+# there, under <out>'s lock (a second builder waits, then finds it built). Compiled packages are shared
+# through GOCACHE, modules through GOMODCACHE.
+go_binary() {
+  local name="$1" out="$2" dir="$3" pkg="$4" ldflags="$5" start lock fd
+  [[ -x "$out" ]] && return 0
+  command -v go >/dev/null || die "building ${name} needs Go >= 1.26 on PATH (https://go.dev/dl/)"
+  mkdir -p "$(dirname "$out")"
+  lock="$(dirname "$out").lock"
+  exec {fd}>>"$lock"
+  take_lock "$fd" "$lock" "$name"
+  if [[ -x "$out" ]]; then
+    log "  ${name}: built meanwhile by the other build"
+  else
+    log "building ${name} from ${pkg} (module ${dir#"${REPO_ROOT}/"}) ..."
     start=$SECONDS
-    mkdir -p "$(dirname "$out")"
-    (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "${out}.tmp" "$pkg")
+    with_progress "building ${name}" go_build_in "$dir" "$ldflags" "${out}.tmp" "$pkg" \
+      || die "building ${name} failed (go build ${pkg} in ${dir#"${REPO_ROOT}/"})"
     mv "${out}.tmp" "$out"
     log "  built ${out} in $((SECONDS - start))s"
   fi
-  echo "$out"
+  exec {fd}>&-
+}
+
+go_build_in() {  # go_build_in <module dir> <ldflags> <out> <package>
+  cd "$1" && go build -trimpath -ldflags "-s -w $2" -o "$3" "$4"
 }
 
 # bin_path <component>: where build.sh puts that component's binary.
@@ -83,6 +144,8 @@ bin_path() {
     pause) v="$(pause_version)" ;;
     seaweedfs) v="$(seaweedfs_version)" name=weed ;;
     registry) v="$(registry_version)" ;;
+    helm) v="$(module_version "${HACK_DIR}/helm" helm.sh/helm/v4)" ;;
+    kueue) v="$(module_version "${HACK_DIR}/kueue" sigs.k8s.io/kueue)" ;;
     *) die "unknown component: $c" ;;
   esac
   printf '%s/%s-%s/%s\n' "${KUBETRAIN_BIN_CACHE}" "$c" "$v" "${name:-$c}"
@@ -101,6 +164,11 @@ pid_alive() {
 CONTROL_PLANE=(etcd kwok kube-apiserver kube-controller-manager kube-scheduler kubectl)
 REAL_NODE_PARTS=(kubelet kube-proxy coredns local-path-provisioner pause)
 HOST_SERVICES=(seaweedfs registry)  # the object store and the image registry (hack/objectstore.sh, hack/registry.sh)
+# hack/prebuild.sh's order, by when `make test` (unit, then e2e, then integration) first needs each:
+# helm (the chart's unit tests), SeaweedFS (the e2e object-store tests), the cluster (the integration
+# tier's first test starts it, and cluster-up builds in this same order), then Kueue (its tests come last).
+# helm and kueue are built on first use otherwise (hack/helm/build.sh, hack/kueue/build.sh).
+PREBUILD_ORDER=(helm seaweedfs "${CONTROL_PLANE[@]}" "${REAL_NODE_PARTS[@]}" registry kueue)
 
 # The real node (kubelet + containerd on this machine). Its containerd keeps its
 # content and snapshots under NODE_ROOT across cluster-down, so images loaded by

@@ -1,18 +1,66 @@
-"""Fixtures for every test tier; helpers stay in tests/support."""
+"""Fixtures for every test tier, and the suite's order and build progress; helpers stay in tests/support.
+
+Order: unit, then e2e, then integration (pytest would collect them alphabetically: e2e first), and the
+Kueue tests at the end of theirs. The tests that need nothing built run while hack/prebuild.sh builds in
+the background (.ci/run, `make test`): helm for the unit tier's chart tests comes first, SeaweedFS for
+the e2e tier next, the cluster for the integration tier, Kueue last. Each line the background build adds to its progress file (a part started
+or finished, with what is left) is printed in the test log between tests.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from support import objectstore
+from support import builds, objectstore
+
+TIERS = {"unit": 0, "e2e": 1, "integration": 2}
+BUILT_LAST = {"kueue"}
+"""Fixtures whose binary hack/prebuild.sh builds last (Kueue): the modules that use them run at the end of their tier."""
+
+
+def _tier(item: pytest.Item) -> int:
+    try:
+        parts = Path(item.path).relative_to(item.config.rootpath).parts  # tests/<tier>/...
+    except ValueError:
+        return TIERS["e2e"]
+    return TIERS.get(parts[1] if len(parts) > 2 else "", TIERS["e2e"])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    builds.register(config)
+
+
+def pytest_report_header() -> list[str]:
+    return builds.prebuild_status().splitlines() if builds.prebuild_running() else []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """unit, e2e, integration, and within a tier the modules that need a part built last after the others.
+    A stable sort by whole modules: each keeps pytest's own order, and module-scoped fixtures run once."""
+    late = {item.path for item in items if BUILT_LAST & set(getattr(item, "fixturenames", ()))}
+    items.sort(key=lambda item: (_tier(item), item.path in late))
+
+
+def pytest_runtest_logfinish() -> None:
+    builds.report_progress()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    builds.report_progress()
+    lines = builds.summary_lines()
+    if lines:
+        terminalreporter.section("background build (hack/prebuild.sh)")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
-def object_store_server(request: pytest.FixtureRequest,
-                        tmp_path_factory: pytest.TempPathFactory) -> Iterator[objectstore.WeedServer]:
+def object_store_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[objectstore.WeedServer]:
     """One SeaweedFS `weed server` (S3 gateway on loopback) for the session; skipped where it cannot be built."""
-    yield from objectstore.serve(request, tmp_path_factory.mktemp("objectstore"))
+    yield from objectstore.serve(tmp_path_factory.mktemp("objectstore"))
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import yaml
 from kubernetes import client
 from support import helm_tool, real_pods
 from support import kueue as kueue_support
+from support.builds import shown
 from support.cluster import cache_dir, cluster_down, cluster_running, cluster_up, kubeconfig_path, new_admin_client
 from support.identities import Identity, service_account_identity
 from support.kwok import KWOK_NAMESPACE_ANNOTATIONS
@@ -46,19 +47,16 @@ def _binaries_buildable() -> bool:
 
 
 @pytest.fixture(scope="session")
-def kube_cluster(request: pytest.FixtureRequest) -> Iterator[KubeCluster]:
+def kube_cluster() -> Iterator[KubeCluster]:
     started_here = False
     if not cluster_running():
         if not _binaries_buildable():
             pytest.skip("no Go toolchain to build the test cluster (hack/build.sh) and no built binaries")
-        # Show hack/cluster-up.sh's progress (a cold start builds the binaries) instead of capturing it.
-        capture = request.config.pluginmanager.getplugin("capturemanager")
+        # Show hack/cluster-up.sh's progress (a cold start builds the binaries, or waits for hack/prebuild.sh
+        # to, a line per part and every 30 s) instead of capturing it.
         try:
-            if capture is None:
+            with shown("starting the test cluster (hack/cluster-up.sh)"):
                 cluster_up()
-            else:
-                with capture.global_and_fixture_disabled():
-                    cluster_up()
         except Exception as exc:  # noqa: BLE001 - reported as a test error with the reason
             pytest.fail(f"could not start the test cluster: {exc}", pytrace=False)
         started_here = True
@@ -161,12 +159,9 @@ def kueue(request: pytest.FixtureRequest, kube_cluster: KubeCluster, crd: None,
         if os.environ.get("CI") == "true":
             pytest.fail("CI must run the Kueue tests: no Go toolchain to build Kueue", pytrace=False)
         pytest.skip("no Go toolchain to build Kueue (hack/kueue/build.sh) and no built binary")
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    if capture is not None:
-        with capture.global_and_fixture_disabled():
+    if not binary.exists():
+        with shown(f"the kueue fixture needs Kueue ({binary}): hack/kueue/build.sh"):
             binary = kueue_support.build()
-    else:
-        binary = kueue_support.build()
     running = kueue_support.Kueue(binary, kube_cluster.kubeconfig, tmp_path_factory.mktemp("kueue")).start()
     yield running
     running.stop()
@@ -183,7 +178,8 @@ def real_node(core_v1: client.CoreV1Api) -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the real-pod tests: {why}", pytrace=False)
         pytest.skip(why)
-    real_pods.build_images()
+    with shown("the real node needs the images (hack/images.sh; a no-op when up to date)"):
+        real_pods.build_images()
 
 
 @pytest.fixture

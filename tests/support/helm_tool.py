@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from .builds import shown
 from .paths import CHART, HACK_DIR
 from .processes import run_checked
 
@@ -32,13 +33,15 @@ class HelmUnavailable(RuntimeError):
 
 @cache
 def helm_binary() -> Path:
-    """The pinned helm; built on first use (a few minutes cold, then cached under ~/.cache/kubetrain/bin)."""
+    """The pinned helm; built on first use (a few minutes cold, then cached under ~/.cache/kubetrain/bin), or
+    waited for where hack/prebuild.sh is building it; the build's lines (every 30 s at least) are shown."""
     path = Path(subprocess.run([str(BUILD), "--path"], check=True, capture_output=True, text=True).stdout.strip())
     if path.is_file() and os.access(path, os.X_OK):
         return path
     if shutil.which("go") is None:
         raise HelmUnavailable(f"{path} is not built and Go is not on PATH (hack/helm/build.sh needs it)")
-    subprocess.run([str(BUILD)], check=True, stdout=subprocess.DEVNULL)  # build log goes to stderr (shown)
+    with shown(f"needs helm ({path}): hack/helm/build.sh"):
+        subprocess.run([str(BUILD)], check=True, stdout=subprocess.DEVNULL)  # its lines go to stderr
     return path
 
 

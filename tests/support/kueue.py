@@ -167,7 +167,7 @@ class Kueue:
             ready = subprocess.run(probe, capture_output=True, check=False).returncode == 0
             if ready and self._webhook_answers():
                 return
-            time.sleep(1)
+            time.sleep(0.25)
         raise AssertionError(f"kueue not ready within {timeout:.0f}s:\n{self.tail()}")
 
     def _webhook_answers(self) -> bool:

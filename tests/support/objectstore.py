@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
+from .builds import shown
 from .cluster import cache_dir
 from .paths import HACK_DIR
 from .ports import free_port
@@ -86,14 +87,15 @@ def weed_binary() -> Path:
 
 
 def build_weed() -> Path:
-    """`hack/build.sh seaweedfs` (cold: minutes; its progress goes to stderr); the binary."""
+    """`hack/build.sh seaweedfs`: the binary. Cold: minutes, or less where hack/prebuild.sh is building it
+    already (build.sh then waits for that); either way it prints a line at least every 30 s."""
     proc = subprocess.run(["bash", str(HACK_DIR / "build.sh"), "seaweedfs"], timeout=3600, check=False)
     if proc.returncode != 0:
         raise AssertionError(f"hack/build.sh seaweedfs exited {proc.returncode}")
     return weed_binary()
 
 
-def require_weed(request: pytest.FixtureRequest) -> Path:
+def require_weed() -> Path:
     """The built `weed`, building it where Go is on PATH; else skip, or fail under CI=true (also without s3fs)."""
     binary = weed_binary()
     if importlib.util.find_spec("s3fs") is None:
@@ -102,10 +104,7 @@ def require_weed(request: pytest.FixtureRequest) -> Path:
         return binary
     if shutil.which("go") is None:
         _skip_or_fail(f"no SeaweedFS: {binary} is not built and Go is not on PATH (hack/build.sh seaweedfs)")
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    if capture is None:
-        return build_weed()
-    with capture.global_and_fixture_disabled():
+    with shown(f"the object store needs SeaweedFS ({binary}): hack/build.sh seaweedfs"):
         return build_weed()
 
 
@@ -191,9 +190,9 @@ class WeedServer:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
 
 
-def serve(request: pytest.FixtureRequest, workdir: Path) -> Iterator[WeedServer]:
+def serve(workdir: Path) -> Iterator[WeedServer]:
     """A started server for the duration of the generator (the body of a fixture)."""
-    server = WeedServer(require_weed(request), workdir)
+    server = WeedServer(require_weed(), workdir)
     try:
         yield server.start()
     finally:

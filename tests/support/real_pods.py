@@ -7,10 +7,14 @@ operator images are the chart's defaults, loaded into the node's containerd by h
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import glob
 import json
+import re
 import subprocess
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -52,21 +56,45 @@ def real_node_missing(core: client.CoreV1Api) -> str | None:
 def build_images() -> None:
     """hack/images.sh: builds what changed and loads it into the node (a no-op when up to date).
 
+    Its own lines (each step with its time, every 30 s while one runs or while it waits for hack/prebuild.sh's
+    build) go to stderr as they come; buildah's and pip's output only into the failure message.
     A second try follows a failed one: a build fetches from PyPI, and its cached layers make the
     retry cheap. The failure message ends with the script's own last lines and the free disk,
     since CI logs keep only the end of a long build log.
     """
     tails = []
     for _ in range(2):
-        proc = subprocess.run(["bash", str(HACK_DIR / "images.sh")], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=3600, check=False)
-        if proc.returncode == 0:
+        rc, tail = _run_showing_steps(["bash", str(HACK_DIR / "images.sh")], timeout=3600)
+        if rc == 0:
             return
-        tails.append(proc.stdout[-4000:])
+        tails.append(tail)
     disk = subprocess.run(["df", "-h", str(HACK_DIR), "/var/lib"], stdout=subprocess.PIPE, text=True,
                           check=False).stdout
-    raise AssertionError(f"hack/images.sh exited {proc.returncode} twice; first try ended:\n{tails[0]}\n"
+    raise AssertionError(f"hack/images.sh exited {rc} twice; first try ended:\n{tails[0]}\n"
                          f"second try ended:\n{tails[1]}\nfree disk:\n{disk}")
+
+
+STEP_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] ")
+"""How a hack/ script's own log lines begin (lib.sh `log`)."""
+
+
+def _run_showing_steps(cmd: list[str], timeout: float) -> tuple[int, str]:
+    """Run cmd; echo its lib.sh log lines to stderr as they come; its exit code and its last 4000 characters."""
+    kept: collections.deque[str] = collections.deque(maxlen=400)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        watchdog = threading.Timer(timeout, proc.kill)
+        watchdog.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                kept.append(line)
+                if STEP_LINE.match(line):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+            rc = proc.wait()
+        finally:
+            watchdog.cancel()
+    return rc, "".join(kept)[-4000:]
 
 
 def quickstart(**overrides: Any) -> dict[str, Any]:
