@@ -15,16 +15,17 @@
 #
 # Names: the chart's defaults (charts/kubetrain: image.repository:appVersion and trainerImage, the
 # latter also the operator's default trainer image), so `helm install` with default values and a
-# TrainingJob without spec.image find them on the node. The Dockerfiles are the product's own; only
-# their base images are made here, because no registry is reachable:
+# TrainingJob without spec.image find them on the node. The Dockerfiles are the product's own, built as
+# they are; only their base image is made here, because no registry is reachable:
 #   localhost/kubetrain/base:bookworm    debootstrap --variant=minbase + python3 (3.11), python3-venv,
-#                                        python-is-python3, ca-certificates   (the operator's PYTHON_IMAGE)
-#   localhost/kubetrain/torch:<torch>    that + PyPI's torch and numpy pinned in requirements-dev.txt,
-#                                        hack/images/torch-base.Dockerfile    (the trainer's BASE_IMAGE)
+#                                        python-is-python3, ca-certificates   (the operator's PYTHON_IMAGE
+#                                        and the trainer's BASE_IMAGE, in place of their slim Python bases)
+# The trainer's Dockerfile installs the torch and numpy pinned in requirements-dev.txt itself (its first
+# stage), from a wheelhouse mounted at /wheels.
 # Storage: buildah's overlay driver under $KUBETRAIN_NODE_ROOT/buildah (vfs would copy the multi-GB
 # rootfs for every layer). Layers are cached (bud --layers): with no source change a run only checks.
-# torch's wheels are kept in $KUBETRAIN_CACHE/wheels/torch-<version> (pip's HTTP cache keeps nothing
-# when a proxy strips the caching headers, as the one here does).
+# torch's wheels are kept in $KUBETRAIN_CACHE/wheels/torch-<version>, fetched once by the host's Python (pip's
+# HTTP cache keeps nothing when a proxy strips the caching headers, as the one here does).
 # Loading: skipped when the node's image has the same image ID (config digest); otherwise skopeo
 # writes an OCI layout (uncompressed layers) whose blobs/ starts as hard links to containerd's own
 # blobs, so only new layers are written, and only those go into `ctr images import`.
@@ -45,7 +46,6 @@ BASE_IMAGE="localhost/kubetrain/base:bookworm"
 pin() { sed -n "s/^$1==//p" "${REPO_ROOT}/requirements-dev.txt"; }
 TORCH_VERSION="$(pin torch)"
 NUMPY_VERSION="$(pin numpy)"
-TORCH_IMAGE="localhost/kubetrain/torch:${TORCH_VERSION}"
 WHEELHOUSE="${KUBETRAIN_CACHE}/wheels/torch-${TORCH_VERSION}"
 # Build steps see the host's CA bundle (a TLS-inspecting proxy's CA included); images keep Debian's.
 CA_MOUNT=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
@@ -147,12 +147,17 @@ build_base() {
   log "  ${BASE_IMAGE} made in $((SECONDS - start))s"
 }
 
-build_torch_base() {
+# fill_wheelhouse: PyPI's pinned torch and numpy (with the nvidia-* wheels torch needs) in WHEELHOUSE, fetched
+# once by the host's Python (the base's is the same 3.11 on the same platform); the trainer's Dockerfile installs
+# from it when it is mounted at /wheels, without the index.
+fill_wheelhouse() {
+  local stamp="${WHEELHOUSE}/.complete"
+  [[ -f "$stamp" ]] && return 0
   mkdir -p "$WHEELHOUSE"
-  has_image "$TORCH_IMAGE" || log "torch base: the first build fetches ~2.5 GB of wheels into ${WHEELHOUSE} (kept) and takes ~3 min"
-  bud "$TORCH_IMAGE" "${HACK_DIR}/images/torch-base.Dockerfile" "${HACK_DIR}/images" \
-    -v "${WHEELHOUSE}:/wheels" --build-arg "BASE_IMAGE=${BASE_IMAGE}" \
-    --build-arg "TORCH_VERSION=${TORCH_VERSION}" --build-arg "NUMPY_VERSION=${NUMPY_VERSION}"
+  log "torch ${TORCH_VERSION}: fetching ~2.5 GB of wheels into ${WHEELHOUSE} (once) ..."
+  with_progress "fetching torch's wheels" python3 -m pip download --quiet --progress-bar off --only-binary=:all: \
+    --python-version 3.11 --dest "$WHEELHOUSE" "torch==${TORCH_VERSION}" "numpy==${NUMPY_VERSION}" >&2
+  touch "$stamp"
 }
 
 # node_image_id <name>: the image ID (config digest) of <name> in the node's containerd, or nothing.
@@ -245,8 +250,10 @@ main() {
       operator) bud "$operator" "${REPO_ROOT}/Dockerfile" "$REPO_ROOT" --build-arg "PYTHON_IMAGE=${BASE_IMAGE}"
                 load_image "$operator"
                 push_image "$operator" kubetrain-operator ;;
-      trainer) build_torch_base
-               bud "$trainer" "${REPO_ROOT}/trainer-image/Dockerfile" "$REPO_ROOT" --build-arg "BASE_IMAGE=${TORCH_IMAGE}"
+      trainer) fill_wheelhouse
+               bud "$trainer" "${REPO_ROOT}/trainer-image/Dockerfile" "$REPO_ROOT" --build-arg "BASE_IMAGE=${BASE_IMAGE}" \
+                 -v "${WHEELHOUSE}:/wheels:ro" --build-arg "TORCH_VERSION=${TORCH_VERSION}" \
+                 --build-arg "NUMPY_VERSION=${NUMPY_VERSION}"
                load_image "$trainer"
                push_image "$trainer" kubetrain-trainer ;;
     esac

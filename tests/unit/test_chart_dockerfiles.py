@@ -3,7 +3,7 @@
 Checks what hadolint's most important rules would: every base image is pinned to a full version
 tag (never `latest` or a bare name), the final stage runs as a non-root USER, no ADD of URLs,
 JSON-form ENTRYPOINT; both images are multi-stage, the operator's never installs torch and the
-trainer's reuses its base's torch; the build context
+trainer's installs the torch the tests run, once, in its first stage; the build context
 is trimmed by .dockerignore.
 """
 
@@ -98,16 +98,46 @@ def test_operator_image_is_multi_stage_without_torch() -> None:
     assert user == "65532:65532", "keep in step with the chart's runAsUser/runAsGroup"
 
 
-def test_trainer_image_is_multi_stage_and_reuses_the_base_torch() -> None:
+def test_trainer_image_installs_torch_once_and_reuses_it() -> None:
     ins = instructions(DOCKERFILES["trainer"])
-    froms = [r.split()[0] for w, r in ins if w == "FROM"]
-    assert len(froms) >= 2 and len(set(froms)) == 1, "both stages on the same base (the venv links its python)"
+    froms = [r.split() for w, r in ins if w == "FROM"]
+    assert froms[0][1:] == ["AS", "torch"] and [f[0] for f in froms[1:]] == ["torch", "torch"], \
+        "the torch stage on the base, then build and runtime on it (the venv links its python)"
     assert any(w == "COPY" and r.startswith("--from=build /opt/kubetrain") for w, r in ins)
-    runs = " ".join(r for w, r in ins if w == "RUN")
-    assert "--system-site-packages" in runs, "the base's torch must be reused, not reinstalled"
-    assert not re.search(r"pip install[^&]*\btorch\b", runs)
+    runs = [r for w, r in ins if w == "RUN"]
+    assert re.search(r'pip .*install .*"torch==\$\{TORCH_VERSION\}"', runs[0]), "the first stage installs the pin"
+    assert not [r for r in runs[1:] if re.search(r"pip install[^&]*\btorch\b", r)], "torch is installed once"
+    assert "--system-site-packages" in " ".join(runs), "the kubetrain venv must see the torch stage's torch"
     user = [r for w, r in ins if w == "USER"][-1]
     assert user == "1000:1000"
+
+
+def _pins() -> dict[str, str]:
+    lines = (REPO / "requirements-dev.txt").read_text().splitlines()
+    return dict(line.split("==", 1) for line in lines if "==" in line and not line.startswith("#"))
+
+
+def _arg_defaults(path: Path) -> dict[str, str]:
+    return dict(r.split("=", 1) for w, r in instructions(path) if w == "ARG" and "=" in r)
+
+
+def test_the_image_we_ship_runs_the_torch_the_tests_run() -> None:
+    """The trainer Dockerfile's defaults are requirements-dev.txt's pins (what the suite and the real-pod images
+    run), and the package's torch minimum is that release: nothing older is tested."""
+    pins, args = _pins(), _arg_defaults(DOCKERFILES["trainer"])
+    for arg, package in {"TORCH_VERSION": "torch", "NUMPY_VERSION": "numpy", "DEEPSPEED_VERSION": "deepspeed",
+                         "TRANSFORMERS_VERSION": "transformers", "ACCELERATE_VERSION": "accelerate"}.items():
+        assert args[arg] == pins[package], f"trainer-image/Dockerfile {arg}={args[arg]}, requirements-dev.txt {pins[package]}"
+    minimum = re.search(r'"torch>=([\d.]+)"', (REPO / "trainer-image" / "pyproject.toml").read_text())
+    assert minimum is not None
+    assert minimum.group(1) == ".".join(pins["torch"].split(".")[:2]), "trainer-image's torch minimum is the pin's release"
+
+
+def test_the_test_images_build_the_shipped_dockerfile_over_the_pinned_torch() -> None:
+    """hack/images.sh builds trainer-image/Dockerfile itself (no other base carries torch) with the pins."""
+    script = (REPO / "hack" / "images.sh").read_text()
+    assert 'TORCH_VERSION="$(pin torch)"' in script and '"TORCH_VERSION=${TORCH_VERSION}"' in script
+    assert "trainer-image/Dockerfile" in script and "torch-base" not in script
 
 
 def test_dockerignore_trims_the_context() -> None:
