@@ -10,9 +10,12 @@ BYTE_VOCAB = 256
 """The byte tokenizer's vocabulary: a model of this size trains on data.tokenizer `byte`."""
 
 
-def tiny_causal_lm(out: Path, model_type: str = "llama", **config: Any) -> Path:
+def tiny_causal_lm(out: Path, model_type: str = "llama", dtype: str = "float32", max_shard_size: str | None = None,
+                   **config: Any) -> Path:
     """A 2-layer causal LM of ``model_type`` (hidden 64, 4 query heads of 16 sharing 2 key/value heads, byte
-    vocabulary), with ``config``'s overrides, saved with save_pretrained to ``out``."""
+    vocabulary), with ``config``'s overrides, saved with save_pretrained to ``out``: its weights in ``dtype``
+    ("bfloat16": as most published checkpoints), in files of at most ``max_shard_size`` ("40KB": several, with a
+    model.safetensors.index.json)."""
     import torch  # noqa: PLC0415 - the tests that need these import them, the others stay light
     import transformers  # noqa: PLC0415
 
@@ -22,7 +25,7 @@ def tiny_causal_lm(out: Path, model_type: str = "llama", **config: Any) -> Path:
     }
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **settings))
-    model.save_pretrained(str(out))
+    model.to(getattr(torch, dtype)).save_pretrained(str(out), **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     return out
 
 

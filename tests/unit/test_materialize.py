@@ -72,8 +72,9 @@ def test_the_initial_weights_do_not_depend_on_the_draws_before_them() -> None:
     ("deepspeed", {"deepspeed": {"zeroStage": 2}, "precision": "fp32"}),
     ("deepspeed", {"deepspeed": {"zeroStage": 3}, "precision": "fp32"}),
 ])
-def test_every_strategy_starts_from_the_whole_models_weights_when_built_on_meta(strategy: str,
-                                                                               extra: dict[str, object]) -> None:
+def test_every_strategy_starts_from_the_whole_models_weights_when_built_on_meta(
+        strategy: str, extra: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCAL_RANK", "0")  # DeepSpeed's engine sets it in the process: gone after the test
     spec = TrainingJobSpec.model_validate(tiny_spec(strategy=strategy, **extra))
     reference = _values(build_model(spec.model, False, spec.seed))
     with gloo_world_of_one():

@@ -13,8 +13,11 @@ starts from the same weights as one built whole, whatever the world size or layo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,8 @@ from torch.utils.checkpoint import checkpoint
 
 from kubetrain.core.api import ModelSpec
 from kubetrain.trainer.config import ConfigError
+
+log = logging.getLogger("kubetrain.trainer")
 
 
 class Attention(nn.Module):
@@ -157,17 +162,34 @@ def init_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
     """Fill every parameter ``module`` holds (the whole built-in model, a pipeline stage, split and sharded
     or not) with its initial value, each rank its own part: the whole tensor is drawn on this rank's device,
     one parameter at a time, and cut as the parameter's DTensor placements say."""
-    from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: PLC0415
-
     with torch.no_grad():
         for name, p in module.named_parameters():
-            local = p.to_local() if isinstance(p, DTensor) else p
+            local = p.to_local() if hasattr(p, "to_local") else p
             generator = param_generator(seed, name, local.device)
-            whole = initial_value(name, p.shape, spec.n_layers, generator, local.device).to(p.dtype)
-            if isinstance(p, DTensor):
-                # Every rank drew the same whole tensor: each keeps its part, no communication.
-                whole = distribute_tensor(whole, p.device_mesh, p.placements, src_data_rank=None)
-            p.copy_(whole)
+            keep_local(p, initial_value(name, p.shape, spec.n_layers, generator, local.device))
+
+
+def keep_local(target: torch.Tensor, whole: torch.Tensor) -> None:
+    """Copy into ``target`` (a plain tensor, or a DTensor: this rank's part) its part of ``whole``, which every
+    rank holds alike: each cuts its own part, no communication; dtype and device converted."""
+    from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: PLC0415
+
+    local = target.to_local() if isinstance(target, DTensor) else target
+    whole = whole.to(local.device, target.dtype)
+    if isinstance(target, DTensor):
+        whole = distribute_tensor(whole, target.device_mesh, target.placements, src_data_rank=None)
+    with torch.no_grad():
+        target.copy_(whole)
+
+
+def materialize_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
+    """Values for a model that was built on the meta device and has just been given storage (``to_empty``),
+    split and sharded or not: the built-in model's seeded initial weights, or a Hugging Face model's weights
+    read from model.hfPath, each rank only what it holds (:func:`load_hf_weights`)."""
+    if isinstance(module, HFCausalLM):
+        load_hf_weights(module, hf_dir(spec))
+    else:
+        init_weights(module, spec, seed)
 
 
 def flops_per_token(model: nn.Module, spec: ModelSpec) -> float:
@@ -230,23 +252,156 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def build_model(spec: ModelSpec, activation_checkpointing: bool, seed: int, meta: bool = False) -> nn.Module:
-    """The model, with the same weights on every rank (seeded). ``meta``: the built-in model on the meta device,
-    without storage, for the engine to split, shard and only then materialise (parallel/materialize.py) with
-    the same seed; a Hugging Face model is loaded whole either way."""
+    """The model, with the same weights on every rank (seeded, or model.hfPath's). ``meta``: built on the meta
+    device, without storage, for the engine to split, shard and only then materialise (parallel/materialize.py:
+    :func:`materialize_weights`); otherwise whole, a Hugging Face model loaded in fp32 by ``from_pretrained``."""
     torch.manual_seed(seed)
     if not spec.hf_path:
         if meta:
             with torch.device("meta"):
                 return Transformer(spec, activation_checkpointing, seed=None)
         return Transformer(spec, activation_checkpointing, seed=seed)
-    path = Path(spec.hf_path)
+    if meta:
+        return empty_hf_model(spec, activation_checkpointing)
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415 - optional dependency
+
+    inner = AutoModelForCausalLM.from_pretrained(str(hf_dir(spec)), local_files_only=True, dtype=torch.float32)
+    return _hf_training(inner, activation_checkpointing)
+
+
+# --------------------------------------------------------------------------- Hugging Face models, loaded sharded
+
+
+def hf_dir(spec: ModelSpec) -> Path:
+    """model.hfPath, checked: a local directory, and transformers installed."""
+    path = Path(str(spec.hf_path))
     if importlib.util.find_spec("transformers") is None:
         raise ConfigError("model.hfPath", "needs the `transformers` package, which is not installed in this image")
     if not path.is_dir():
         raise ConfigError("model.hfPath", f"{path} is not a directory (models are loaded from local paths only)")
-    from transformers import AutoModelForCausalLM  # noqa: PLC0415 - optional dependency
+    return path
 
-    inner = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, torch_dtype=torch.float32)
+
+def _hf_training(inner: nn.Module, activation_checkpointing: bool) -> HFCausalLM:
     if activation_checkpointing:
-        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        inner.gradient_checkpointing_enable(  # type: ignore[operator]
+            gradient_checkpointing_kwargs={"use_reentrant": False})
     return HFCausalLM(inner)
+
+
+def empty_hf_model(spec: ModelSpec, activation_checkpointing: bool,
+                   init: contextlib.AbstractContextManager[Any] | None = None) -> HFCausalLM:
+    """model.hfPath's model built from its config alone, fp32, without its weights: on the meta device, or under
+    ``init`` (DeepSpeed's ``zero.Init``, which partitions each parameter as its module is built) with
+    transformers' random initialisation skipped. Tied weights (``tie_word_embeddings``) are one parameter."""
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: PLC0415 - optional dependency
+    from transformers import initialization as hf_init  # noqa: PLC0415
+
+    config = AutoConfig.from_pretrained(str(hf_dir(spec)), local_files_only=True)
+    with contextlib.ExitStack() as stack:
+        if init is None:
+            stack.enter_context(torch.device("meta"))  # transformers' own meta build: no init, weights tied
+            stack.enter_context(getattr(hf_init, "meta_device_safe_creation_ops", contextlib.nullcontext)())
+        else:
+            stack.enter_context(hf_init.no_init_weights())  # no random init (and no tying: done below)
+            stack.enter_context(init)
+        inner = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    inner.tie_weights()
+    return _hf_training(inner, activation_checkpointing)
+
+
+def hf_targets(model: HFCausalLM) -> dict[str, torch.Tensor]:
+    """What a checkpoint fills, by its names in model.hfPath's files (``inner.`` dropped): every parameter (a tied
+    one once, under its first name) and every persistent buffer."""
+    inner = model.inner
+    persistent = set(inner.state_dict(keep_vars=True))
+    targets: dict[str, torch.Tensor] = dict(inner.named_parameters())
+    targets.update((name, b) for name, b in inner.named_buffers() if name in persistent)
+    return targets
+
+
+def hf_files(model: HFCausalLM, path: Path) -> dict[str, Path] | None:
+    """Which safetensors file of ``path`` holds each of :func:`hf_targets`' names (one file, or shards with
+    model.safetensors.index.json); None, with a warning that says why, when they cannot be read by name and
+    slice: no safetensors (a pytorch_model.bin), or names missing (a checkpoint whose names transformers
+    converts while loading)."""
+    from safetensors import safe_open  # noqa: PLC0415 - transformers' own dependency
+
+    files: dict[str, Path] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            files.update((key, file) for key in f.keys())  # noqa: SIM118 - safe_open is no Mapping
+    missing = sorted(set(hf_targets(model)) - set(files))
+    if files and not missing:
+        return files
+    reason = f"{len(missing)} weights not in its safetensors files, e.g. {missing[0]}" if files else \
+        "no *.safetensors files"
+    log.warning("model.hfPath %s: %s; every process loads the whole model (from_pretrained) and keeps its part",
+                path, reason)
+    return None
+
+
+def hf_reader(path: Path, files: dict[str, Path] | None) -> Callable[[str], torch.Tensor]:
+    """Whole tensors of model.hfPath by name, in the checkpoint's dtype: from their safetensors file, one at a
+    time, or (``files`` None: :func:`hf_files`) from the whole model loaded once by ``from_pretrained``."""
+    if files is None:
+        from transformers import AutoModelForCausalLM  # noqa: PLC0415 - optional dependency
+
+        whole = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype="auto").state_dict()
+        return whole.__getitem__
+
+    def read(name: str) -> torch.Tensor:
+        from safetensors import safe_open  # noqa: PLC0415
+
+        with safe_open(str(files[name]), framework="pt") as f:
+            return f.get_tensor(name)
+
+    return read
+
+
+def load_hf_weights(model: HFCausalLM, path: Path) -> None:
+    """Fill a Hugging Face model built on the meta device (:func:`empty_hf_model`), split and sharded, then given
+    storage, with model.hfPath's weights. Collective. Each rank reads only the slices it holds from the
+    safetensors files (torch.distributed.checkpoint's HuggingFaceStorageReader: one read per slice, in the
+    checkpoint's dtype, converted to the parameter's fp32 on this rank), then recomputes the buffers that are
+    no checkpoint's (rotary frequencies). Without readable safetensors (:func:`hf_files`) each rank loads the
+    whole model in the checkpoint's dtype and keeps its part."""
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        # Whole (DDP, ZeRO 0-2): to_empty gave each module a parameter of its own, so tie again what the config
+        # ties (FSDP2's to_empty keeps a shared parameter shared).
+        model.inner.tie_weights()  # type: ignore[operator]
+    files = hf_files(model, path)
+    with torch.no_grad():
+        if files is not None:
+            state = {name: t.detach() for name, t in hf_targets(model).items()}
+            dcp.load(state, storage_reader=dcp.HuggingFaceStorageReader(str(path)))
+        else:
+            read = hf_reader(path, None)
+            for name, target in hf_targets(model).items():
+                keep_local(target, read(name))
+    recompute_buffers(model)
+
+
+def recompute_buffers(model: HFCausalLM) -> None:
+    """Compute again the non-persistent buffers (RoPE's ``inv_freq``) that ``to_empty`` left uninitialised and no
+    checkpoint holds, as ``from_pretrained`` does: transformers' ``_init_weights`` of each module that owns one,
+    by the nearest PreTrainedModel above it, with the module's own (loaded) parameters marked as initialised."""
+    from transformers import PreTrainedModel  # noqa: PLC0415 - optional dependency
+    from transformers import initialization as hf_init  # noqa: PLC0415
+
+    owner: dict[str, Any] = {}
+    with torch.no_grad(), hf_init.guard_torch_init_functions():
+        for name, module in model.inner.named_modules():
+            parent = owner.get(name.rpartition(".")[0], model.inner)
+            owner[name] = module if isinstance(module, PreTrainedModel) else parent
+            if not module._non_persistent_buffers_set:
+                continue
+            own = [p for p in module.parameters(recurse=False) if not getattr(p, "_is_hf_initialized", False)]
+            for p in own:
+                p._is_hf_initialized = True
+            owner[name]._init_weights(module)
+            for p in own:
+                del p._is_hf_initialized

@@ -30,7 +30,18 @@ from kubetrain.trainer import parallel
 from kubetrain.trainer.checkpoint import legacy
 from kubetrain.trainer.checkpoint.safe_load import safe_load
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.model import Transformer, initial_value, param_generator
+from kubetrain.trainer.model import (
+    HFCausalLM,
+    Transformer,
+    empty_hf_model,
+    hf_dir,
+    hf_files,
+    hf_reader,
+    hf_targets,
+    initial_value,
+    param_generator,
+    recompute_buffers,
+)
 from kubetrain.trainer.parallel import compression, zero3
 from kubetrain.trainer.schedule import lr_factor
 
@@ -426,24 +437,50 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def _deepspeed_model(model: nn.Module, spec: TrainingJobSpec, device: torch.device,
                      config: dict[str, Any]) -> nn.Module:
     """``model`` with storage on ``device``. Built on the meta device, ZeRO-3 builds it again under
-    ``deepspeed.zero.Init`` (each block partitioned as soon as it is built) and initialises each parameter
+    ``deepspeed.zero.Init`` (each module's parameters partitioned as soon as it is built) and fills each parameter
     gathered, one at a time; ZeRO 0-2 keep whole parameters on every rank anyway."""
     if not parallel.on_meta(model):
         return model.to(device)
-    if config["zero_optimization"]["stage"] != 3 or not isinstance(model, Transformer):
+    if config["zero_optimization"]["stage"] != 3 or not isinstance(model, Transformer | HFCausalLM):
         return parallel.materialize(model, spec, device)
     import deepspeed  # noqa: PLC0415
 
     # zero.Init reads the world size from deepspeed.comm, which wraps the existing process group once told to.
     deepspeed.comm.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False,
                                     dist_init_required=False)
-    with deepspeed.zero.Init(config_dict_or_path=config, remote_device=None, dtype=torch.float32):
+    init = deepspeed.zero.Init(config_dict_or_path=config, remote_device=None, dtype=torch.float32)
+    if isinstance(model, HFCausalLM):
+        return _zero3_hf_model(spec, init)
+    with init:
         built = Transformer(spec.model, spec.activation_checkpointing, seed=None)
     for name, p in built.named_parameters():
         with deepspeed.zero.GatheredParameters([p], modifier_rank=0), torch.no_grad():
             if dist.get_rank() == 0:
                 generator = param_generator(spec.seed, name, p.device)
                 p.copy_(initial_value(name, p.shape, spec.model.n_layers, generator, p.device))
+    return built
+
+
+def _zero3_hf_model(spec: TrainingJobSpec, init: contextlib.AbstractContextManager[Any]) -> nn.Module:
+    """model.hfPath's model built under ``init`` (zero.Init) and loaded one parameter at a time: gathered whole
+    on every rank, filled on rank 0 from the checkpoint (read one tensor at a time, in its dtype), and broadcast
+    and partitioned again by DeepSpeed on leaving; persistent buffers (whole on every rank) are broadcast."""
+    import deepspeed  # noqa: PLC0415
+
+    built = empty_hf_model(spec.model, spec.activation_checkpointing, init=init)
+    path = hf_dir(spec.model)
+    read = hf_reader(path, hf_files(built, path)) if dist.get_rank() == 0 else None
+    with torch.no_grad():
+        for name, t in hf_targets(built).items():
+            if not isinstance(t, nn.Parameter):
+                if read is not None:
+                    t.copy_(read(name))
+                dist.broadcast(t, 0)
+                continue
+            with deepspeed.zero.GatheredParameters([t], modifier_rank=0):
+                if read is not None:
+                    t.copy_(read(name))
+    recompute_buffers(built)
     return built
 
 

@@ -1,10 +1,11 @@
 """A model built on the meta device gets its storage only once it is split and sharded.
 
 Each rank allocates just the parts it holds (``to_empty``: its pipeline stage, its tensor-parallel shards, its
-FSDP2 shards) and fills them from the seed (model.init_weights draws each parameter's whole tensor from its own
-(seed, name) generator, one at a time, and keeps this rank's part). No rank ever holds the whole model, and the
-weights are the same as the whole model built on one process with the same seed (torchtitan's init_weights
-after parallelize, with a layout-independent draw).
+FSDP2 shards) and fills them (model.materialize_weights): the built-in model from the seed (each parameter's
+whole tensor drawn from its own (seed, name) generator, one at a time, and this rank's part kept), a Hugging Face
+model (model.hfPath) from its safetensors files, each rank reading only the slices it holds. No rank ever holds
+the whole model, and the weights are the same as the whole model built on one process (torchtitan's
+init_weights after parallelize, with a layout-independent draw).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from kubetrain.core.api import TrainingJobSpec
-from kubetrain.trainer.model import init_weights
+from kubetrain.trainer.model import materialize_weights
 
 
 def on_meta(model: nn.Module) -> bool:
@@ -22,8 +23,8 @@ def on_meta(model: nn.Module) -> bool:
 
 
 def materialize(model: nn.Module, spec: TrainingJobSpec, device: torch.device, offload: bool = False) -> nn.Module:
-    """Storage for the parameters this rank holds, on ``device`` (host memory with FSDP2's CPU offload), filled
-    with their seeded initial values."""
+    """Collective for a Hugging Face model. Storage for the parameters this rank holds, on ``device`` (host memory
+    with FSDP2's CPU offload), filled with their initial values: seeded, or model.hfPath's."""
     model.to_empty(device=torch.device("cpu") if offload else device)
-    init_weights(model, spec.model, spec.seed)
+    materialize_weights(model, spec.model, spec.seed)
     return model
