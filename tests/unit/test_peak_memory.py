@@ -109,3 +109,9 @@ def test_the_run_summary_says_the_highest_peaks_and_the_notices() -> None:
         RankMemory(rank=0, worker=0, host_peak_bytes=2**30, device_peak_bytes=2**31),
         RankMemory(rank=1, worker=0, host_peak_bytes=3 * 2**30, device_peak_bytes=2**30)])
     assert memory_line(report.dump()) == "memory: peak host 3.00 GiB (rank 1), GPU 2.00 GiB (rank 0) at step 4; tier off"
+
+
+def test_large_frees_are_unmapped_unless_the_environment_says_otherwise() -> None:
+    """glibc's mallopt(M_MMAP_THRESHOLD) answers 1 when set; a user's MALLOC_MMAP_THRESHOLD_ is left alone."""
+    assert memory.unmap_large_frees({}) is True
+    assert memory.unmap_large_frees({"MALLOC_MMAP_THRESHOLD_": "65536"}) is False

@@ -32,7 +32,7 @@ from kubetrain.trainer.data.text import Sampler, eval_batches, load_corpus, spli
 from kubetrain.trainer.model import build_model, flops_per_token, vocab_size
 from kubetrain.trainer.observe import flight_recorder, nccl_watch
 from kubetrain.trainer.observe import transport as nccl_transport
-from kubetrain.trainer.observe.memory import PeakMemory
+from kubetrain.trainer.observe.memory import PeakMemory, unmap_large_frees
 from kubetrain.trainer.observe.metrics import Metrics, peak_flops, uses_tf32
 from kubetrain.trainer.observe.profiling import StepProfiler
 from kubetrain.trainer.observe.progress import PodProgressReporter
@@ -401,6 +401,7 @@ def mean_loss_and_stop(
 
 def train(env: Env, spec: TrainingJobSpec) -> int:
     stop = StopFlag()
+    unmap_large_frees()  # before any tensor: freed step buffers must not stay resident
     hangs.write_beat(0, hangs.START, force=True)  # from here its supervisor watches this rank
     ckpt_root = checkpoint_dir(spec, env)
     data, held = open_data(env, spec)  # config errors before the gang

@@ -251,6 +251,34 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     return []
 
 
+FINAL_NORMS = ("model.norm", "transformer.ln_f", "gpt_neox.final_layer_norm", "model.decoder.final_layer_norm")
+"""Where Hugging Face causal LMs keep the norm before their head (the families transformer_blocks knows)."""
+
+
+def edge_modules(model: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
+    """The modules around the blocks that this model (or pipeline stage) holds: its input embeddings, and its final
+    norm with the output head; ([], []) where the head shares the embedding's weight (one unit must hold both)."""
+    if isinstance(model, Transformer):
+        return [m for m in (model.tok, model.pos) if m is not None], [m for m in (model.ln_f, model.head) if m is not None]
+    if not isinstance(model, HFCausalLM):
+        return [], []
+    inner: Any = model.inner
+    embed, head = inner.get_input_embeddings(), inner.get_output_embeddings()
+    if embed is None or head is None or embed.weight is head.weight:
+        return [], []
+    norms = [m for m in (_submodule(inner, n) for n in FINAL_NORMS) if m is not None]
+    return [embed], [*norms[:1], head]
+
+
+def _submodule(root: nn.Module, dotted: str) -> nn.Module | None:
+    mod: nn.Module | None = root
+    for part in dotted.split("."):
+        mod = getattr(mod, part, None)
+        if mod is None:
+            return None
+    return mod
+
+
 def build_model(spec: ModelSpec, activation_checkpointing: bool, seed: int, meta: bool = False) -> nn.Module:
     """The model, with the same weights on every rank (seeded, or model.hfPath's). ``meta``: built on the meta
     device, without storage, for the engine to split, shard and only then materialise (parallel/materialize.py:

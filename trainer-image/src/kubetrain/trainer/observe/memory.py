@@ -4,13 +4,17 @@ Every rank reads its own figures after each step, without a collective, for its 
 losses.jsonl line). At the steps where rank 0's progress record goes out at once (the first, every checkpoint,
 the last) and every REPORT_EVERY_STEPS, one all_gather of two numbers per rank brings every rank's figures to
 rank 0's record (api.MemoryReport), whence the job's status.memory and the local run's summary.
+
+Before the model is built the trainer also fixes glibc's mmap threshold (:func:`unmap_large_frees`), so that
+buffers freed during a step leave the resident set instead of staying as heap fragments.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,28 @@ REPORT_EVERY_STEPS = 100
 PROC_STATUS = Path("/proc/self/status")
 NO_DEVICE = -1
 """A rank's device peak in the gather where it has none (CPU)."""
+
+
+MMAP_THRESHOLD_BYTES = 1 << 20
+"""Allocations of at least this size get a mapping of their own, returned to the OS when freed."""
+M_MMAP_THRESHOLD = -3
+"""mallopt's parameter number (glibc malloc.h)."""
+
+
+def unmap_large_frees(environ: Mapping[str, str] = os.environ) -> bool:
+    """Fix glibc's mmap threshold at MMAP_THRESHOLD_BYTES; whether it was set. By default glibc raises the threshold
+    to the size of each large block freed (up to 32 MiB), so the next blocks of that size come from the heap, and
+    freed ones stay resident: FSDP2's per-block all-gather and reduce-scatter buffers (each a block's whole
+    parameters) then keep the host's resident set at several times the rank's shards (measured:
+    docs/benchmarks.md). A fixed threshold unmaps each at once. A MALLOC_MMAP_THRESHOLD_ in the environment
+    (the user's own choice) is left alone; not glibc (musl, macOS): nothing to do."""
+    if environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
 
 
 # ---------------------------------------------------------------- pure
