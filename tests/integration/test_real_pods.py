@@ -41,6 +41,7 @@ from support.real_pods import (
     cluster_bucket,
     cluster_object_store,
     elapsed,
+    pod_memory_peak,
     pod_monitor_targets,
     quickstart,
     store_keys,
@@ -454,6 +455,43 @@ def test_deepspeed_zero3_on_real_pods(jobs: RealJobs) -> None:
     assert st["currentStep"] == 30 and (st.get("lastCheckpoint") or {}).get("step") == 30
     seen = losses(jobs.log(f"{name}-worker-0"))
     assert seen and seen[-1] < seen[0], seen
+
+
+SHARDED_MODEL = {"dModel": 512, "nLayers": 32, "nHeads": 8, "seqLen": 128}
+"""101.2M parameters: 386 MiB of fp32 weights, what one more whole copy per process adds."""
+SHARDED_POD_MEMORY_MIB = 2560
+"""Each worker pod's memory limit. Measured on the real node with a 4 GiB limit, the pods of this job peaked at
+2079-2091 MiB (their cgroups' max usage; each rank 1.15 GiB resident: runtime, a quarter of the parameters,
+gradients and AdamW moments, one block's buffers). One more whole fp32 copy per process would need 2 x 386 MiB
+more (2.8 GiB); the trainer that built the whole model first peaked at 4.3x the weights per process (bench/
+memory_per_rank.py), about 4.9 GiB per pod."""
+
+
+def test_a_model_sharded_from_the_first_byte_fits_pods_that_a_whole_copy_would_not(jobs: RealJobs) -> None:
+    """2 workers x 2 processes of FSDP2 under a pod memory limit below what one more whole fp32 copy per process
+    needs: the model is built on the meta device and each process materialises only its shards."""
+    body = quickstart(procsPerWorker=2, precision="fp32", microBatchSize=1, gradientAccumulationSteps=1,
+                      maxSteps=4, activationCheckpointing=True, model=SHARDED_MODEL,
+                      checkpoint={"everySteps": 1000, "keep": 1}, resources={"memory": f"{SHARDED_POD_MEMORY_MIB}Mi"})
+    name = jobs.create(body, name="sharded")
+    peaks: dict[str, int] = {}
+
+    def done() -> dict[str, Any] | None:
+        for pod in jobs.pods(name):
+            peak = pod_memory_peak(pod.metadata.uid)
+            peaks[pod.metadata.name] = max(peaks.get(pod.metadata.name, 0), peak or 0)
+        st = jobs.status(name)
+        if st.get("phase") == "Failed":
+            raise AssertionError(f"{name} Failed: {st.get('reason')}: {st.get('message')}")
+        return st if st.get("phase") == "Succeeded" else None
+
+    st = wait_for(done, 900, interval=0.5, what=f"{name} Succeeded under {SHARDED_POD_MEMORY_MIB} MiB per pod")
+    print(f"sharded: Succeeded under a {SHARDED_POD_MEMORY_MIB} MiB limit per pod; pod peaks (MiB) "
+          f"{ {k: v // 2**20 for k, v in sorted(peaks.items())} }; status.memory {json.dumps(st.get('memory'))}")
+    assert st.get("restartCount", 0) == 0 and st["currentStep"] == 4, st  # no worker OOMKilled and restarted
+    assert peaks and max(peaks.values()) <= SHARDED_POD_MEMORY_MIB * 2**20
+    ranks = (st.get("memory") or {}).get("ranks") or []
+    assert len(ranks) == 4, st.get("memory")  # every rank's own peak in the job's status
 
 
 def test_custom_command_two_by_two_on_real_pods(jobs: RealJobs, real_namespace: str) -> None:

@@ -188,6 +188,24 @@ def pod_cgroup(uid: str) -> Path | None:
     return next((Path(p) for pattern in POD_CGROUPS for p in glob.glob(pattern.format(uid=uid))), None)
 
 
+MEMORY_PEAK_FILES = ("/sys/fs/cgroup/memory/kubepods/pod{uid}/memory.max_usage_in_bytes",
+                     "/sys/fs/cgroup/memory/kubepods/*/pod{uid}/memory.max_usage_in_bytes",
+                     "/sys/fs/cgroup/kubepods/pod{uid}/memory.peak", "/sys/fs/cgroup/kubepods/*/pod{uid}/memory.peak")
+"""A real-node pod's peak memory use (all its containers): cgroup v1's memory hierarchy, or v2's."""
+
+
+def pod_memory_peak(uid: str) -> int | None:
+    """The most memory the pod's cgroup has held so far, in bytes (None once the cgroup is gone, or before it
+    exists)."""
+    for pattern in MEMORY_PEAK_FILES:
+        for path in glob.glob(pattern.format(uid=uid)):
+            try:
+                return int(Path(path).read_text())
+            except (OSError, ValueError):
+                return None
+    return None
+
+
 def cmdline(pid: int) -> str:
     """A host process's command line, arguments joined by spaces ("" once it is gone)."""
     try:
