@@ -212,6 +212,21 @@ def rel_diff(a: dict[int, float], b: dict[int, float]) -> float:
     return max(abs(a[s] - b[s]) / max(abs(b[s]), 1e-12) for s in common)
 
 
+def resumed_losses(runs: dict[str, Run], name: str, every: int, steps: int) -> float:
+    """layout_runs' `<name>_fail` gang (rank 1 killed) and its next generation: checks that the kill was rank
+    1's exit 137, that the gang resumed from step `every` and trained every later step up to `steps`; returns
+    the largest relative loss difference from the uninterrupted `<name>` run."""
+    failed, resumed = runs[f"{name}_fail"], runs[f"{name}_resumed"]
+    assert failed.exit_codes[1] == 137
+    assert resumed.exit_codes == [0] * len(resumed.exit_codes), resumed.log(0)[-3000:]
+    assert resumed.progress["resumedFrom"] == every
+    gen1 = {r["step"]: r["loss"] for r in resumed.records if r["generation"] == 1}
+    assert sorted(gen1) == list(range(every + 1, steps + 1))
+    diff = rel_diff(gen1, runs[name].losses)
+    print(f"{name} resumed at step {every} vs uninterrupted: max relative loss difference {diff:.2e}")
+    return diff
+
+
 Layouts = dict[str, tuple[dict[str, Any], int]]
 """name -> (spec, world size)."""
 
