@@ -99,9 +99,13 @@ def test_trainer_progress_reaches_status_and_rbac_is_exact(
         uid = job.custom.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, "prog")["metadata"]["uid"]
         assert role.metadata.owner_references[0].uid == uid == binding.metadata.owner_references[0].uid
         worker0 = job.core.read_namespaced_pod("prog-worker-0", namespace)
-        env_from = {e.name: e.value_from.field_ref.field_path for e in worker0.spec.containers[0].env if e.value_from}
+        env = worker0.spec.containers[0].env
+        env_from = {e.name: e.value_from.field_ref.field_path for e in env if e.value_from and e.value_from.field_ref}
         assert env_from == {contract.POD_NAME: "metadata.name", contract.POD_NAMESPACE: "metadata.namespace",
                             contract.NODE_NAME: "spec.nodeName"}
+        limits = {e.name: e.value_from.resource_field_ref.resource for e in env
+                  if e.value_from and e.value_from.resource_field_ref}
+        assert limits == {contract.MEMORY_LIMIT: "limits.memory"}  # the pod's memory budget (checkpoint/budget.py)
         assert not job.status().get("currentStep")
 
         # Worker 0's container: the real trainer, 6 steps, a checkpoint every 3 steps.
