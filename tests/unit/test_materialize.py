@@ -54,6 +54,13 @@ def test_a_model_built_on_meta_holds_no_storage_until_materialised() -> None:
         assert torch.equal(_values(model)[name], value), name
 
 
+def test_a_transformer_built_under_the_meta_device_is_left_without_storage() -> None:
+    spec = TrainingJobSpec.model_validate(tiny_spec())
+    with torch.device("meta"):
+        model = Transformer(spec.model)  # the default seed: nothing to draw on meta
+    assert parallel.on_meta(model) and model.num_params(exclude_embeddings=False) > 0
+
+
 def test_the_initial_weights_do_not_depend_on_the_draws_before_them() -> None:
     """The global RNG (what other code draws from) plays no part: each parameter has its own generator."""
     spec = TrainingJobSpec.model_validate(tiny_spec())

@@ -98,8 +98,8 @@ class Transformer(nn.Module):
     """``forward(tokens, targets)`` returns the mean next-token cross-entropy (fp32)."""
 
     def __init__(self, spec: ModelSpec, activation_checkpointing: bool = False, seed: int | None = 0) -> None:
-        """``seed``: initialise the weights (:func:`init_weights`); None leaves them as built (the meta device,
-        DeepSpeed's zero.Init, where they are initialised once partitioned)."""
+        """``seed``: initialise the weights (:func:`init_weights`); None leaves them as built (DeepSpeed's
+        zero.Init, where they are initialised once partitioned). Built on the meta device there is nothing to fill."""
         super().__init__()
         self.seq_len = spec.seq_len
         self.activation_checkpointing = activation_checkpointing
@@ -112,8 +112,8 @@ class Transformer(nn.Module):
         self.n_layers = spec.n_layers
         self.n_heads = spec.n_heads
         self.d_model = spec.d_model
-        if seed is not None:
-            init_weights(self, spec, seed)
+        if seed is not None and self.head is not None and self.head.weight.device.type != "meta":
+            init_weights(self, spec, seed)  # built under torch.device("meta"): no storage to fill
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """The mean loss; without ``targets``, what this module's part of the model outputs. A pipeline stage
