@@ -271,18 +271,18 @@ class PodProgressReporter:
                 self._busy = False
                 self._last_attempt = time.monotonic()
                 if error is None:
-                    self.sent += 1
                     if self.last_error is not None:
                         log.info("progress annotation on %s works again", self.target)
                     self.last_error = None
+                    self.sent += 1  # last: a reader that sees the count sees the cleared error
                 else:
-                    self.failures += 1
-                    if self.failures == 1:
+                    if self.failures == 0:
                         log.warning("could not annotate %s with progress (%s); training goes on, retrying every %gs",
                                     self.target, error, self.interval)
                     else:
                         log.debug("progress annotation on %s failed again: %s", self.target, error)
                     self.last_error = error
+                    self.failures += 1  # last, as for `sent`
                     if self._pending is None and not self._closing:
                         self._pending = value  # retried after the interval unless a newer record comes
                 self._cond.notify_all()
