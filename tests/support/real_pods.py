@@ -165,9 +165,10 @@ def wait_step(jobs: RealJobs, name: str, step: int, timeout: float = 300) -> dic
                      f"a checkpoint at step >= {step}")
 
 
-POD_CGROUPS = ("/sys/fs/cgroup/cpu/kubepods/pod{uid}", "/sys/fs/cgroup/cpu/kubepods/*/pod{uid}",
+POD_CGROUPS = ("/sys/fs/cgroup/{controller}/kubepods/pod{uid}", "/sys/fs/cgroup/{controller}/kubepods/*/pod{uid}",
                "/sys/fs/cgroup/kubepods/pod{uid}", "/sys/fs/cgroup/kubepods/*/pod{uid}")
-"""Where the real node's kubelet (cgroupfs driver, hack/real-node.sh) puts a pod's cgroup: v1's cpu hierarchy, or v2's."""
+"""Where the real node's kubelet (cgroupfs driver, hack/real-node.sh) puts a pod's cgroup: v1's hierarchy of the
+controller, or v2's one hierarchy."""
 
 
 def throttle_pod_cpu(uid: str, cores: float, timeout: float = 60) -> Path:
@@ -184,25 +185,22 @@ def throttle_pod_cpu(uid: str, cores: float, timeout: float = 60) -> Path:
     return where
 
 
-def pod_cgroup(uid: str) -> Path | None:
-    return next((Path(p) for pattern in POD_CGROUPS for p in glob.glob(pattern.format(uid=uid))), None)
-
-
-MEMORY_PEAK_FILES = ("/sys/fs/cgroup/memory/kubepods/pod{uid}/memory.max_usage_in_bytes",
-                     "/sys/fs/cgroup/memory/kubepods/*/pod{uid}/memory.max_usage_in_bytes",
-                     "/sys/fs/cgroup/kubepods/pod{uid}/memory.peak", "/sys/fs/cgroup/kubepods/*/pod{uid}/memory.peak")
-"""A real-node pod's peak memory use (all its containers): cgroup v1's memory hierarchy, or v2's."""
+def pod_cgroup(uid: str, controller: str = "cpu") -> Path | None:
+    return next((Path(p) for pattern in POD_CGROUPS
+                 for p in glob.glob(pattern.format(controller=controller, uid=uid))), None)
 
 
 def pod_memory_peak(uid: str) -> int | None:
-    """The most memory the pod's cgroup has held so far, in bytes (None once the cgroup is gone, or before it
-    exists)."""
-    for pattern in MEMORY_PEAK_FILES:
-        for path in glob.glob(pattern.format(uid=uid)):
-            try:
-                return int(Path(path).read_text())
-            except (OSError, ValueError):
-                return None
+    """The most memory the pod's cgroup (all its containers) has held so far, in bytes: v1's
+    memory.max_usage_in_bytes or v2's memory.peak (None before the cgroup exists and once it is gone)."""
+    where = pod_cgroup(uid, "memory")
+    for path in [where / "memory.max_usage_in_bytes", where / "memory.peak"] if where else []:
+        try:
+            return int(path.read_text())
+        except FileNotFoundError:
+            continue  # the other cgroup version's file
+        except (OSError, ValueError):
+            return None
     return None
 
 
