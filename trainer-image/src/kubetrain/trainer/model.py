@@ -240,12 +240,9 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks to shard / checkpoint one by one."""
     if isinstance(model, Transformer):
         return own_blocks(model)
+    root = model.inner if isinstance(model, HFCausalLM) else model
     for name in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
-        mod: nn.Module | None = model.inner if isinstance(model, HFCausalLM) else model
-        for part in name.split("."):
-            mod = getattr(mod, part, None)
-            if mod is None:
-                break
+        mod = _submodule(root, name)
         if isinstance(mod, nn.ModuleList):
             return list(mod)
     return []
