@@ -248,8 +248,11 @@ def layout_runs(root: Path, layouts: Layouts, failing: str | None, fail_at: str,
         gangs[f"{failing}_resumed"] = Gang(root / f"{failing}_fail", spec, world, generation=1, env=env)
     gangs.update({name: Gang(root / name, s, w, env=env) for name, (s, w) in (later or {}).items()})
     for name, reference in resharded.items():
+        source = done[name]
+        failed = [rank for rank, code in enumerate(source.exit_codes) if code] or [0]
+        assert not any(source.exit_codes), f"{name} exited {source.exit_codes}:\n{source.log(failed[0])[-3000:]}"
         step10 = root / f"{name}_to_one" / "checkpoints" / "step-00000010"
-        shutil.copytree(done[name].ckpt_dir / "step-00000010", step10)
+        shutil.copytree(source.ckpt_dir / "step-00000010", step10)
         gangs[f"{name}_to_one"] = Gang(root / f"{name}_to_one", layouts[reference][0], 1, env=env)
     done.update({name: g.wait() for name, g in gangs.items()})
     return done

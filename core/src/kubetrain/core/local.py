@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from typing import IO, Any
 from kubetrain.core import contract, hangs, hardware, launcher, owned_dirs
 from kubetrain.core import lifecycle as lc
 from kubetrain.core.api import FINISHED_PHASES, CheckpointRef, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
+from kubetrain.core.ports import free_port
 from kubetrain.core.progress import Progress, committed_checkpoints, read_progress
 
 PYTHON_WORDS = ("python", "python3")
@@ -47,12 +47,6 @@ across its gang restarts and removed when the run ends."""
 
 def now_utc() -> datetime:
     return datetime.now(UTC)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 class LocalRunError(Exception):
@@ -330,7 +324,7 @@ class LocalRun:
 
     def _start_generation(self, number: int, indices: tuple[int, ...], now: datetime) -> None:
         spec = self.spec
-        port = free_port()
+        port = free_port(host=LOOPBACK)
         logs = self.out / "logs" / f"gen-{number}"
         ensure_writable(Path(spec.checkpoint.dir or ""), self.out, logs)
         self.config_path.write_text(json.dumps(spec.dump(), indent=1))
