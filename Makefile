@@ -32,15 +32,11 @@ $(STAMP): requirements-dev.txt requirements-s3.txt core/pyproject.toml operator/
 run: $(STAMP)
 	$(BIN)/kubetrain run examples/quickstart.yaml --fresh --summary-json runs/quickstart/summary.json
 
-# The background build goes first (KUBETRAIN_PREBUILD=0: not); mypy runs beside the tests (a fresh clone has
-# no mypy cache: a minute or two) and its verdict counts as the tests' does.
+# The background build goes first (KUBETRAIN_PREBUILD=0: not); then the unit and e2e tiers in one lane and the
+# integration tier in another, side by side, mypy beside them; its verdict counts as the tests' does.
 test: prebuild $(STAMP)
 	$(BIN)/ruff check .
-	@mypy_log=$$(mktemp); \
-	$(BIN)/mypy core/src operator/src trainer-image/src >"$$mypy_log" 2>&1 & mypy_pid=$$!; \
-	$(BIN)/python -m pytest $(PYTEST_ARGS); tests=$$?; \
-	wait $$mypy_pid; mypy=$$?; echo "mypy (beside the tests):"; cat "$$mypy_log"; rm -f "$$mypy_log"; \
-	exit $$(( tests ? tests : mypy ))
+	BIN=$(BIN) bash hack/test-lanes.sh $(PYTEST_ARGS)
 
 prebuild:
 	@if [ "$${KUBETRAIN_PREBUILD:-1}" != 0 ]; then bash hack/prebuild.sh start; fi

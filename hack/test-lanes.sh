@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `make test`'s pytest: two lanes side by side, then the type checker's verdict.
+#   unit+e2e     the CPU-bound tiers (trainer gangs on the host), in the suite's order;
+#   integration  the cluster tier, which mostly waits (pods starting, control loops, the background build of
+#                the cluster's parts) and leaves the cores to the other lane.
+# Each lane's lines carry its name (whole lines, so the two never cut into each other); each ends with its own
+# summary and slowest durations. mypy runs beside both. The exit status is the first failure's, else 0.
+# Usage: hack/test-lanes.sh [pytest args...]
+# One lane, the tiers one after another, with KUBETRAIN_TEST_LANES=1 or when the arguments name tests/ paths.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+BIN=${BIN:-.venv/bin}
+
+lane() {  # lane NAME TESTS... -- ARGS...: pytest on TESTS, each line prefixed with NAME
+  local name=$1; shift
+  local tests=()
+  while [[ $1 != -- ]]; do tests+=("$1"); shift; done
+  shift
+  "$BIN/python" -m pytest "${tests[@]}" "$@" 2>&1 | sed -u "s/^/${name}| /"
+  return "${PIPESTATUS[0]}"
+}
+
+mypy_log=$(mktemp)
+trap 'rm -f "$mypy_log"' EXIT
+"$BIN/mypy" core/src operator/src trainer-image/src >"$mypy_log" 2>&1 &
+mypy_pid=$!
+
+if [[ ${KUBETRAIN_TEST_LANES:-2} == 1 || " $* " == *" tests/"* ]]; then
+  "$BIN/python" -m pytest "$@"; status=$?
+else
+  lane integration tests/integration -- "$@" &
+  integration_pid=$!
+  lane unit+e2e tests/unit tests/e2e -- "$@"; first=$?
+  wait "$integration_pid"; second=$?
+  echo "test lanes: unit+e2e exit ${first}, integration exit ${second}"
+  # 5 is pytest's "no tests selected": fine for one lane (a -k that picks tests of one tier), not for both
+  if (( first == 5 && second != 5 )); then first=0; fi
+  if (( second == 5 && first != 5 )); then second=0; fi
+  status=$(( first ? first : second ))
+fi
+
+wait "$mypy_pid"; mypy=$?
+echo "mypy (beside the tests):"
+cat "$mypy_log"
+exit $(( status ? status : mypy ))
