@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import textwrap
 from dataclasses import dataclass
-from decimal import Decimal
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -38,6 +36,7 @@ from kubetrain.core.contract import (  # also read as builders.LABEL_JOB etc. by
     LABEL_JOB,
     LABEL_ROLE,
 )
+from kubetrain.core.quantity import add_quantities, quantity_value, scale_quantity
 from kubetrain.operator.jobs import fabrics
 
 # Re-exported: tests, docs and other modules read them as builders.FABRICS etc.
@@ -437,7 +436,7 @@ def shm_size_limit(spec: TrainingJobSpec) -> str:
     tier = memory_tier(spec)
     if tier is None or pod_memory_limit(spec) is None:
         return spec.resources.shm_size
-    return _add_quantities(spec.resources.shm_size, str(tier.budget_bytes * spec.procs))
+    return add_quantities(spec.resources.shm_size, str(tier.budget_bytes * spec.procs))
 
 
 def _template_volume(spec: TrainingJobSpec, name: str) -> dict[str, Any] | None:
@@ -711,18 +710,6 @@ def merge(base: Any, override: Any, key: str = "") -> Any:
     return override
 
 
-_QUANTITY = re.compile(r"^(?P<number>[0-9.]+(?:[eE][-+]?[0-9]+)?)(?P<suffix>[KMGTPE]i|[numkMGTPE])?$")
-
-
-def scale_quantity(quantity: str, factor: int) -> str:
-    """`factor` times a resource quantity, exactly, in the quantity's own unit ("500m" x 4 = "2000m")."""
-    match = _QUANTITY.match(quantity)
-    if match is None:
-        raise ValueError(f"not a resource quantity: {quantity!r}")
-    number = format((Decimal(match["number"]) * factor).normalize(), "f")
-    return number + (match["suffix"] or "")
-
-
 def worker_requests(job: TrainingJob) -> dict[str, str]:
     """What one worker pod requests of a node: its containers' and native sidecars' requests (limits where
     a request is unset, as the API server defaults them), podTemplate included."""
@@ -732,35 +719,8 @@ def worker_requests(job: TrainingJob) -> dict[str, str]:
     for container in [*spec["containers"], *sidecars]:
         resources = container.get("resources") or {}
         for name, amount in {**(resources.get("limits") or {}), **(resources.get("requests") or {})}.items():
-            total[name] = _add_quantities(total[name], str(amount)) if name in total else str(amount)
+            total[name] = add_quantities(total[name], str(amount)) if name in total else str(amount)
     return total
-
-
-_SUFFIX_FACTORS = {"": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-                   **{s: Decimal(1000) ** (i + 1) for i, s in enumerate("kMGTPE")},
-                   **{s + "i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")}}
-
-
-def quantity_value(quantity: str) -> Decimal:
-    """A resource quantity in base units (`16Gi` -> 17179869184)."""
-    match = _QUANTITY.match(quantity)
-    if match is None:
-        raise ValueError(f"not a resource quantity: {quantity!r}")
-    return Decimal(match["number"]) * _SUFFIX_FACTORS[match["suffix"] or ""]
-
-
-def _add_quantities(a: str, b: str) -> str:
-    """a + b exactly: in their unit where they share one, else in base units (millis where fractional)."""
-    ma, mb = _QUANTITY.match(a), _QUANTITY.match(b)
-    if ma is None or mb is None:
-        raise ValueError(f"not resource quantities: {a!r}, {b!r}")
-    if ma["suffix"] == mb["suffix"]:
-        return format((Decimal(ma["number"]) + Decimal(mb["number"])).normalize(), "f") + (ma["suffix"] or "")
-    total = quantity_value(a) + quantity_value(b)
-    if total == total.to_integral_value():
-        return str(int(total))
-    milli = total * 1000
-    return f"{int(milli)}m" if milli == milli.to_integral_value() else format(total.normalize(), "f")
 
 
 def pod_group_name(job: TrainingJob, generation: int) -> str:
