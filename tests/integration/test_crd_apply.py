@@ -85,6 +85,8 @@ def test_overlong_name_is_rejected_with_rule_message(trainingjobs: Any, namespac
 MANIFESTS = REPO_ROOT / "tests" / "unit" / "manifests"
 VALIDATE_ONLY = {
     "bad-kind.yaml": "a PyTorchJob, not sent to the TrainingJob resource",
+    "bad-namespace.yaml": "the namespace is the request's: kubectl sends it in the URL, which the API server refuses",
+    "bad-nan-free-form.yaml": "JSON has no NaN: kubectl cannot send it",
     "bad-infinite.yaml": "JSON has no infinity: kubectl cannot send it",
     "bad-not-utf8.yaml": "not a manifest kubectl can read",
     "bad-deep.yaml": "the API server nests further; `kubetrain validate` stops at 100 levels",
@@ -193,6 +195,20 @@ def test_the_api_server_bounds_a_grid_sweep_as_validate_does(
     assert rejected.value.status == 422, rejected.value.body
     assert "spec.parameters" in rejected.value.body
     assert "the grid sampler tries every combination of the parameters' values" in rejected.value.body
+
+
+def test_the_api_server_refuses_a_sweep_parameter_over_suspend(admin_api: client.ApiClient, namespace: str) -> None:
+    crd = load(SWEEP_CRD_FILE)
+    apply(admin_api, crd, FIELD_MANAGER)
+    wait_established(admin_api, [crd["metadata"]["name"]])
+    doc = grid_sweep("tune-suspend", "random", 10)
+    doc["spec"]["parameters"][0] = {"path": "suspend", "type": "categorical", "values": [True, False]}
+    (problem,) = problems_of(doc)
+    with pytest.raises(ApiException) as rejected:
+        client.CustomObjectsApi(admin_api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, SWEEP_PLURAL, doc, field_validation="Strict", dry_run="All")
+    assert rejected.value.status == 422, rejected.value.body
+    assert problem.path in rejected.value.body and "suspend pauses and resumes a job" in rejected.value.body
 
 
 @pytest.mark.parametrize(("change", "refused"), [

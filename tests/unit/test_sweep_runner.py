@@ -326,7 +326,7 @@ def test_a_sweep_whose_trials_fail_exits_1_with_the_trials_reason(tmp_path, caps
     doc = sweep().dump()
     doc["spec"].update(maxTrials=2, maxFailedTrials=0, parameters=[{"path": "seed", "type": "int", "low": 1, "high": 9}])
     doc["spec"]["template"]["spec"].update(command=["python", "-c", "import sys; print('no GPU here'); sys.exit(2)"],
-                                           metricsPort=29500)
+                                           metricsPort=29600)
     f = tmp_path / "failing.yaml"
     f.write_text(json.dumps(doc))
     out = tmp_path / "out"

@@ -48,6 +48,24 @@ PIPELINE_STRATEGY_LINE = ("spec.parallelism.pipeline: parallelism.pipeline > 1 n
                           "with FSDP2 only, not yet with ddp or deepspeed")
 # file -> the exact line(s) `kubetrain validate` must print for it
 EXPECTED = {
+    "bad-command-empty-string.yaml": ["spec.command: command[0], the program to run, must not be empty"],
+    "bad-vocab-bytes.yaml": [
+        "spec.model.vocabSize: model.vocabSize must be at least 256 for the built-in model reading text with the "
+        "byte tokenizer (its ids are the bytes 0-255)"
+    ],
+    "bad-storage-size-zero.yaml": ["spec.checkpoint.storageSize: checkpoint.storageSize must be more than 0"],
+    "bad-memory-tiny.yaml": [
+        "spec.resources.memory: resources.memory must be at least 512Mi: each of a worker's processes takes about "
+        "300 MB before it trains (Python and torch)",
+        "spec.resources.shmSize: resources.shmSize must be more than 0 and at most 64Ti (more memory than any node "
+        "has)",
+    ],
+    "bad-metrics-port-rendezvous.yaml": [
+        "spec.metricsPort: metricsPort to metricsPort + processes per worker - 1 must leave out 29500, the port the "
+        "workers meet on (MASTER_PORT)"
+    ],
+    "bad-namespace.yaml": ["metadata.namespace: must be a lowercase DNS label (a-z, 0-9, '-')"],
+    "bad-nan-free-form.yaml": ["spec.deepspeed.config.gradient_clipping: must be a finite number"],
     "bad-workers.yaml": ["spec.workers: must be >= 1"],
     "bad-zero-stage.yaml": ["spec.deepspeed.zeroStage: must be <= 3"],
     "bad-deepspeed-with-ddp.yaml": ["spec.deepspeed: deepspeed options need strategy 'deepspeed'"],
@@ -263,8 +281,17 @@ def test_env_entries_are_core_v1_env_vars(env, expected, tmp_path, capsys):
 ])
 def test_cpu_is_a_kubernetes_quantity(quantity, ok, tmp_path, capsys):
     f = tmp_path / "cpu.yaml"
-    f.write_text(HEADER + f"spec: {{resources: {{cpu: '{quantity}', memory: '{quantity}'}}}}\n")
+    f.write_text(HEADER + f"spec: {{resources: {{cpu: '{quantity}'}}}}\n")
     assert main(["validate", str(f)]) == (0 if ok else 2)
+
+
+@pytest.mark.parametrize(("quantity", "ok"), [
+    ("512Mi", True), ("536870912", True), ("0.5Gi", True), ("1e12", True), ("2E", True),
+    ("511Mi", False), ("16", False), ("1", False), ("500m", False), ("lots", False), ("1GB", False),
+])
+def test_memory_is_a_quantity_a_worker_can_start_in(quantity, ok):
+    doc = yaml.safe_load(HEADER + f"spec: {{resources: {{memory: '{quantity}'}}}}\n")
+    assert (problems_of(doc) == []) == ok
 
 
 @pytest.mark.parametrize(("name", "ok"), [

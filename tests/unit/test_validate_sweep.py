@@ -65,6 +65,9 @@ BROKEN = [
     ({"spec__parameters__0": {"path": "checkpoint.dir", "type": "categorical", "values": ["/a", "/b"]}},
      ["spec.parameters[0].path: checkpoint.dir names where a job keeps its checkpoints, not a hyperparameter: "
       "every trial keeps its own"]),
+    ({"spec__parameters__0": {"path": "suspend", "type": "categorical", "values": [True, False]}},
+     ["spec.parameters[0].path: suspend pauses and resumes a job, not a hyperparameter: the sweep decides when "
+      "each trial runs"]),
     ({"spec__maxTrials": 501}, ["spec.maxTrials: must be <= 500"]),
     ({"metadata__name": "s" * 47}, ["metadata.name: must have at most 46 characters"]),
     ({"spec": None}, ["spec: required"]),

@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from kubetrain.core import contract, hangs, pod_template
+from kubetrain.core.quantity import quantity_value
 
 GROUP: Final = "kubetrain.io"
 VERSION: Final = "v1alpha1"
@@ -56,6 +57,8 @@ DEFAULT_CHECKPOINT_STORAGE = "10Gi"
 """Size of the checkpoint claim the operator creates when spec.checkpoint.storageSize is not set."""
 QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$"
 """A Kubernetes resource quantity (`500m`, `16`, `128Gi`, `1e12`)."""
+MAX_QUANTITY: Final = 64
+"""The longest quantity a field takes: bounds the cost of the CEL rules that read one."""
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 """A DNS-1035 label: the job's name is also its Service's name and the start of its pods' hostnames."""
@@ -405,7 +408,7 @@ class CheckpointSpec(_Model):
     """Checkpoint directory, an absolute path: not `/`, not in a system directory (/etc, /usr, /var/run, ...), without `.` or `..` segments. Default: `<output dir>/checkpoints` locally, `/checkpoints` in pods. In pods the checkpoint volume (the claim, or an emptyDir with ephemeral or uri) is mounted here. Locally kubetrain writes only into a directory it created or found empty, and a fresh run clears only such a directory."""
     claim_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """An existing PersistentVolumeClaim mounted at the checkpoint directory (`dir`, default /checkpoints) in every worker pod instead of the one the operator creates. With more than one worker it must be ReadWriteMany (unless every worker lands on one node)."""
-    storage_size: str = Field(DEFAULT_CHECKPOINT_STORAGE, pattern=QUANTITY_PATTERN)
+    storage_size: str = Field(DEFAULT_CHECKPOINT_STORAGE, max_length=MAX_QUANTITY, pattern=QUANTITY_PATTERN)
     """Size of the claim `<job>-checkpoints` that the operator creates, owned by the job and deleted with it, when none of claimName, ephemeral and uri is set."""
     storage_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """StorageClass of the claim the operator creates. Unset: the cluster's default StorageClass."""
@@ -432,11 +435,11 @@ class ResourcesSpec(_Model):
 
     gpus_per_worker: int = Field(0, ge=0, le=64)
     """GPUs requested per worker pod (`nvidia.com/gpu`). Also the default procsPerWorker when that is not set. At most 64."""
-    cpu: str | None = Field(None, pattern=QUANTITY_PATTERN)
+    cpu: str | None = Field(None, max_length=MAX_QUANTITY, pattern=QUANTITY_PATTERN)
     """CPU request and limit per worker pod, a quantity written as a string (e.g. `"16"`, `500m`)."""
-    memory: str | None = Field(None, pattern=QUANTITY_PATTERN)
+    memory: str | None = Field(None, max_length=MAX_QUANTITY, pattern=QUANTITY_PATTERN)
     """Memory request and limit per worker pod (e.g. `128Gi`)."""
-    shm_size: str = Field("16Gi", pattern=QUANTITY_PATTERN)
+    shm_size: str = Field("16Gi", max_length=MAX_QUANTITY, pattern=QUANTITY_PATTERN)
     """Size of the in-memory /dev/shm volume."""
     extra: dict[str, Annotated[str, Field(pattern=QUANTITY_PATTERN)]] | None = None
     """Extra extended resources per worker pod (e.g. `rdma/ib: "1"`). Merged over those the fabric profile adds; yours win. Not `nvidia.com/gpu`, `cpu` or `memory`: gpusPerWorker, cpu and memory set them."""
@@ -613,6 +616,23 @@ _PROCS_CEL = ("(has(self.procsPerWorker) ? self.procsPerWorker"
               " : (self.resources.gpusPerWorker > 0 ? self.resources.gpusPerWorker : 1))")
 """TrainingJobSpec.procs in CEL: the processes per worker after defaults."""
 
+BYTE_VOCAB: Final = 256
+"""The byte tokenizer's vocabulary: one id per byte."""
+MIN_POD_MEMORY: Final = "512Mi"
+"""The least resources.memory a worker pod may have."""
+MAX_SHM: Final = "64Ti"
+"""The most resources.shmSize may be: above the memory of the largest machines sold."""
+_BUILT_IN_BYTES_CEL = ("((!has(self.command) || size(self.command) == 0) && !has(self.model.hfPath) && "
+                       "!has(self.model.hfUri) && self.data.tokenizer == 'byte' && !has(self.data.tokenizerUri) && "
+                       "!has(self.data.uri))")
+"""The built-in trainer's built-in model reading text with the byte tokenizer (no token shards, no custom command)."""
+
+
+def _built_in_reads_bytes(s: Any) -> bool:
+    return (not s.command and not s.model.is_hf() and s.data.tokenizer == "byte" and s.data.tokenizer_uri is None
+            and s.data.uri is None)
+
+
 SPEC_RULES: list[Rule] = [
     Rule(
         "profile.steps",
@@ -681,6 +701,39 @@ SPEC_RULES: list[Rule] = [
         "!has(self.args) || (has(self.command) && size(self.command) > 0)",
         "args needs a non-empty command (custom script mode; the built-in trainer takes no args)",
         lambda s: s.args is None or bool(s.command),
+    ),
+    Rule(  # the kubelet would start an executable named "" and the pod would fail at every restart
+        "command",
+        "!has(self.command) || size(self.command) == 0 || size(self.command[0]) > 0",
+        "command[0], the program to run, must not be empty",
+        lambda s: not s.command or s.command[0] != "",
+    ),
+    Rule(
+        "model.vocabSize",
+        f"{_BUILT_IN_BYTES_CEL} ? self.model.vocabSize >= {BYTE_VOCAB} : true",
+        f"model.vocabSize must be at least {BYTE_VOCAB} for the built-in model reading text with the byte "
+        "tokenizer (its ids are the bytes 0-255)",
+        lambda s: not _built_in_reads_bytes(s) or s.model.vocab_size >= BYTE_VOCAB,
+    ),
+    Rule(
+        "checkpoint.storageSize",
+        "quantity(self.checkpoint.storageSize).isGreaterThan(quantity('0'))",
+        "checkpoint.storageSize must be more than 0",
+        lambda s: quantity_value(s.checkpoint.storage_size) > 0,
+    ),
+    Rule(
+        "resources.memory",
+        f"!has(self.resources.memory) || !quantity(self.resources.memory).isLessThan(quantity('{MIN_POD_MEMORY}'))",
+        f"resources.memory must be at least {MIN_POD_MEMORY}: each of a worker's processes takes about 300 MB "
+        "before it trains (Python and torch)",
+        lambda s: s.resources.memory is None or quantity_value(s.resources.memory) >= quantity_value(MIN_POD_MEMORY),
+    ),
+    Rule(
+        "resources.shmSize",
+        "quantity(self.resources.shmSize).isGreaterThan(quantity('0')) && "
+        f"!quantity(self.resources.shmSize).isGreaterThan(quantity('{MAX_SHM}'))",
+        f"resources.shmSize must be more than 0 and at most {MAX_SHM} (more memory than any node has)",
+        lambda s: 0 < quantity_value(s.resources.shm_size) <= quantity_value(MAX_SHM),
     ),
     Rule(
         "env",
@@ -892,6 +945,14 @@ SPEC_RULES: list[Rule] = [
         f"self.metricsPort + {_PROCS_CEL} - 1 <= 65535",
         "metricsPort + processes per worker - 1 must be <= 65535 (each process serves metrics on the next port)",
         lambda s: s.metrics_port + s.procs - 1 <= 65535,
+    ),
+    Rule(
+        "metricsPort",
+        f"self.metricsPort > {contract.DEFAULT_MASTER_PORT} || "
+        f"self.metricsPort + {_PROCS_CEL} - 1 < {contract.DEFAULT_MASTER_PORT}",
+        f"metricsPort to metricsPort + processes per worker - 1 must leave out {contract.DEFAULT_MASTER_PORT}, "
+        "the port the workers meet on (MASTER_PORT)",
+        lambda s: not s.metrics_port <= contract.DEFAULT_MASTER_PORT <= s.metrics_port + s.procs - 1,
     ),
 ]
 
@@ -1348,8 +1409,8 @@ class ObjectMeta(_Model):
     name: str = Field(..., min_length=1, max_length=50, pattern=DNS_LABEL_PATTERN)
     """Job name: a DNS label of at most 50 characters (pod hostnames append `-worker-<i>` and must stay within 63)
     that starts with a letter (it is also the name of the job's Service, a DNS-1035 label)."""
-    namespace: str | None = None
-    """Namespace."""
+    namespace: str | None = Field(None, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """Namespace: a DNS label (lowercase a-z, 0-9, '-'; at most 63 characters), as every namespace's name is."""
     labels: dict[str, str] | None = None
     """Labels."""
     annotations: dict[str, str] | None = None
@@ -1556,6 +1617,18 @@ GRID_TOO_LARGE = (f"the grid sampler tries every combination of the parameters' 
                   "(use sampler random or tpe for a larger space, or coarser steps)")
 
 
+UNTUNABLE: Final[dict[str, str]] = {
+    "checkpoint.dir": "names where a job keeps its checkpoints, not a hyperparameter: every trial keeps its own",
+    "checkpoint.claimName": "names a job's storage, not a hyperparameter: trials would share one claim",
+    "checkpoint.uri": "names where a job keeps its checkpoints, not a hyperparameter: every trial keeps its own",
+    "suspend": "pauses and resumes a job, not a hyperparameter: the sweep decides when each trial runs",
+}
+"""Spec fields that hold a value but are no hyperparameter; a parameter over one is refused."""
+
+def _path_is_not(path: str) -> Callable[[Any], bool]:
+    return lambda p: p.path != path
+
+
 PARAMETER_RULES: list[Rule] = [
     Rule(
         "values",
@@ -1583,6 +1656,7 @@ PARAMETER_RULES: list[Rule] = [
         "an int parameter needs whole numbers for low, high and step",
         lambda p: p.type != "int" or all(v is None or float(v).is_integer() for v in (p.low, p.high, p.step)),
     ),
+    *(Rule("path", f"self.path != '{path}'", f"{path} {why}", _path_is_not(path)) for path, why in UNTUNABLE.items()),
 ]
 """Rules on each entry of a TrainingSweep's spec.parameters (paths relative to the entry)."""
 

@@ -358,6 +358,8 @@ def _scalar(value: Any, loc: tuple[int | str, ...]) -> Any:
             raise _Unacceptable(loc, "must fit in 64 bits")
         return value
     if isinstance(value, float):  # the API server's decoder reads 5.0 as the integer 5
+        if not math.isfinite(value):  # anywhere, free-form fields too: JSON, what kubectl sends, has neither
+            raise _Unacceptable(loc, "must be a finite number")
         return int(value) if value.is_integer() and abs(value) < INT64 else value
     return str(value)  # not reached: the loader builds YAML's core types only
 

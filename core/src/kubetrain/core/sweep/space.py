@@ -98,17 +98,8 @@ def _fields(model: type[BaseModel]) -> dict[str, Any]:
     return {(info.alias or name): _plain(info.annotation) for name, info in model.model_fields.items()}
 
 
-UNTUNABLE: dict[str, str] = {
-    "checkpoint.dir": "names where a job keeps its checkpoints, not a hyperparameter: every trial keeps its own",
-    "checkpoint.claimName": "names a job's storage, not a hyperparameter: trials would share one claim",
-}
-"""Spec fields that hold a value but are no hyperparameter; a parameter over one is refused."""
-
-
 def _field_kind(path: str) -> FieldKind:
     """What the TrainingJob spec field at `path` holds; _PathError says why it is not a field a parameter can set."""
-    if path in UNTUNABLE:
-        raise _PathError(f"{path} {UNTUNABLE[path]}")
     model: type[BaseModel] = TrainingJobSpec
     parts = path.split(".")
     for depth, name in enumerate(parts):
