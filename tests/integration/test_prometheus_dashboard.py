@@ -142,10 +142,14 @@ def test_prometheus_scrapes_operator_and_workers_and_every_panel_has_data(
 
     op_port = free_port()
     scrape = [
-        {"job_name": "kubetrain-operator", "static_configs": [{"targets": [f"127.0.0.1:{op_port}"]}]},
-        # Workers label their series job=<TrainingJob>; honor_labels keeps it (the chart's PodMonitor does too).
-        {"job_name": "kubetrain-workers", "honor_labels": True,
-         "static_configs": [{"targets": [f"127.0.0.1:{trainer_port}", f"127.0.0.1:{trainer_port + 1}"]}]},
+        # As the chart's ServiceMonitor: the operator's per-job series keep their namespace and trainingjob.
+        {"job_name": "kubetrain-operator", "honor_labels": True,
+         "static_configs": [{"targets": [f"127.0.0.1:{op_port}"]}]},
+        # As the chart's PodMonitor labels a worker's series from its pod (jobLabel, the trainingjob relabeling,
+        # the pod's namespace), never from what the process exports (honor_labels off).
+        {"job_name": "kubetrain-workers", "honor_labels": False,
+         "static_configs": [{"targets": [f"127.0.0.1:{trainer_port}", f"127.0.0.1:{trainer_port + 1}"],
+                             "labels": {"job": "promdemo", "trainingjob": "promdemo", "namespace": namespace}}]},
     ]
     prom = ps.start_or_skip(tmp_path, scrape, rules=ht.alert_rules())
     try:

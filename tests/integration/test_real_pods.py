@@ -440,7 +440,8 @@ def test_prometheus_scrapes_workers_on_their_pod_ips_as_the_podmonitor_selects(
         series = prom.finite(query)
         print("scraped:", [(s["metric"]["instance"], s["value"][1]) for s in series], "pod IPs:", ips)
         assert {s["metric"]["instance"].rsplit(":", 1)[0] for s in series} == ips
-        assert all(s["metric"]["job"] == name for s in series)  # honorLabels keeps the workers' own job label
+        # Labelled from the pod (jobLabel, the namespace), not from the process: honorLabels is off
+        assert all(s["metric"]["job"] == name and s["metric"]["namespace"] == real_namespace for s in series)
         jobs.wait_phase(name, "Succeeded")
     finally:
         prom.__exit__()

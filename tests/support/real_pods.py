@@ -243,7 +243,7 @@ def pod_monitor_targets(pod_monitor: dict[str, Any], core: client.CoreV1Api, nam
     """Prometheus file_sd target groups for what the chart's PodMonitor selects, the way the Prometheus
     Operator's pod discovery does (Debian's Prometheus is built without Kubernetes discovery): running
     pods with its matchLabels, at their pod IP and the container port it names, with its relabelings
-    (`__meta_kubernetes_pod_label_X` -> the pod's label X)."""
+    (`__meta_kubernetes_pod_label_X` -> the pod's label X), the pod's namespace and its jobLabel."""
     spec = pod_monitor["spec"]
     endpoint = spec["podMetricsEndpoints"][0]
     selector = ",".join(f"{k}={v}" for k, v in spec["selector"]["matchLabels"].items())
@@ -254,6 +254,9 @@ def pod_monitor_targets(pod_monitor: dict[str, Any], core: client.CoreV1Api, nam
             continue
         labels = {r["targetLabel"]: pod.metadata.labels[_label_key(r["sourceLabels"][0], pod.metadata.labels)]
                   for r in endpoint.get("relabelings", [])}
+        labels["namespace"] = namespace
+        if spec.get("jobLabel"):  # the Prometheus Operator's job label: the pod's label of that name
+            labels["job"] = pod.metadata.labels[spec["jobLabel"]]
         groups.append({"targets": [f"{pod.status.pod_ip}:{ports[0]}"], "labels": labels})
     return groups
 

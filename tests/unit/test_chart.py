@@ -14,6 +14,7 @@ from support import helm_tool as ht
 from support.paths import CHART
 from support.paths import REPO_ROOT as REPO
 
+from kubetrain.core import contract
 from kubetrain.core.pod_template import BASELINE_CAPABILITIES
 from kubetrain.operator.jobs.fabrics import FABRICS
 
@@ -125,6 +126,25 @@ def test_schema_rejects_bad_values(helm_ok: None) -> None:
     assert bad.returncode != 0 and "rbac" in bad.stderr
     typo = ht.helm("template", "x", str(CHART), "--set", "operator.replica=2", check=False)
     assert typo.returncode != 0 and "replica" in typo.stderr
+
+
+def test_worker_series_are_labelled_from_their_pods_and_monitors_carry_the_release_label(helm_ok: None) -> None:
+    """A tenant's worker cannot label its series as another job's or namespace's: honorLabels off, job from the
+    pod's kubetrain.io/job-name; the operator's per-job series keep their namespace; `release` where asked."""
+    docs = ht.render([CHART / "ci" / "all-on-values.yaml"], set_values={"metrics.release": "kps"})
+    pm, sm, rule = (ht.find(docs, kind) for kind in ("PodMonitor", "ServiceMonitor", "PrometheusRule"))
+    assert pm["spec"]["jobLabel"] == contract.LABEL_JOB
+    assert pm["spec"]["podMetricsEndpoints"][0]["honorLabels"] is False
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    assert [d["metadata"]["labels"]["release"] for d in (pm, sm, rule)] == ["kps"] * 3
+    plain = ht.render([CHART / "ci" / "all-on-values.yaml"])
+    assert "release" not in ht.find(plain, "PodMonitor")["metadata"]["labels"]
+
+
+def test_every_job_alert_names_the_namespace_and_the_job(helm_ok: None) -> None:
+    rules = {r["alert"]: r["expr"] for g in ht.alert_rules()["groups"] for r in g["rules"]}
+    for alert in ("KubetrainJobFailed", "KubetrainRestartStorm", "KubetrainJobNoProgress"):
+        assert "by (namespace, trainingjob" in rules[alert], alert
 
 
 def test_monitoring_objects(helm_ok: None) -> None:
@@ -295,13 +315,21 @@ def test_dashboard_has_a_sweeps_row() -> None:
 
 def test_dashboard_has_a_goodput_row_filtered_by_namespace_and_job() -> None:
     dash = json.loads((CHART / "dashboards" / "kubetrain-overview.json").read_text())
-    assert [v["name"] for v in dash["templating"]["list"]] == ["datasource", "job", "namespace"]
+    assert [v["name"] for v in dash["templating"]["list"]] == ["datasource", "namespace", "job"]
     panels = dash["panels"]
     row = [p["title"] for p in panels].index("Goodput")
     exprs = [t["expr"] for p in panels[row + 1:] for t in p.get("targets", [])]
     assert any("kubetrain_operator_job_goodput_seconds" in e and '$namespace' in e and '$job' in e for e in exprs)
     assert any("kubetrain_operator_job_steps_lost" in e for e in exprs)
     assert any("kubetrain_operator_time_to_first_step_seconds_bucket" in e for e in exprs)
+
+
+def test_every_training_panel_filters_by_namespace_and_keeps_same_named_jobs_apart() -> None:
+    dash = json.loads((CHART / "dashboards" / "kubetrain-overview.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", []) if "kubetrain_trainer_" in t["expr"]]
+    assert len(exprs) >= 8
+    for expr in exprs:
+        assert 'namespace=~"$namespace"' in expr and "by (namespace, job" in expr, expr
 
 
 def test_dashboard_gpu_row_joins_dcgm_to_the_jobs_worker_pods() -> None:

@@ -1,7 +1,8 @@
 {{/*
 The alert rules, as a Prometheus rules file's `groups`. Rendered into the PrometheusRule;
 tests render them into a plain rules file for `promtool check rules` and `promtool test rules`
-(charts/kubetrain/tests/alerts_test.yaml).
+(charts/kubetrain/tests/alerts_test.yaml). Every alert about a job carries `namespace` and `trainingjob`
+(the TrainingJob's name; `job` is Prometheus's scrape job), so that Alertmanager routes it to its team.
 */}}
 {{- define "kubetrain.alertGroups" -}}
 - name: kubetrain.rules
@@ -15,25 +16,25 @@ tests render them into a plain rules file for `promtool check rules` and `promto
       summary: The kubetrain operator is not being scraped
       description: No kubetrain_operator_* metrics for 5 minutes; TrainingJobs are not reconciled (no gang restarts, no TTL cleanup).
   - alert: KubetrainJobFailed
-    expr: sum by (reason) (increase(kubetrain_operator_jobs_finished_total{phase="Failed"}[10m])) > 0
+    expr: sum by (namespace, trainingjob, reason) (increase(kubetrain_operator_jobs_finished_total{phase="Failed"}[10m])) > 0
     labels:
       severity: warning
     annotations:
-      summary: TrainingJobs failed (reason {{ "{{" }} $labels.reason {{ "}}" }})
-      description: '{{ "{{" }} $value | humanize {{ "}}" }} TrainingJob(s) finished Failed with reason {{ "{{" }} $labels.reason {{ "}}" }} in the last 10 minutes; see `kubectl get tj` and `kubectl describe tj`.'
+      summary: TrainingJob {{ "{{" }} $labels.namespace {{ "}}" }}/{{ "{{" }} $labels.trainingjob {{ "}}" }} failed ({{ "{{" }} $labels.reason {{ "}}" }})
+      description: 'TrainingJob {{ "{{" }} $labels.trainingjob {{ "}}" }} in namespace {{ "{{" }} $labels.namespace {{ "}}" }} finished Failed with reason {{ "{{" }} $labels.reason {{ "}}" }}; see `kubectl -n {{ "{{" }} $labels.namespace {{ "}}" }} describe tj {{ "{{" }} $labels.trainingjob {{ "}}" }}`.'
   - alert: KubetrainRestartStorm
-    expr: sum by (reason) (increase(kubetrain_operator_gang_restarts_total[30m])) >= {{ .Values.metrics.prometheusRule.restartStormThreshold }}
+    expr: sum by (namespace, trainingjob) (increase(kubetrain_operator_gang_restarts_total[30m])) >= {{ .Values.metrics.prometheusRule.restartStormThreshold }}
     labels:
       severity: warning
     annotations:
-      summary: Repeated gang restarts (reason {{ "{{" }} $labels.reason {{ "}}" }})
-      description: '{{ "{{" }} $value | humanize {{ "}}" }} whole-gang restarts caused by {{ "{{" }} $labels.reason {{ "}}" }} in 30 minutes: a bad node, a bad image or a crashing job.'
+      summary: TrainingJob {{ "{{" }} $labels.namespace {{ "}}" }}/{{ "{{" }} $labels.trainingjob {{ "}}" }} restarts again and again
+      description: '{{ "{{" }} $value | humanize {{ "}}" }} whole-gang restarts of TrainingJob {{ "{{" }} $labels.trainingjob {{ "}}" }} (namespace {{ "{{" }} $labels.namespace {{ "}}" }}) in 30 minutes: a bad node, a bad image or a crashing job; its status.failures counts them by reason.'
   - alert: KubetrainJobNoProgress
-    expr: max by (namespace, job) (changes(kubetrain_trainer_step[{{ .Values.metrics.prometheusRule.noProgressFor }}])) == 0 and max by (namespace, job) (kubetrain_trainer_step) > 0
+    expr: max by (namespace, trainingjob) (changes(kubetrain_trainer_step[{{ .Values.metrics.prometheusRule.noProgressFor }}])) == 0 and max by (namespace, trainingjob) (kubetrain_trainer_step) > 0
     for: 1m
     labels:
       severity: warning
     annotations:
-      summary: TrainingJob {{ "{{" }} $labels.job {{ "}}" }} makes no progress
-      description: The optimizer step of {{ "{{" }} $labels.job {{ "}}" }} has not moved for {{ .Values.metrics.prometheusRule.noProgressFor }} (hung collective, stalled data loader or stuck checkpoint).
+      summary: TrainingJob {{ "{{" }} $labels.namespace {{ "}}" }}/{{ "{{" }} $labels.trainingjob {{ "}}" }} makes no progress
+      description: The optimizer step of {{ "{{" }} $labels.trainingjob {{ "}}" }} (namespace {{ "{{" }} $labels.namespace {{ "}}" }}) has not moved for {{ .Values.metrics.prometheusRule.noProgressFor }} (hung collective, stalled data loader or stuck checkpoint).
 {{- end -}}

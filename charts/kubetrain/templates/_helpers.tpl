@@ -47,6 +47,18 @@ app.kubernetes.io/component: operator
 {{- if or (eq $p "true") (and (eq $p "auto") (gt (int .Values.operator.replicas) 1)) -}}true{{- end -}}
 {{- end -}}
 
+{{/* Labels of a ServiceMonitor, PodMonitor or PrometheusRule: the chart's, `release` where metrics.release
+is set (the label kube-prometheus-stack selects on), then the object's own (`labels` of its values). */}}
+{{- define "kubetrain.monitorLabels" -}}
+{{ include "kubetrain.labels" .root }}
+{{- with .root.Values.metrics.release }}
+release: {{ . | quote }}
+{{- end }}
+{{- with .labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
 {{- define "kubetrain.monitorApiVersion" -}}
 {{- if eq .Values.metrics.flavor "azure-managed" -}}azmonitoring.coreos.com/v1
 {{- else if eq .Values.metrics.flavor "gke-managed" -}}monitoring.googleapis.com/v1

@@ -147,11 +147,7 @@ class JobController:
         self.first_running.discard(key)
         self.first_step.discard(key)
         self.paces.pop(key, None)
-        for kind in ("productive", "lost"):
-            with contextlib.suppress(KeyError):
-                metrics.JOB_GOODPUT_SECONDS.remove(*key, kind)
-        with contextlib.suppress(KeyError):
-            metrics.JOB_STEPS_LOST.remove(*key)
+        metrics.forget_job(*key)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -276,7 +272,7 @@ class JobController:
         old = body.get("status") or {}
         now = self.clock()
         if d.action == Action.RESTART_GANG:
-            metrics.GANG_RESTARTS.labels(d.reason).inc()
+            metrics.GANG_RESTARTS.labels(*key, d.reason).inc()
         if d.hang is not None and d.action in (Action.RESTART_GANG, Action.FAIL):
             metrics.HANGS.labels(str(bool(d.hang.suspects)).lower()).inc()
         phase, was = new.get("phase"), old.get("phase")
@@ -289,7 +285,7 @@ class JobController:
                 self.first_running.add(key)
                 metrics.TIME_TO_RUNNING.observe((now - created).total_seconds())
         if phase in api.FINISHED_PHASES and was != phase:
-            metrics.JOBS_FINISHED.labels(phase, new.get("reason", "")).inc()
+            metrics.JOBS_FINISHED.labels(*key, phase, new.get("reason", "")).inc()
         self._observe_goodput(key, body, new, now)
 
     def _observe_goodput(self, key: Key, body: dict[str, Any], new: dict[str, Any], now: datetime) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import Counter, Gauge, Histogram
 
 LEADER = Gauge("kubetrain_operator_leader", "1 on the replica that reconciles (holds the leader Lease), 0 on a standby")
@@ -13,8 +15,10 @@ RECONCILE_SECONDS = Histogram(
 )
 RECONCILE_ERRORS = Counter("kubetrain_operator_reconcile_errors_total", "Reconciles that raised", ["reason"])
 PODS_CREATED = Counter("kubetrain_operator_pods_created_total", "Worker pods created")
-GANG_RESTARTS = Counter("kubetrain_operator_gang_restarts_total", "Whole-gang restarts, by failure kind", ["reason"])
-JOBS_FINISHED = Counter("kubetrain_operator_jobs_finished_total", "Jobs that finished, by phase and reason", ["phase", "reason"])
+GANG_RESTARTS = Counter("kubetrain_operator_gang_restarts_total", "Whole-gang restarts of each job, by failure kind",
+                        ["namespace", "trainingjob", "reason"])
+JOBS_FINISHED = Counter("kubetrain_operator_jobs_finished_total", "Jobs that finished, by phase and reason",
+                        ["namespace", "trainingjob", "phase", "reason"])
 TIME_TO_RUNNING = Histogram(
     "kubetrain_operator_time_to_running_seconds",
     "From job creation to every worker of the first generation Running",
@@ -55,3 +59,21 @@ HANGS = Counter("kubetrain_operator_hangs_total",
                 "waited alike", ["named"])
 for _named in ("true", "false"):
     HANGS.labels(_named)  # both series exist from the start, at 0
+
+PER_JOB: dict[Counter | Gauge, tuple[str, ...]] = {
+    GANG_RESTARTS: ("namespace", "trainingjob", "reason"),
+    JOBS_FINISHED: ("namespace", "trainingjob", "phase", "reason"),
+    JOB_GOODPUT_SECONDS: ("namespace", "trainingjob", "kind"),
+    JOB_STEPS_LOST: ("namespace", "trainingjob"),
+}
+"""The series that name one TrainingJob (`namespace`, `trainingjob`), with their label names in order."""
+
+
+def forget_job(namespace: str, name: str) -> None:
+    """A deleted job's series go with it: kept, their number would grow with every job the cluster ever ran."""
+    for metric, names in PER_JOB.items():
+        labelsets = {tuple(s.labels[n] for n in names) for family in metric.collect() for s in family.samples
+                     if s.labels.get("namespace") == namespace and s.labels.get("trainingjob") == name}
+        for labels in labelsets:
+            with contextlib.suppress(KeyError):
+                metric.remove(*labels)
