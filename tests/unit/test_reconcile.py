@@ -74,6 +74,21 @@ def test_all_running_sets_running_with_ready_count_and_condition():
     assert again.status is None and again.events == []
 
 
+@pytest.mark.parametrize("pods", [
+    [pod(0, deleting=True), pod(1, phase="Failed", exit_code=137, deleting=True)],  # the GC deleting them
+    [pod(0)],  # one already gone
+    [],  # all gone: a job that is not being deleted would get a new gang here
+])
+def test_a_job_being_deleted_is_never_restarted_recreated_or_written(pods):
+    st = {"phase": "Running", "gangCreated": True, "startTime": "2026-03-01T12:00:00Z"}
+    dying = body(status=st)
+    dying["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:05Z"
+    p = plan(Observation(dying, pods, {}, T0 + timedelta(seconds=10)), S)
+    assert (p.create, p.delete_pods, p.force_delete_pods, p.status, p.events) == ([], [], [], None, [])
+    alive = plan(Observation(body(status=st), pods, {}, T0 + timedelta(seconds=10)), S)
+    assert alive.create or alive.delete_pods or alive.status  # the same pods move a live job
+
+
 RECREATE = {"restartPolicy": {"backoffLimit": 1, "backoffSeconds": 0, "inPlace": False}}
 IN_PLACE = {"restartPolicy": {"backoffLimit": 1, "backoffSeconds": 0, "inPlace": True}}
 

@@ -173,6 +173,10 @@ class Observation:
 def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     """One reconcile of the job `seen` observed."""
     body, now, view = seen.body, seen.now, seen.queue
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
+        # Being deleted (the garbage collector may be removing its pods first, under foreground deletion): its
+        # pods' ends are no failures, and nothing is created, restarted or written for a job that is going.
+        return Plan()
     old = _status_of(body)
     job, problems, unknown = _job_model(body)
     if job is None:
