@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 from support.cluster import kubeconfig_path
 from support.jobs import TrainingJobs
 from support.kwok import kwok_job, set_node_ready
 from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
+from kubetrain.core import api
 from kubetrain.core.api import TrainingJobSpec
 from kubetrain.operator.jobs import builders as b
 
@@ -62,6 +65,27 @@ def test_a_lost_nodes_terminating_pod_is_force_deleted_and_the_new_gang_runs(job
         assert all(p.metadata.uid != victim.metadata.uid for p in jobs.pods("lost"))
     finally:
         set_node_ready(jobs.core, victim.spec.node_name, True)
+
+
+def test_a_job_deleted_in_the_foreground_gets_no_new_gang_while_its_pods_go(jobs: Jobs) -> None:
+    """Foreground deletion: the garbage collector deletes the pods before the job, which a live job would
+    answer with a gang restart; a job being deleted gets none, and goes."""
+    jobs.create("dying", restartPolicy={"backoffSeconds": 0})
+    jobs.running("dying", 0)
+    jobs.custom.delete_namespaced_custom_object(api.GROUP, api.VERSION, jobs.ns, api.PLURAL, "dying",
+                                                propagation_policy="Foreground")
+    generations: set[str] = set()
+
+    def gone() -> bool:
+        generations.update(p.metadata.labels.get(b.LABEL_GENERATION, "?") for p in jobs.pods("dying"))
+        try:
+            jobs.get("dying")
+        except ApiException as exc:
+            return exc.status == 404
+        return False
+
+    wait_for(gone, 60, what="the job and its pods deleted", interval=0.1)
+    assert generations <= {"0"}, f"pods of generations {sorted(generations)} for a job being deleted"
 
 
 def test_an_eviction_restarts_the_gang_without_spending_the_backoff_limit(jobs: Jobs) -> None:
