@@ -128,6 +128,44 @@ def test_node_not_ready_past_grace_restarts():
     assert p.status["phase"] == "Restarting" and p.status["failures"] == {"NodeLost": 1}
 
 
+NOT_READY_AT = T0 - timedelta(seconds=61)
+"""A node NotReady past the default grace (60 s)."""
+
+
+@pytest.mark.parametrize(("last_progress", "restarted"), [
+    (T0 - timedelta(seconds=5), False),  # progress after the node went NotReady, within the grace: training goes on
+    (NOT_READY_AT - timedelta(seconds=1), True),  # the last progress was before: no sign the gang still trains
+    (None, True),  # no progress ever seen: the grace alone
+])
+def test_a_notready_node_restarts_the_gang_only_when_the_job_stops_making_progress(last_progress, restarted):
+    st = {"phase": "Running", "gangCreated": True, "runningSince": "2026-03-01T11:00:00Z", "currentStep": 40}
+    if last_progress is not None:
+        st["lastProgressTime"] = last_progress.strftime("%Y-%m-%dT%H:%M:%SZ")
+    p = plan(Observation(body(status=st), [pod(0), pod(1, node="n2")], {"n2": NOT_READY_AT}, T0), S)
+    assert (p.status["phase"] == "Restarting") == restarted, p.status
+    if restarted:
+        assert p.status["failures"] == {"NodeLost": 1} and p.force_delete_pods == ["j-worker-1"]
+        return
+    cond = {c["type"]: c for c in p.status["conditions"]}["NodesNotReady"]
+    assert cond["status"] == "True" and cond["reason"] == "NodeNotReady" and "node n2 NotReady" in cond["message"]
+    assert "still makes progress" in cond["message"] and not p.delete_pods and not p.force_delete_pods
+    warnings = [e for e in p.events if e[:2] == ("Warning", "NodeNotReady")]
+    assert len(warnings) == 1 and "n2" in warnings[0][2]
+    assert p.requeue_after is not None and p.requeue_after <= 55  # looks again when the grace could run out
+
+
+def test_a_notready_node_warns_once_and_ready_again_clears_the_condition():
+    st = {"phase": "Running", "gangCreated": True, "runningSince": "2026-03-01T11:00:00Z", "currentStep": 40,
+          "lastProgressTime": "2026-03-01T11:59:58Z"}
+    first = plan(Observation(body(status=st), [pod(0), pod(1, node="n2")], {"n2": NOT_READY_AT}, T0), S)
+    again = plan(Observation(body(status=first.status), [pod(0), pod(1, node="n2")], {"n2": NOT_READY_AT},
+                             T0 + timedelta(seconds=1)), S)
+    assert not [e for e in again.events if e[1] == "NodeNotReady"]
+    ready = plan(Observation(body(status=first.status), [pod(0), pod(1, node="n2")], {}, T0 + timedelta(seconds=2)), S)
+    cond = {c["type"]: c for c in ready.status["conditions"]}["NodesNotReady"]
+    assert (cond["status"], cond["reason"]) == ("False", "NodesReady")
+
+
 def test_deleted_worker_restarts_gang():
     st = {"phase": "Running", "gangCreated": True}
     p = plan(Observation(body(status=st), [pod(0)], {}, T0), S)

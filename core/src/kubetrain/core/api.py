@@ -139,13 +139,16 @@ TCP sockets, which NCCL falls back to without a word when the fabric is not wire
 OPERATOR_OUTDATED = "OperatorOutdated"
 """Condition: the stored spec has fields the operator does not know (its CRD is newer than the operator): a job
 not started yet waits for an operator that knows them; a running job goes on without them."""
+NODES_NOT_READY = "NodesNotReady"
+"""Condition: a node running a worker of the current generation is NotReady (the message names it and says whether
+the job still makes progress there, in which case the gang is not restarted)."""
 NODE_DEGRADED = "NodeDegraded"
 """Condition: the preflight before the current generation's first step found a rank whose compute or neighbour
 exchange is below spec.preflight.degradedFraction of the gang's median (the message names rank, worker and node)."""
 
 
 class ConditionReason(enum.StrEnum):
-    """Reasons of the CheckpointsDurable, WorkersBlocked, FabricDegraded and Admitted conditions."""
+    """Reasons of the CheckpointsDurable, WorkersBlocked, NodesNotReady, FabricDegraded and Admitted conditions."""
 
     DEFAULT_CLAIM = "DefaultClaim"
     """CheckpointsDurable: on the claim `<job>-checkpoints` the operator created."""
@@ -196,6 +199,10 @@ class ConditionReason(enum.StrEnum):
     """Admitted False: the WorkloadPriorityClass named by the label kueue.x-k8s.io/priority-class does not exist."""
     TRIALS_CREATED = "TrialsCreated"
     """TrialsBlocked False (TrainingSweep): the trial job create that was refused has been made."""
+    NODE_NOT_READY = "NodeNotReady"
+    """NodesNotReady: a worker's node is NotReady."""
+    NODES_READY = "NodesReady"
+    """NodesNotReady False: every worker's node is Ready (again)."""
     UNKNOWN_FIELDS = "UnknownFields"
     """OperatorOutdated: the spec has fields this operator does not know (the message names them)."""
     PROGRESS_REPORTING_FORBIDDEN = "ProgressReportingForbidden"
@@ -498,7 +505,7 @@ class RestartPolicySpec(_Model):
     progress_deadline_seconds: int | None = Field(None, ge=1, le=MAX_DEADLINE_SECONDS)
     """Restart the gang when rank 0 reports no new step for this long (NoProgress). It is also the hang detector's limit between two steps of any rank, instead of the adaptive one (hangDetection). Unset: only hangDetection applies. At most 31536000 (one year)."""
     node_not_ready_grace_seconds: int = Field(60, ge=0, le=MAX_BACKOFF_SECONDS)
-    """How long a worker's node may be NotReady before the gang is restarted. At most 86400 (one day)."""
+    """How long a worker's node may be NotReady, with no progress of the job in that time, before the gang is restarted: while the job still advances (a kubelet that lost the API server leaves its containers training) the gang is kept, and the condition NodesNotReady with a Warning Event names the node. At most 86400 (one day)."""
     avoid_degraded_nodes: bool = False
     """Keep later generations off the nodes where the preflight found a degraded rank (the NodeDegraded condition): worker pods created after it get a required node affinity `kubernetes.io/hostname NotIn` those nodes (status.avoidedNodes, which remembers them for the job's life). A worker kept by an in-place restart stays where it runs. kubetrain taints no node."""
     start_timeout_seconds: int | None = Field(None, ge=1, le=31536000)

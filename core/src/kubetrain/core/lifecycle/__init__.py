@@ -7,8 +7,8 @@ clock or does I/O; the Kubernetes operator and the local process backend only tr
 into API calls or process signals.
 
 Rules (the same everywhere; one function each in `policies`):
-- Any worker failure -- non-zero exit, deletion, eviction, a node NotReady past its grace, no
-  progress for progressDeadlineSeconds -- restarts the WHOLE gang from the latest complete
+- Any worker failure -- non-zero exit, deletion, eviction, a node NotReady past its grace with no
+  progress of the job in that grace, no progress for progressDeadlineSeconds -- restarts the WHOLE gang from the latest complete
   checkpoint, once per failure: every old worker is gone before the next generation starts. The
   messages name that checkpoint's step, or why there is none (restart_origin).
 - In place (restartPolicy.inPlace): the workers still running and able to are kept; they join the
@@ -25,10 +25,17 @@ Rules (the same everywhere; one function each in `policies`):
 from kubetrain.core.lifecycle import model
 from kubetrain.core.lifecycle.machine import finished, step, view
 from kubetrain.core.lifecycle.model import *  # noqa: F403 - the vocabulary, re-exported whole (model.__all__)
-from kubetrain.core.lifecycle.policies import JobView, backoff_seconds, classify, decide, restart_origin
+from kubetrain.core.lifecycle.policies import (
+    JobView,
+    backoff_seconds,
+    classify,
+    decide,
+    progressing_despite,
+    restart_origin,
+)
 from kubetrain.core.lifecycle.status import phase_conditions, set_condition, take_progress
 
 __all__ = [
     *model.__all__, "JobView", "backoff_seconds", "classify", "decide", "finished", "phase_conditions",
-    "restart_origin", "set_condition", "step", "take_progress", "view",
+    "progressing_despite", "restart_origin", "set_condition", "step", "take_progress", "view",
 ]

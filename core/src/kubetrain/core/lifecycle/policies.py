@@ -128,8 +128,26 @@ def success(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | No
     return None
 
 
-def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime) -> FailureKind | None:
-    """Why this worker counts as failed, or None when it does not."""
+def progressing_despite(since: datetime, last_progress: datetime | None, now: datetime, grace: timedelta) -> bool:
+    """The job advanced after `since` (a node went NotReady) and within the last `grace`: its ranks, those on
+    that node included, still meet in their collectives (a kubelet that lost the API server, a PLEG flap)."""
+    return last_progress is not None and last_progress > since and now - last_progress < grace
+
+
+def node_lost(spec: TrainingJobSpec, w: WorkerState, now: datetime, last_progress: datetime | None) -> bool:
+    """The worker's node has been NotReady for nodeNotReadyGraceSeconds and the job made no progress in that
+    time; `last_progress` None (rank 0 cannot report it): the grace alone."""
+    if w.node_not_ready_since is None or w.phase not in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
+        return False
+    grace = timedelta(seconds=spec.restart_policy.node_not_ready_grace_seconds)
+    return now - w.node_not_ready_since >= grace and not progressing_despite(
+        w.node_not_ready_since, last_progress, now, grace)
+
+
+def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime,
+             last_progress: datetime | None = None) -> FailureKind | None:
+    """Why this worker counts as failed, or None when it does not; `last_progress`: when the job last advanced,
+    None when that is unknown."""
     if w.reason == "Disrupted" and w.phase in (WorkerPhase.FAILED, WorkerPhase.MISSING):
         return FailureKind.DISRUPTED
     if w.phase == WorkerPhase.FAILED:
@@ -144,10 +162,8 @@ def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime) -> FailureKin
         return FailureKind.EXIT_CODE
     if w.phase == WorkerPhase.MISSING and w.created:
         return FailureKind.DELETED
-    if w.node_not_ready_since is not None and w.phase in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
-        grace = timedelta(seconds=spec.restart_policy.node_not_ready_grace_seconds)
-        if now - w.node_not_ready_since >= grace:
-            return FailureKind.NODE_LOST
+    if node_lost(spec, w, now, last_progress):
+        return FailureKind.NODE_LOST
     return None
 
 
@@ -234,7 +250,8 @@ def _failure(spec: TrainingJobSpec, w: WorkerState, kind: FailureKind) -> Failur
 
 def _failures(spec: TrainingJobSpec, job: JobView, now: datetime) -> tuple[list[Failure], str]:
     """Every failed worker, the worst first, and what to call it; a hang counts as worker 0's failure."""
-    kinds = [(w, k) for w in job.workers if (k := classify(spec, w, now)) is not None]
+    last_progress = None if job.progress_unknown else job.last_progress_time
+    kinds = [(w, k) for w in job.workers if (k := classify(spec, w, now, last_progress)) is not None]
     what = ""
     if not kinds and no_progress(spec, job, now):
         kinds = [(job.workers[0], FailureKind.NO_PROGRESS)]
@@ -383,6 +400,11 @@ def next_deadline(spec: TrainingJobSpec, job: JobView, now: datetime, default: f
         at.append(job.gang_created_time + timedelta(seconds=policy.start_timeout_seconds))
     if spec.active_deadline_seconds is not None and job.start_time is not None:
         at.append(job.start_time + timedelta(seconds=spec.active_deadline_seconds))
+    last_progress = None if job.progress_unknown else job.last_progress_time
+    for w in job.workers:  # when a NotReady node's grace could run out (node_lost)
+        if w.node_not_ready_since is not None:
+            since = max(t for t in (w.node_not_ready_since, last_progress) if t is not None)
+            at.append(since + timedelta(seconds=policy.node_not_ready_grace_seconds))
     return max(0.5, min([default, *((t - now).total_seconds() for t in at)]))
 
 

@@ -10,12 +10,21 @@ have (`Want`); `announce` tells whether that is news worth one Warning Event.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from kubetrain.core.api import CHECKPOINTS_DURABLE, OPERATOR_OUTDATED, WORKERS_BLOCKED, ConditionReason, TrainingJob
+from kubetrain.core.api import (
+    CHECKPOINTS_DURABLE,
+    NODES_NOT_READY,
+    OPERATOR_OUTDATED,
+    WORKERS_BLOCKED,
+    ConditionReason,
+    TrainingJob,
+)
+from kubetrain.core.contract import format_time
+from kubetrain.core.lifecycle import progressing_despite
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs.pod_facts import facts
 
@@ -213,3 +222,22 @@ def announce(conditions: list[dict[str, Any]], want: Want) -> bool:
     status = "True" if want.value else "False"
     return not any(c.get("type") == want.type and c.get("status") == status and c.get("reason") == want.reason
                    for c in conditions)
+
+
+def nodes_not_ready(job: TrainingJob, current: list[dict[str, Any]], nodes: Mapping[str, datetime | None],
+                    last_progress: datetime | None, now: datetime) -> Want:
+    """NodesNotReady: the NotReady nodes of the current generation's workers, and whether the job still makes
+    progress despite them (then the gang is kept: its ranks there still train); `nodes`: NotReady since."""
+    down = {node: since for p in current
+            if (since := nodes.get(node := (p.get("spec") or {}).get("nodeName") or "")) is not None}
+    if not down:
+        return Want(NODES_NOT_READY, False, R.NODES_READY, "every worker's node is Ready", bad_value=True)
+    since, names = min(down.values()), ", ".join(sorted(down))
+    grace = job.spec.restart_policy.node_not_ready_grace_seconds
+    if progressing_despite(since, last_progress, now, timedelta(seconds=grace)):
+        then = "the job still makes progress, so its workers there still train: the gang is not restarted"
+    else:
+        then = (f"the gang restarts if the job makes no progress for {grace}s "
+                "(restartPolicy.nodeNotReadyGraceSeconds)")
+    return Want(NODES_NOT_READY, True, R.NODE_NOT_READY,
+                f"node {names} NotReady since {format_time(since)}; {then}", bad_value=True)

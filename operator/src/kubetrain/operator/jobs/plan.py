@@ -41,6 +41,7 @@ from kubetrain.operator.jobs.conditions import (
     announce,
     blocked_pods,
     checkpoints_durable,
+    nodes_not_ready,
     operator_outdated,
     recheck_after,
     refused,
@@ -172,11 +173,15 @@ class Observation:
 
 def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     """One reconcile of the job `seen` observed."""
-    body, now, view = seen.body, seen.now, seen.queue
-    if (body.get("metadata") or {}).get("deletionTimestamp"):
+    if (seen.body.get("metadata") or {}).get("deletionTimestamp"):
         # Being deleted (the garbage collector may be removing its pods first, under foreground deletion): its
         # pods' ends are no failures, and nothing is created, restarted or written for a job that is going.
         return Plan()
+    return _plan(seen, settings)
+
+
+def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
+    body, now, view = seen.body, seen.now, seen.queue
     old = _status_of(body)
     job, problems, unknown = _job_model(body)
     if job is None:
@@ -209,11 +214,17 @@ def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     for name, notes in profile_request(body, ours, t.status.restart_generation).items():
         _patch(out, name, "annotations", notes)
     if t.decision is not None:
-        blocked = Blocked(seen.claim_phase, seen.create_refused, seen.foreign, tuple(unknown))
+        blocked = Blocked(seen.claim_phase, seen.create_refused, seen.foreign, tuple(unknown), seen.nodes,
+                          _last_progress(observed, t.status))
         status = _presented(job, body, ours, t, blocked, now, out)
         if status != old.dump():
             out.status = status
     return out
+
+
+def _last_progress(observed: Observed, status: TrainingJobStatus) -> datetime | None:
+    """When the job last advanced; None where rank 0 cannot report progress (then it says nothing)."""
+    return None if observed.progress_unknown else contract.parse_time(status.last_progress_time)
 
 
 def admission_problems(job: TrainingJob, old: TrainingJobStatus, settings: b.WorkerSettings) -> list[str]:
@@ -336,13 +347,17 @@ def _in_scope(scope: lc.Scope, pods: list[dict[str, Any]], generation: int) -> l
 
 @dataclass(frozen=True)
 class Blocked:
-    """What the I/O layer knows about why workers cannot start, beyond the pods' own status."""
+    """What the I/O layer knows beyond the pods' own status: why workers cannot start, which nodes are NotReady."""
 
     claim_phase: str | None = None
     create_refused: str | None = None
     foreign: str | None = None
     unknown: tuple[str, ...] = ()
     """Spec fields this operator does not know (a newer CRD): a running job goes on without them."""
+    nodes: Mapping[str, datetime | None] = field(default_factory=dict)
+    """NotReady nodes: name -> since when (the node cache's)."""
+    last_progress: datetime | None = None
+    """When the job last advanced (status.lastProgressTime); None: unknown, or rank 0 cannot report it."""
 
 
 def _presented(
@@ -375,8 +390,9 @@ def _side_conditions(
     raw, queued = kueue.admitted_condition([x.dump() for x in conds], out.queue, now)
     if queued is not None:
         out.events.append(queued)
+    down = nodes_not_ready(job, current, blocked.nodes, blocked.last_progress, now)
     for want in (checkpoints_durable(job), stuck or workers_blocked(job, pods, blocked.claim_phase),
-                 operator_outdated(blocked.unknown, started=True)):
+                 operator_outdated(blocked.unknown, started=True), down):
         if want is not stuck and announce(raw, want):
             out.events.append(("Warning", want.reason, want.message))
         # CheckpointsDurable=False is there from the start; WorkersBlocked appears once it holds.
