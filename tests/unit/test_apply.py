@@ -213,13 +213,32 @@ def test_a_failed_worker_is_deleted_before_the_kept_workers_are_patched(fake: Si
     assert cache.pod(KEY, "a-worker-1")["metadata"]["labels"]["kubetrain.io/generation"] == "1"
 
 
+def _deletes(fake: SimpleNamespace) -> list[tuple[str, int | None, str | None]]:
+    """(pod, grace, precondition UID) of each delete made."""
+    names = [args[0] for m, args in fake.calls if m == "delete_namespaced_pod"]
+    bodies = [kw["body"] for m, kw in fake.core.options if m == "delete_namespaced_pod"]
+    return sorted((n, b.grace_period_seconds, b.preconditions and b.preconditions.uid)
+                  for n, b in zip(names, bodies, strict=True))
+
+
 def test_a_pod_on_a_lost_node_is_deleted_with_grace_0(fake: SimpleNamespace) -> None:
     run(fake, Plan(delete_pods=["a-worker-0"], force_delete_pods=["a-worker-1"]))
-    names = [args[0] for m, args in fake.calls if m == "delete_namespaced_pod"]
-    options = [kw for m, kw in fake.core.options if m == "delete_namespaced_pod"]
-    assert sorted(zip(names, map(str, options), strict=True)) == [
-        ("a-worker-0", "{'_preload_content': False}"),
-        ("a-worker-1", "{'_preload_content': False, 'grace_period_seconds': 0}")]
+    assert _deletes(fake) == [("a-worker-0", None, None), ("a-worker-1", 0, None)]
+
+
+def test_a_pod_is_deleted_only_if_it_is_still_the_one_planned_for(fake: SimpleNamespace) -> None:
+    """Worker names repeat across generations: a late delete must never take the newer namesake (409)."""
+    cache = WatchCache()
+    cache.job_event("ADDED", job_body())
+    newer = child("Pod", "a-worker-1")
+    newer["metadata"]["uid"] = "uid-new"
+    cache.pod_event("ADDED", newer)
+    fake.core.fail["delete_namespaced_pod"] = lambda name, ns: api_error(409) if name == "a-worker-1" else None
+    run(fake, Plan(delete_pods=["a-worker-0", "a-worker-1"], pod_uids={"a-worker-0": "u0", "a-worker-1": "uid-old"}),
+        cache)
+    assert _deletes(fake) == [("a-worker-0", None, "u0"), ("a-worker-1", None, "uid-old")]
+    assert cache.pod(KEY, "a-worker-1")["metadata"]["uid"] == "uid-new"  # kept: not the pod the delete was for
+    assert "deletionTimestamp" not in cache.pod(KEY, "a-worker-1")["metadata"]
 
 
 def test_the_status_is_written_once_with_dropped_fields_nulled_and_cached(fake: SimpleNamespace) -> None:

@@ -110,6 +110,16 @@ def test_retryable_failure_deletes_whole_gang_and_bumps_generation_once():
     assert [o["metadata"]["labels"][b.LABEL_GENERATION] for o in p3.create if o["kind"] == "Pod"] == ["1", "1"]
 
 
+def test_each_pod_to_delete_is_named_with_its_uid():
+    st = {"phase": "Running", "gangCreated": True, "startTime": "2026-03-01T12:00:00Z"}
+    pods = [pod(0), pod(1, phase="Failed", exit_code=137)]
+    for i, p in enumerate(pods):
+        p["metadata"]["uid"] = f"uid-{i}"
+    p = plan(Observation(body(status=st, **RECREATE), pods, {}, T0), S)
+    assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"]
+    assert p.pod_uids == {"j-worker-0": "uid-0", "j-worker-1": "uid-1"}
+
+
 def test_permanent_failure_and_backoff_limit_fail_the_job():
     st = {"phase": "Running", "gangCreated": True}
     p = plan(Observation(body(status=st), [pod(0), pod(1, phase="Failed", exit_code=127)], {}, T0), S)

@@ -163,12 +163,13 @@ def _patch_pod(apis: Apis, ns: str, name: str, patch: dict[str, Any]) -> dict[st
     return json.loads(apis.core.patch_namespaced_pod(name, ns, patch, _preload_content=False).data)
 
 
-def _delete_pod(apis: Apis, ns: str, name: str, force: bool) -> None:
+def _delete_pod(apis: Apis, ns: str, name: str, force: bool, uid: str | None = None) -> None:
     # The answer (the pod, Terminating) read but not parsed: a V1Pod model per pod cost milliseconds each
     # when a whole gang of a thousand is deleted; the watch brings what changed. Read, so that the
-    # connection goes back to the pool.
-    apis.core.delete_namespaced_pod(name, ns, _preload_content=False,
-                                    **({"grace_period_seconds": 0} if force else {})).read()
+    # connection goes back to the pool. `uid`: the delete holds for that pod only (409 for a newer namesake).
+    options = client.V1DeleteOptions(grace_period_seconds=0 if force else None,
+                                     preconditions=client.V1Preconditions(uid=uid) if uid else None)
+    apis.core.delete_namespaced_pod(name, ns, body=options, _preload_content=False).read()
 
 
 def _create_pod_group(apis: Apis, ns: str, obj: dict[str, Any]) -> Any:
@@ -383,8 +384,9 @@ class Applier:
         # Deletes before patches, and patches behind the reconcile: a failed worker's successor waits
         # for its name to be free, not for the kept pods' patches (one per pod of a large gang).
         if plan.delete_pods or plan.force_delete_pods:
-            await asyncio.gather(*(self.delete_pod(key, pod) for pod in plan.delete_pods),
-                                 *(self.delete_pod(key, pod, force=True) for pod in plan.force_delete_pods))
+            await asyncio.gather(*(self.delete_pod(key, pod, uid=plan.pod_uids.get(pod)) for pod in plan.delete_pods),
+                                 *(self.delete_pod(key, pod, force=True, uid=plan.pod_uids.get(pod))
+                                   for pod in plan.force_delete_pods))
         if plan.patch_pods:
             self.patches.start(key, plan.patch_pods)
         if status is not None and not await self.write_status(key, body, status):
@@ -516,14 +518,16 @@ class Applier:
             return
         self.cache.pod_event("MODIFIED", new)
 
-    async def delete_pod(self, key: Key, pod: str, force: bool = False) -> None:
-        """Delete a worker pod; `force`: grace 0, for a pod on a lost node whose kubelet cannot confirm."""
+    async def delete_pod(self, key: Key, pod: str, force: bool = False, uid: str | None = None) -> None:
+        """Delete a worker pod; `force`: grace 0, for a pod on a lost node whose kubelet cannot confirm; `uid`:
+        only that pod (a 409 says the name is a newer pod's now: the one planned for is gone)."""
         try:
-            await self.io(_delete_pod, self.apis, key[0], pod, force)
+            await self.io(_delete_pod, self.apis, key[0], pod, force, uid)
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 409):
                 raise
-            if (cached := self.cache.pod(key, pod)) is not None:  # gone already: its DELETED may never come
+            cached = self.cache.pod(key, pod)  # gone already: its DELETED may never come
+            if cached is not None and uid in (None, cached["metadata"].get("uid")):
                 self.cache.pod_event(DELETED, cached)
             return
         self.cache.mark_deleting(key, pod, self.clock())

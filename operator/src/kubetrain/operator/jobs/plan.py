@@ -73,6 +73,9 @@ class Plan:
     decision: Decision | None = None
     force_delete_pods: list[str] = field(default_factory=list)
     """Pods to delete at once (grace 0): their node is lost, no kubelet will ever confirm a graceful delete."""
+    pod_uids: dict[str, str] = field(default_factory=dict)
+    """Name -> UID of each pod to delete: the delete holds only for that pod, never for a later one of the same
+    name (a worker's name repeats across generations)."""
     patch_pods: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
     """Pod name -> labels and annotations to set ({"labels": ..., "annotations": ...}): a kept pod's new
     generation, the generation its launcher is to run, a profile request on the job passed to rank 0's pod."""
@@ -315,6 +318,7 @@ def _translate(
                   if p["metadata"]["name"] not in kept]
         out.force_delete_pods.extend(p["metadata"]["name"] for p in scoped if p["metadata"]["name"] in lost)
         out.delete_pods.extend(_alive([p for p in scoped if p["metadata"]["name"] not in lost]))
+        out.pod_uids.update({p["metadata"]["name"]: p["metadata"]["uid"] for p in scoped if p["metadata"].get("uid")})
     elif isinstance(effect, lc.RecordEvent):
         out.events.append((effect.type, effect.reason, effect.message))
     elif isinstance(effect, lc.DeleteJob):
