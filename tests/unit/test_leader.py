@@ -1,10 +1,18 @@
-"""The Lease decision of leader election (kubetrain.operator.runtime.leader), as pure functions."""
+"""Leader election (kubetrain.operator.runtime.leader): the Lease decision as pure functions, and the elector's
+loop with its Lease calls faked."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from datetime import UTC, datetime
+from typing import Any
 
-from kubetrain.operator.runtime.leader import Action, Observation, lease_body, next_step
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kubetrain.operator.runtime.leader import Action, LeaderElector, Observation, lease_body, next_step
+from kubetrain.operator.runtime.settings import LeaderElection
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 
@@ -64,3 +72,89 @@ def test_the_longer_of_our_and_the_holders_duration_applies() -> None:
 def test_a_released_lease_is_taken_at_once() -> None:
     action, _ = next_step(lease("", "9", duration=1), None, "a", now=100.0, duration=15)
     assert action == Action.ACQUIRE
+
+
+# --------------------------------------------------------------------------- the elector's loop (Lease calls faked)
+
+
+def _elector(rounds: list[bool], on_start: Any, calls: list[str], renew_deadline: float = 10.0) -> LeaderElector:
+    """An elector whose rounds answer `rounds` in turn (held or not), then not held; faked: the API server.
+    Every round is appended to `calls` as "round"."""
+    election = LeaderElection(namespace="ops", identity="a", renew_deadline=renew_deadline, retry=0.01)
+    elector = LeaderElector(client.ApiClient(), election, on_start, lambda: calls.append("stop"))
+    answers = iter(rounds)
+
+    def round_() -> bool:
+        calls.append("round")
+        return next(answers, False)
+
+    elector.try_once = round_  # type: ignore[method-assign]
+    return elector
+
+
+def test_a_takeover_that_fails_is_tried_again_while_the_lease_is_renewed() -> None:
+    calls: list[str] = []
+
+    async def on_start() -> None:
+        calls.append("start")
+        if calls.count("start") == 1:
+            raise TimeoutError("LIST of pods timed out")
+        await asyncio.sleep(0.05)  # a slow fill: the lease is renewed meanwhile
+        calls.append("started")
+
+    async def scenario() -> None:
+        elector = _elector([True] * 40, on_start, calls)
+        elector.start()
+        await asyncio.sleep(0.3)
+        assert elector.leading and elector.takeover is not None and elector.takeover.done()
+        assert elector.task is not None
+        elector.task.cancel()  # not release(): that would write the Lease
+        with contextlib.suppress(asyncio.CancelledError):
+            await elector.task
+
+    asyncio.run(scenario())
+    assert calls.count("start") == 2 and "started" in calls and "stop" not in calls
+    fill = calls[calls.index("start", calls.index("start") + 1):calls.index("started")]
+    assert fill.count("round") >= 2  # renewals went on during the second, slow fill
+
+
+def test_a_lost_lease_stops_the_controller_before_the_takeover_is_cancelled() -> None:
+    calls: list[str] = []
+    cancelled: list[str] = []
+
+    async def on_start() -> None:
+        try:
+            await asyncio.sleep(10)  # a fill that never ends
+        except asyncio.CancelledError:
+            cancelled.append("stop" if "stop" in calls else "before stop")
+            raise
+
+    async def scenario() -> None:
+        elector = _elector([True], on_start, calls, renew_deadline=0.05)
+        elector.start()
+        assert elector.task is not None
+        await asyncio.wait_for(elector.task, 5)  # returns once the lease is lost
+        assert not elector.leading and elector.takeover is not None
+        with contextlib.suppress(asyncio.CancelledError):
+            await elector.takeover
+
+    asyncio.run(scenario())
+    assert calls.count("stop") == 1 and cancelled == ["stop"]
+
+
+def test_each_lease_call_is_bounded_by_half_the_renew_deadline() -> None:
+    seen: list[Any] = []
+
+    class Api:
+        def read_namespaced_lease(self, name: str, ns: str, **kw: Any) -> None:
+            seen.append(kw["_request_timeout"])
+            raise ApiException(status=404)
+
+        def create_namespaced_lease(self, ns: str, body: Any, **kw: Any) -> None:
+            seen.append(kw["_request_timeout"])
+
+    election = LeaderElection(namespace="ops", identity="a", renew_deadline=10.0)
+    elector = LeaderElector(client.ApiClient(), election, lambda: asyncio.sleep(0), lambda: None)
+    elector.api = Api()  # type: ignore[assignment]
+    assert elector.try_once() is True
+    assert seen == [5.0, 5.0]

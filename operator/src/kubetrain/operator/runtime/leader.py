@@ -11,7 +11,9 @@ within `renew_deadline` seconds stops acting and exits, so two replicas never re
 Why not `kubernetes.leaderelection` (the Python client's port of client-go's elector):
 - It blocks: its `LeaderElection.run()` loops with `time.sleep` and runs `onstarted_leading` in a
   thread of its own, while the operator is one asyncio loop (kopf, the work queue); every callback
-  would have to hop threads. Here the loop is a task and only the two Lease calls use a thread.
+  would have to hop threads. Here the loop is a task and only the two Lease calls use a thread (their
+  own, each call bounded by half the renew deadline); the takeover (the caches filled again) runs
+  beside the renewals and is retried when it fails.
 - It cannot release: `run()` has no stop and nothing gives the Lease back, so after a rollout or a
   drain the standby waits a whole `leaseDuration`. `LeaderElector.release()` empties the holder on
   SIGTERM and the standby takes over on its next round (tests/integration/test_rbac_chart.py).
@@ -32,6 +34,7 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -112,10 +115,17 @@ class LeaderElector:
         self.seen: Observation | None = None
         self.renewed_at = 0.0
         self.task: asyncio.Task[None] | None = None
+        self.takeover: asyncio.Task[None] | None = None
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lease")
+        """The Lease calls' own thread: never queued behind the controller's API calls."""
+        self.timeout = max(0.5, self.renew_deadline / 2)
+        """Seconds each Lease call may take: a round (a read, a write) ends within the renew deadline, even on a
+        connection that went half-open, so the deadline is checked in time."""
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            return self.sanitize(self.api.read_namespaced_lease(self.name, self.namespace))
+            return self.sanitize(self.api.read_namespaced_lease(self.name, self.namespace,
+                                                                _request_timeout=self.timeout))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -124,9 +134,9 @@ class LeaderElector:
     def _write(self, lease: dict[str, Any] | None, body: dict[str, Any]) -> None:
         if lease is None:
             body["metadata"] = {"name": self.name, "namespace": self.namespace}
-            self.api.create_namespaced_lease(self.namespace, body)
+            self.api.create_namespaced_lease(self.namespace, body, _request_timeout=self.timeout)
         else:
-            self.api.replace_namespaced_lease(self.name, self.namespace, body)
+            self.api.replace_namespaced_lease(self.name, self.namespace, body, _request_timeout=self.timeout)
 
     def try_once(self) -> bool:
         """One read-decide-write round (blocking I/O). True when we hold the Lease afterwards."""
@@ -149,7 +159,7 @@ class LeaderElector:
         log.info("leader election on lease %s/%s as %s", self.namespace, self.name, self.identity)
         while True:
             try:
-                held = await loop.run_in_executor(None, self.try_once)
+                held = await loop.run_in_executor(self.executor, self.try_once)
             except Exception as exc:  # noqa: BLE001 - the API server may be briefly unreachable
                 log.warning("leader lease %s/%s: %s", self.namespace, self.name, exc)
                 held = False
@@ -158,24 +168,45 @@ class LeaderElector:
                 self.renewed_at = now
                 if not self.leading:
                     self.leading = True
-                    await self.on_start()
+                    self.takeover = asyncio.create_task(self._take_over())  # renewals go on beside it
             elif self.leading and now - self.renewed_at > self.renew_deadline:
-                self.leading = False
-                log.error("lost the leader lease %s/%s (not renewed for %.0fs)", self.namespace, self.name,
-                          now - self.renewed_at)
-                self.on_stop()
+                self._lose(now)
                 return
             await asyncio.sleep(self.retry)
+
+    async def _take_over(self) -> None:
+        """on_start (the caches filled again: several LISTs) until it succeeds; one that failed is tried again
+        after a backoff (the retry, doubling to 30 s), never the end of the election."""
+        delay = self.retry
+        while self.leading:
+            try:
+                await self.on_start()
+                return
+            except Exception as exc:  # noqa: BLE001 - a LIST that failed or timed out: the next try may not
+                log.warning("taking over as leader: %s; trying again in %.0fs", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    def _lose(self, now: float) -> None:
+        """The Lease was not renewed within the deadline: the controller stops first (no new work), then the
+        takeover still under way, if any, is cancelled."""
+        self.leading = False
+        log.error("lost the leader lease %s/%s (not renewed for %.0fs)", self.namespace, self.name,
+                  now - self.renewed_at)
+        self.on_stop()
+        if self.takeover is not None:
+            self.takeover.cancel()
 
     def start(self) -> None:
         self.task = asyncio.create_task(self.run())
 
     async def release(self) -> None:
         """On a clean shutdown: stop renewing and hand the Lease over at once."""
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+        for task in (self.task, self.takeover):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if not self.leading:
             return
         self.leading = False
@@ -184,8 +215,8 @@ class LeaderElector:
             lease = self._read()
             if lease and (lease.get("spec") or {}).get("holderIdentity") == self.identity:
                 lease["spec"].update(holderIdentity="", leaseDurationSeconds=1)
-                self.api.replace_namespaced_lease(self.name, self.namespace, lease)
+                self.api.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=self.timeout)
 
         with contextlib.suppress(Exception):
-            await asyncio.get_running_loop().run_in_executor(None, free)
+            await asyncio.get_running_loop().run_in_executor(self.executor, free)
             log.info("released the leader lease %s/%s", self.namespace, self.name)
