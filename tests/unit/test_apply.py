@@ -368,6 +368,25 @@ def test_of_several_refusals_the_first_in_plan_order_is_kept(fake: SimpleNamespa
     assert [r for _, r, _ in events(fake)] == ["CreateRejected"]
 
 
+def _pod_creates(fake: SimpleNamespace) -> list[str]:
+    return [args[1]["metadata"]["name"] for m, args in fake.calls if m == "create_namespaced_pod"]
+
+
+def test_pods_are_created_in_batches_of_1_2_4_and_stop_at_the_first_refusal(fake: SimpleNamespace) -> None:
+    """The Job controller's slow start: a quota that refuses the 4th pod is not sent the 96 after it."""
+    refused = {"a-worker-3"}
+    fake.core.fail["create_namespaced_pod"] = lambda ns, obj, **_: QUOTA if obj["metadata"]["name"] in refused \
+        else None
+    pods = [child("Pod", f"a-worker-{i}") for i in range(100)]
+    cache = run(fake, Plan(create=pods))
+    assert sorted(_pod_creates(fake)) == [f"a-worker-{i}" for i in range(7)]  # batches 1, 2, 4: the last refused
+    assert cache.create_refused(KEY) is not None
+    fake.calls.clear()
+    refused.clear()
+    run(fake, Plan(create=pods), cache)
+    assert len(_pod_creates(fake)) == 100  # 1 + 2 + 4 + ... + 32 + the 37 left
+
+
 @pytest.mark.parametrize("status", [429, 500, 503])
 def test_throttling_and_server_errors_are_not_refusals_they_fail_the_reconcile(fake: SimpleNamespace,
                                                                                 status: int) -> None:

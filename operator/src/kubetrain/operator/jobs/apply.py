@@ -408,8 +408,10 @@ class Applier:
         if first and not all(await asyncio.gather(*(self.create(key[0], o, body, seen) for o in first))):
             objs = [o for o in objs if o["kind"] != "Pod"]
         ordered = [o for o in objs if o["kind"] in ORDERED]
-        rest = [self.create(key[0], o, body, seen) for o in objs if o["kind"] not in ORDERED + BEFORE_PODS]
-        await asyncio.gather(self._create_in_order(key[0], ordered, body, seen), *rest)
+        pods = [o for o in objs if o["kind"] == "Pod"]
+        rest = [self.create(key[0], o, body, seen) for o in objs if o["kind"] not in (*ORDERED, *BEFORE_PODS, "Pod")]
+        await asyncio.gather(self._create_in_order(key[0], ordered, body, seen),
+                             self._slow_start(key[0], pods, body, seen), *rest)
         refused, foreign = seen.first(objs)
         if refused is not None and refused != self.cache.create_refused(key):
             reason = api.ConditionReason.GANG_SCHEDULER_MISSING if is_gang_missing(refused) \
@@ -428,6 +430,17 @@ class Applier:
             if not await self.create(ns, obj, job, seen):
                 return
         self.cache.set_progress_refused((ns, job["metadata"]["name"]), False)
+
+    async def _slow_start(self, ns: str, pods: list[dict[str, Any]], job: dict[str, Any], seen: Creation) -> None:
+        """Pods in batches of 1, 2, 4, ... (the Job controller's slow start), each batch at once; stops after a
+        batch with a pod not created: a quota or an admission webhook that refuses the first is not sent the
+        hundreds after it (nor again on every retry)."""
+        start, size = 0, 1
+        while start < len(pods):
+            batch = pods[start:start + size]
+            if not all(await asyncio.gather(*(self.create(ns, o, job, seen) for o in batch))):
+                return
+            start, size = start + size, size * 2
 
     async def create(self, ns: str, obj: dict[str, Any], job: dict[str, Any], seen: Creation) -> bool:
         """Create one child of `job`; True when it exists now (created, or 409 and the job owns it)."""
