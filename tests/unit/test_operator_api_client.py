@@ -1,4 +1,5 @@
-"""The operator's kubernetes client (handlers._api_client): its connections and what each call costs."""
+"""The operator's kubernetes client (handlers._api_client): its connections, what each call costs, and the
+throttled answers it waits on."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any, NoReturn
 import pytest
 from kubernetes import client
 from kubernetes.client import configuration
+from kubernetes.client.rest import ApiException
 from kubernetes.config import kube_config
 
 from kubetrain.operator import handlers
+from kubetrain.operator.runtime.objects import MAX_RETRY_AFTER, retry_after
 
 KUBECONFIG = """apiVersion: v1
 kind: Config
@@ -54,3 +57,18 @@ def test_the_proxy_is_read_from_the_environment_once_not_before_every_call(
     client.CoreApi(api_client).get_api_versions(_preload_content=False)
     assert sent["url"] == "https://127.0.0.1:6443/api/" and sent["headers"]["authorization"] == "Bearer secret"
     assert api_client.configuration.proxy == "http://proxy.internal:3128"
+
+
+def test_retry_after_is_read_from_a_throttled_answer_only() -> None:
+    def answer(status: int, headers: dict[str, str] | None = None) -> ApiException:
+        exc = ApiException(status=status)
+        exc.headers = headers
+        return exc
+
+    assert retry_after(answer(429, {"Retry-After": "7"})) == 7.0
+    assert retry_after(answer(503, {"Retry-After": "1"})) == 1.0
+    assert retry_after(answer(429, {"Retry-After": "86400"})) == MAX_RETRY_AFTER
+    assert retry_after(answer(429, {"Retry-After": "Wed, 21 Oct 2026 07:28:00 GMT"})) is None
+    assert retry_after(answer(429)) is None  # no header: the backoff applies
+    assert retry_after(answer(500, {"Retry-After": "7"})) is None
+    assert retry_after(RuntimeError("no answer at all")) is None

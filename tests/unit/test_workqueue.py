@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kubetrain.operator.runtime.workqueue import WorkQueue
+from kubetrain.operator.runtime.workqueue import RetryLater, WorkQueue
 
 
 class Clock:
@@ -264,3 +264,24 @@ def test_work_that_keeps_raising_is_retried_with_growing_delays() -> None:
         return delays
 
     assert asyncio.run(scenario()) == [2.0, 4.0, 8.0]
+
+
+def test_work_the_server_throttled_waits_its_retry_after_or_the_backoff_whichever_is_longer() -> None:
+    async def scenario() -> list[float | None]:
+        q: WorkQueue[str] = WorkQueue(Clock())
+        q.set_leading(True)
+        delays: list[float | None] = []
+        after = iter([30.0, 1.0])
+
+        async def handle(key: str) -> float | None:
+            raise RetryLater(next(after), "the API server answered 429")
+
+        server = asyncio.create_task(q.serve(1, handle))
+        for _ in range(2):
+            q.add("a")
+            await asyncio.sleep(0.01)
+            delays.append(q.due_in("a"))
+        server.cancel()
+        return delays
+
+    assert asyncio.run(scenario()) == [30.0, 4.0]  # Retry-After 30 s; then 1 s, below the backoff's 4 s

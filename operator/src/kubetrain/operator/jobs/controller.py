@@ -37,9 +37,9 @@ from kubetrain.operator.jobs.pod_watch import Event, PodList, PodWatch
 from kubetrain.operator.kueue.io import KueueIO
 from kubetrain.operator.kueue.plan import QueueView
 from kubetrain.operator.runtime import metrics
-from kubetrain.operator.runtime.objects import DELETED, Key, resource_version, uid_of
+from kubetrain.operator.runtime.objects import DELETED, Key, resource_version, retry_after, uid_of
 from kubetrain.operator.runtime.settings import OperatorSettings
-from kubetrain.operator.runtime.workqueue import WorkQueue
+from kubetrain.operator.runtime.workqueue import RetryLater, WorkQueue
 
 __all__ = ["CONFIRM_LIVE", "JobController"]
 
@@ -224,6 +224,9 @@ class JobController:
                 await self.kueue.carry_out(key, body, p.queue)
         except Exception as exc:
             metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
+            if (after := retry_after(exc)) is not None:
+                status = getattr(exc, "status", None)
+                raise RetryLater(after, f"the API server answered {status} (Retry-After {after:.0f}s)") from exc
             raise  # the work queue logs it and retries with backoff
         if not carried_out:
             return 0.0  # the job changed since it was read: plan again, at once, from the fresh copy

@@ -61,3 +61,19 @@ def foreign_message(kind: str, name: str, existing: dict[str, Any]) -> str:
     why = "waiting until it is deleted" if (existing.get("metadata") or {}).get("deletionTimestamp") \
         else "delete or rename it"
     return f"{kind} {name} exists and is not owned by this TrainingJob: not adopting it; {why}"
+
+
+MAX_RETRY_AFTER = 300.0
+"""The longest Retry-After honoured (seconds): a larger one is read as this."""
+
+
+def retry_after(exc: Exception) -> float | None:
+    """Seconds the API server asked to wait before the next try (a 429 or 503 with Retry-After: API Priority
+    and Fairness, a server shutting down); None when it did not say."""
+    if getattr(exc, "status", None) not in (429, 503):
+        return None
+    value = (getattr(exc, "headers", None) or {}).get("Retry-After")
+    try:
+        return min(max(float(value), 0.0), MAX_RETRY_AFTER) if value is not None else None
+    except ValueError:  # an HTTP date: rare from an API server; the backoff applies
+        return None

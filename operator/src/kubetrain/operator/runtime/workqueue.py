@@ -9,7 +9,8 @@
   busy with it does not requeue it.
 - Keys are handed out only while leading (leader election); meanwhile they wait, deduplicated.
 - `backoff(key)`: the delay before a failed key is tried again, doubling with each failure in a
-  row (`retry_after` up to `max_retry_after`) until `reset(key)`; work that raised is retried so.
+  row (`retry_after` up to `max_retry_after`) until `reset(key)`; work that raised is retried so, or
+  later when it raised RetryLater (the server said when: a 429's Retry-After).
 
 The clock is injected (monotonic seconds) and read only by add_after and promote_due; `take`
 and `done` are the synchronous halves of what a worker does, so the rules test without a loop.
@@ -30,6 +31,15 @@ from typing import Generic, TypeVar
 log = logging.getLogger("kubetrain.operator")
 
 K = TypeVar("K", bound=Hashable)
+
+
+class RetryLater(Exception):
+    """The work failed and its server said when to try again (seconds): not before that, nor before the
+    backoff."""
+
+    def __init__(self, after: float, why: str):
+        super().__init__(why)
+        self.after = after
 
 
 class WorkQueue(Generic[K]):
@@ -204,6 +214,9 @@ class WorkQueue(Generic[K]):
             requeue: float | None = None
             try:
                 requeue = await handle(key)
+            except RetryLater as exc:  # throttled: expected under load, no traceback
+                requeue = max(self.backoff(key), exc.after)
+                log.warning("work on %s: %s; retrying in %.0fs", key, exc, requeue)
             except Exception:  # one key's failure must not stop the worker: it is retried
                 requeue = self.backoff(key)
                 log.exception("work on %s failed; retrying in %.0fs", key, requeue)
