@@ -12,6 +12,8 @@ import yaml
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.runtime.settings import (
     DEFAULTS,
+    ENV_API_BURST,
+    ENV_API_QPS,
     ENV_CREATE_PARALLELISM,
     ENV_LEADER_ID,
     ENV_METRICS_PORT,
@@ -40,20 +42,22 @@ def test_nothing_set_gives_the_defaults_and_no_leader_election() -> None:
 
 def test_the_environment_the_chart_sets_is_read() -> None:
     env = {ENV_TRAINER_IMAGE: "registry.local/trainer:1", ENV_METRICS_PORT: "0", ENV_CREATE_PARALLELISM: "64",
-           ENV_RECONCILE_WORKERS: "4", ENV_NAMESPACE: "ml"}
+           ENV_RECONCILE_WORKERS: "4", ENV_NAMESPACE: "ml", ENV_API_QPS: "12.5", ENV_API_BURST: "25"}
     s = parse_settings([], env)
     assert s.builders.trainer_image == "registry.local/trainer:1"
     assert (s.metrics_port, s.create_parallelism, s.reconcile_workers, s.namespace) == (0, 64, 4, "ml")
+    assert (s.api_qps, s.api_burst) == (12.5, 25)
 
 
 def test_the_chart_sets_the_same_names_with_the_same_defaults() -> None:
     template = DEPLOYMENT.read_text()
     for name in (ENV_TRAINER_IMAGE, ENV_METRICS_PORT, ENV_CREATE_PARALLELISM, ENV_RECONCILE_WORKERS,
-                 ENV_POD_NAMESPACE, ENV_WORKER_NETWORK_POLICY):
+                 ENV_POD_NAMESPACE, ENV_WORKER_NETWORK_POLICY, ENV_API_QPS, ENV_API_BURST):
         assert f"- name: {name}\n" in template
     values = yaml.safe_load(VALUES.read_text())
     assert values["operator"]["createParallelism"] == DEFAULTS.create_parallelism
     assert values["operator"]["reconcileWorkers"] == DEFAULTS.reconcile_workers
+    assert (values["operator"]["apiQPS"], values["operator"]["apiBurst"]) == (DEFAULTS.api_qps, DEFAULTS.api_burst)
     assert values["metrics"]["port"] == DEFAULTS.metrics_port
     assert "--leader-elect-lease={{ .Values.leaderElection.leaseName }}" in template
 

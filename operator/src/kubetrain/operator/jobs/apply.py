@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from kubetrain.operator.jobs.conditions import gang_missing, is_gang_missing
 from kubetrain.operator.jobs.pod_patches import PodPatches
 from kubetrain.operator.runtime import metrics
 from kubetrain.operator.runtime.objects import DELETED, Key, foreign_message, owned_by, resource_version, uid_of
+from kubetrain.operator.runtime.ratelimit import TokenBucket
 
 if TYPE_CHECKING:
     from kubetrain.operator.jobs.plan import Plan
@@ -306,8 +308,10 @@ class Snapshot:
 
 class Applier:
     def __init__(self, apis: Apis, cache: WatchCache, parallelism: int, clock: Callable[[], datetime],
-                 patch_failed: Callable[[Key], None] = lambda key: None):
+                 patch_failed: Callable[[Key], None] = lambda key: None, limit: TokenBucket | None = None):
         self.apis = apis
+        self.limit = limit or TokenBucket(0, 1)
+        """The client-side rate limit of the calls made through io() (none by default)."""
         self.sanitize = apis.sanitize
         self.cache = cache
         self.clock = clock
@@ -317,7 +321,9 @@ class Applier:
         `patch_failed(job)` when one fails."""
 
     async def io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """One blocking API call on the pool."""
+        """One blocking API call on the pool, once the rate limit lets it go."""
+        if (wait := self.limit.reserve(time.monotonic())) > 0:
+            await asyncio.sleep(wait)
         return await asyncio.get_running_loop().run_in_executor(self.pool, lambda: fn(*args, **kwargs))
 
     def close(self) -> None:

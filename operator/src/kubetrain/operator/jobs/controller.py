@@ -38,6 +38,7 @@ from kubetrain.operator.kueue.io import KueueIO
 from kubetrain.operator.kueue.plan import QueueView
 from kubetrain.operator.runtime import metrics
 from kubetrain.operator.runtime.objects import DELETED, Key, resource_version, retry_after, uid_of
+from kubetrain.operator.runtime.ratelimit import TokenBucket
 from kubetrain.operator.runtime.settings import OperatorSettings
 from kubetrain.operator.runtime.workqueue import RetryLater, WorkQueue
 
@@ -87,7 +88,8 @@ class JobController:
         self.cache = WatchCache()
         self.queue: WorkQueue[Key] = WorkQueue()
         self.applier = Applier(Apis.of(api_client), self.cache, settings.create_parallelism, clock,
-                               patch_failed=self.queue.add)  # planned again from the pod as it is
+                               patch_failed=self.queue.add,  # planned again from the pod as it is
+                               limit=TokenBucket(settings.api_qps, settings.api_burst, time.monotonic()))
         self.kueue = KueueIO(self.applier.io, self.applier.apis.custom, self.cache, self.applier.cache_job)
         self.first_running: set[Key] = set()
         """Jobs whose first time Running was observed (kubetrain_operator_time_to_running_seconds)."""

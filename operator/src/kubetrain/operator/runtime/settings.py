@@ -24,6 +24,8 @@ ENV_NAMESPACE = "KUBETRAIN_NAMESPACE"
 ENV_METRICS_PORT = "KUBETRAIN_METRICS_PORT"
 ENV_CREATE_PARALLELISM = "KUBETRAIN_CREATE_PARALLELISM"
 ENV_RECONCILE_WORKERS = "KUBETRAIN_RECONCILE_WORKERS"
+ENV_API_QPS = "KUBETRAIN_API_QPS"
+ENV_API_BURST = "KUBETRAIN_API_BURST"
 ENV_LIVENESS = "KUBETRAIN_LIVENESS"
 ENV_LEADER_ID = "KUBETRAIN_LEADER_ID"
 ENV_COSCHEDULING_SCHEDULER = "KUBETRAIN_COSCHEDULING_SCHEDULER"
@@ -114,6 +116,13 @@ class OperatorSettings:
     """API calls in flight at once (KUBETRAIN_CREATE_PARALLELISM): the applier's thread pool."""
     reconcile_workers: int = 16
     """Jobs reconciled at once (KUBETRAIN_RECONCILE_WORKERS); their API calls share create_parallelism."""
+    api_qps: float = 500.0
+    """API calls a second the reconciles may make on average (KUBETRAIN_API_QPS; 0: no limit), beyond the
+    watches and the Lease: a bound on a runaway, above what 1000 jobs starting at once made (about 310 a
+    second in bench/compare.py's jobs-1000x2), so that the API server's other clients keep their share."""
+    api_burst: int = 1000
+    """API calls the reconciles may make at once above api_qps (KUBETRAIN_API_BURST): a gang of 1024 pods is
+    created without waiting."""
     liveness: str = "http://0.0.0.0:8081/healthz"
     """kopf's health endpoint (--liveness, KUBETRAIN_LIVENESS)."""
     leader_election: LeaderElection | None = None
@@ -126,6 +135,9 @@ class OperatorSettings:
         if self.create_parallelism < 1 or self.reconcile_workers < 1:
             raise ValueError(f"create_parallelism ({self.create_parallelism}) and reconcile_workers "
                              f"({self.reconcile_workers}) must be at least 1")
+        if self.api_qps < 0 or self.api_burst < 1:
+            raise ValueError(f"{ENV_API_QPS} ({self.api_qps}) must be at least 0 and {ENV_API_BURST} "
+                             f"({self.api_burst}) at least 1")
 
 
 DEFAULTS = OperatorSettings()
@@ -154,6 +166,16 @@ def _env_int(p: argparse.ArgumentParser, env: Mapping[str, str], name: str, defa
         return int(raw)
     except ValueError:
         p.error(f"{name} must be an integer, not {raw!r}")
+
+
+def _env_float(p: argparse.ArgumentParser, env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        p.error(f"{name} must be a number, not {raw!r}")
 
 
 def pod_policy(raw: str | None) -> PodPolicy:
@@ -227,6 +249,8 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operat
             metrics_port=_env_int(p, env, ENV_METRICS_PORT, DEFAULTS.metrics_port),
             create_parallelism=_env_int(p, env, ENV_CREATE_PARALLELISM, DEFAULTS.create_parallelism),
             reconcile_workers=_env_int(p, env, ENV_RECONCILE_WORKERS, DEFAULTS.reconcile_workers),
+            api_qps=_env_float(p, env, ENV_API_QPS, DEFAULTS.api_qps),
+            api_burst=_env_int(p, env, ENV_API_BURST, DEFAULTS.api_burst),
             liveness=args.liveness,
             leader_election=_leader_election(args, env),
             verbose=args.verbose,
