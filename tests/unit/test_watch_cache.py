@@ -14,6 +14,7 @@ from kubetrain.operator.controller import Controller
 from kubetrain.operator.jobs.cache import WatchCache, node_not_ready_since
 from kubetrain.operator.jobs.controller import PACE_MAX, pace
 from kubetrain.operator.jobs.pod_watch import PodList
+from kubetrain.operator.runtime.objects import LIST_PAGE, list_pages
 from kubetrain.operator.runtime.settings import OperatorSettings
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
@@ -342,3 +343,29 @@ def test_a_relist_reports_the_pods_it_lacks_as_deleted_but_keeps_those_newer_tha
         assert ctl.cache.pod(key, "a-worker-1") is None
     finally:
         ctl.applier.close()
+
+
+def test_a_relist_forgets_the_jobs_and_nodes_it_no_longer_holds_but_not_newer_ones() -> None:
+    cache = WatchCache()
+    for name, rv in (("kept", 5), ("deleted", 6), ("newer", 12)):
+        cache.job_event("ADDED", job(name, rv))
+    listed = [job("kept", 5)]
+    assert cache.jobs_missing_from(listed, "10") == [(NS, "deleted")]  # "newer" was made after the list
+    cache.node_event("MODIFIED", node("n1", ready=False), NOW)
+    cache.node_event("MODIFIED", node("gone", ready=False), NOW)
+    assert cache.nodes_missing_from([node("n1", ready=False)]) == ["gone"]
+
+
+def test_a_list_is_read_page_by_page_and_keeps_its_snapshots_version() -> None:
+    pages = {None: {"items": [{"n": 1}, {"n": 2}], "metadata": {"continue": "p2", "resourceVersion": "7"}},
+             "p2": {"items": [{"n": 3}], "metadata": {"resourceVersion": "7"}}}
+    calls: list[dict[str, Any]] = []
+
+    def call(*args: Any, **kw: Any) -> dict[str, Any]:
+        calls.append(kw)
+        return pages[kw.get("_continue")]
+
+    items, version = list_pages(call, "ns", label_selector="x")
+    assert (items, version) == ([{"n": 1}, {"n": 2}, {"n": 3}], "7")
+    assert [c.get("_continue") for c in calls] == [None, "p2"]
+    assert all(c["limit"] == LIST_PAGE and c["label_selector"] == "x" for c in calls)

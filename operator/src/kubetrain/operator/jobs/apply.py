@@ -43,7 +43,15 @@ from kubetrain.operator.jobs.cache import WatchCache, node_not_ready_since
 from kubetrain.operator.jobs.conditions import gang_missing, is_gang_missing
 from kubetrain.operator.jobs.pod_patches import PodPatches
 from kubetrain.operator.runtime import metrics
-from kubetrain.operator.runtime.objects import DELETED, Key, foreign_message, owned_by, resource_version, uid_of
+from kubetrain.operator.runtime.objects import (
+    DELETED,
+    Key,
+    foreign_message,
+    list_pages,
+    owned_by,
+    resource_version,
+    uid_of,
+)
 from kubetrain.operator.runtime.ratelimit import TokenBucket
 
 if TYPE_CHECKING:
@@ -300,10 +308,13 @@ class Creation:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Jobs and nodes as one LIST each returned them (plain dicts; the pods are the pod watch's)."""
+    """Jobs and nodes as one LIST each returned them (plain dicts; the pods are the pod watch's), with the
+    versions of the two snapshots."""
 
     jobs: list[dict[str, Any]]
     nodes: list[dict[str, Any]]
+    jobs_version: str = "0"
+    nodes_version: str = "0"
 
 
 class Applier:
@@ -333,17 +344,18 @@ class Applier:
     # ------------------------------------------------------------------ reads
 
     def list_all(self, namespace: str | None) -> Snapshot:
-        """LIST jobs and nodes (blocking; run it with io())."""
+        """LIST jobs and nodes, page by page (blocking; run it with io())."""
         core, custom = self.apis.core, self.apis.custom
         if namespace:
-            jobs = custom.list_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL)
+            items, version = list_pages(custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace,
+                                        api.PLURAL)
         else:
-            jobs = custom.list_cluster_custom_object(api.GROUP, api.VERSION, api.PLURAL)
-        items = jobs.get("items", [])
+            items, version = list_pages(custom.list_cluster_custom_object, api.GROUP, api.VERSION, api.PLURAL)
         for job in items:  # a LIST's items carry neither
             job.setdefault("apiVersion", api.API_VERSION)
             job.setdefault("kind", api.KIND)
-        return Snapshot(items, [self.sanitize(n) for n in core.list_node().items])
+        nodes, nodes_version = list_pages(core.list_node, sanitize=self.sanitize)
+        return Snapshot(items, nodes, version, nodes_version)
 
     def _node_not_ready_since(self, name: str, now: datetime) -> datetime | None:
         try:

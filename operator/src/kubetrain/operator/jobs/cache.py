@@ -277,6 +277,18 @@ class WatchCache:
             entry.tombstones.pop(name, None)
         return changed
 
+    def jobs_missing_from(self, listed: list[dict[str, Any]], version: str) -> list[Key]:
+        """The cached jobs a LIST at `version` lacks though they are no newer than it: deleted while no watch
+        told (a relist after a gap, a standby's takeover)."""
+        names = {(j["metadata"].get("namespace") or "", j["metadata"]["name"]) for j in listed}
+        at = version_number(version)
+        return [key for key, entry in self._jobs.items() if key not in names and resource_version(entry.body) <= at]
+
+    def nodes_missing_from(self, listed: list[dict[str, Any]]) -> list[str]:
+        """The NotReady nodes kept that a LIST of nodes lacks: deleted since."""
+        names = {n["metadata"]["name"] for n in listed}
+        return [name for name in self.nodes if name not in names]
+
     def missing_from(self, listed: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
         """The cached pods a LIST at `version` lacks though they are no newer than it: deleted since they
         were cached. (A pod cached from the response to a create after the LIST is newer and stays.)"""

@@ -189,10 +189,14 @@ class JobController:
         yet seen would look deleted); watch events keep them fresh after. Jobs first: the cache
         keeps pods only under a job it knows. The pods' list (the pod watch starts from its version)."""
         snapshot = await self.applier.io(self.applier.list_all, self.settings.namespace)
+        for key in self.cache.jobs_missing_from(snapshot.jobs, snapshot.jobs_version):
+            self.forget(key)  # deleted while no watch told: nothing is kept (nor reconciled) for it
         for job in snapshot.jobs:
             self.job_event(None, job)
         listed = await self.applier.io(self.pod_watch.list)
         self.pods_listed(listed)
+        for name in self.cache.nodes_missing_from(snapshot.nodes):
+            self.cache.nodes.pop(name, None)
         for node in snapshot.nodes:
             self.node_event(None, node)
         for wl in await self.applier.io(self.kueue.list_workloads, self.settings.namespace):

@@ -35,6 +35,7 @@ from pydantic_core import from_json
 
 from kubetrain.core import contract
 from kubetrain.operator.runtime import metrics
+from kubetrain.operator.runtime.objects import list_pages
 
 __all__ = ["WATCH_SECONDS", "Expired", "PodList", "PodWatch", "events_of"]
 
@@ -122,13 +123,13 @@ class PodWatch:
         return self.core.list_pod_for_all_namespaces(**kwargs)
 
     def list(self) -> PodList:
-        """Every worker pod as it is now (blocking)."""
-        body = from_json(self._request(_request_timeout=(CONNECT_TIMEOUT, READ_TIMEOUT)).data)
-        pods = body.get("items") or []
+        """Every worker pod as it is now (blocking), page by page."""
+        pods, version = list_pages(lambda **kw: from_json(self._request(**kw).data),
+                                   _request_timeout=(CONNECT_TIMEOUT, READ_TIMEOUT))
         for pod in pods:  # a LIST's items carry neither
             pod.setdefault("apiVersion", "v1")
             pod.setdefault("kind", "Pod")
-        return PodList(pods, body["metadata"]["resourceVersion"])
+        return PodList(pods, version)
 
     def start(self, loop: asyncio.AbstractEventLoop, resource_version: str) -> None:
         """Watch from `resource_version` (a LIST's) on, until stop()."""

@@ -3,6 +3,7 @@ owners, and the one message for a child whose name another object holds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from kubetrain.core.api import API_VERSION, KIND
@@ -77,3 +78,22 @@ def retry_after(exc: Exception) -> float | None:
         return min(max(float(value), 0.0), MAX_RETRY_AFTER) if value is not None else None
     except ValueError:  # an HTTP date: rare from an API server; the backoff applies
         return None
+
+
+LIST_PAGE = 500
+"""Objects per page of a LIST (`limit`): the API server answers a big cluster's in bounded pieces."""
+
+
+def list_pages(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[list[dict[str, Any]], str]:
+    """Every item of a paginated LIST (`call` answers a plain dict, or a model turned into one by `sanitize=`),
+    and the version of the snapshot its pages come from."""
+    sanitize: Callable[[Any], dict[str, Any]] = kwargs.pop("sanitize", lambda x: x)
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    while True:
+        page = sanitize(call(*args, limit=LIST_PAGE, **({"_continue": token} if token else {}), **kwargs))
+        items.extend(page.get("items") or [])
+        meta = page.get("metadata") or {}
+        token = meta.get("continue")
+        if not token:
+            return items, str(meta.get("resourceVersion") or "0")
