@@ -14,6 +14,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.config import kube_config
 
 from kubetrain.operator import handlers
+from kubetrain.operator.jobs.apply import API_TIMEOUT, Unvalidated
 from kubetrain.operator.runtime.objects import MAX_RETRY_AFTER, retry_after
 
 KUBECONFIG = """apiVersion: v1
@@ -72,3 +73,19 @@ def test_retry_after_is_read_from_a_throttled_answer_only() -> None:
     assert retry_after(answer(429)) is None  # no header: the backoff applies
     assert retry_after(answer(500, {"Retry-After": "7"})) is None
     assert retry_after(RuntimeError("no answer at all")) is None
+
+
+def test_every_call_through_the_applier_has_a_deadline_unless_it_sets_its_own() -> None:
+    api_client = client.ApiClient()
+    seen: list[Any] = []
+
+    def call_api(*args: Any, **kwargs: Any) -> NoReturn:
+        seen.append(kwargs.get("_request_timeout"))
+        raise ConnectionError("no API server here")
+
+    api_client.call_api = call_api  # type: ignore[method-assign]
+    core = Unvalidated(client.CoreV1Api(api_client))
+    for timeout in ({}, {"_request_timeout": (1, 2)}):
+        with pytest.raises(ConnectionError):
+            core.read_namespaced_pod("p", "ns", **timeout)
+    assert seen == [API_TIMEOUT, (1, 2)]

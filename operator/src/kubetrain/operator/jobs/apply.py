@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -74,6 +75,11 @@ REFUSABLE = ("Pod", "ServiceAccount", "NetworkPolicy")
 """Kinds whose refused create (a 4xx) the job shows (status, one Event) and retries with backoff."""
 
 
+API_TIMEOUT = (10.0, 60.0)
+"""Seconds to connect and to wait for an answer, on every call the reconciles make: generous for a page of a
+LIST or a create under load, and an end to a call on a connection that went half-open."""
+
+
 @dataclass(frozen=True)
 class Apis:
     """The API groups the operator calls, on one ApiClient."""
@@ -106,7 +112,10 @@ class Unvalidated:
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if (bound := self._bound.get(name)) is None:
             method = getattr(type(self._api), name)
-            bound = self._bound[name] = getattr(method, "raw_function", method).__get__(self._api)
+            raw = getattr(method, "raw_function", method).__get__(self._api)
+            # A deadline on every call (a caller's own _request_timeout wins): a half-open connection to an API
+            # server that went away must not hold a reconcile, and its job, for ever.
+            bound = self._bound[name] = functools.partial(raw, _request_timeout=API_TIMEOUT)
         return bound
 
 
@@ -124,7 +133,8 @@ class RawPost:
             auth_settings=["BearerToken"])
         try:
             answer = rest.RESTResponse(self._client.rest_client.pool_manager.request(
-                "POST", url, body=body, headers=headers, preload_content=False))
+                "POST", url, body=body, headers=headers, preload_content=False,
+                timeout=urllib3.Timeout(connect=API_TIMEOUT[0], read=API_TIMEOUT[1])))
         except urllib3.exceptions.SSLError as exc:  # as the client's own calls report it
             raise ApiException(status=0, reason=f"{type(exc).__name__}\n{exc}") from exc
         data: bytes = answer.read()
