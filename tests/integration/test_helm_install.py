@@ -41,6 +41,8 @@ def test_helm_install_creates_crd_rbac_deployment(
         assert crd.spec.names.short_names == ["tj", "tjob"]
         role = rbac.read_cluster_role(full)
         assert all("secrets" not in (r.resources or []) for r in role.rules)
+        assert rbac.read_cluster_role("kubetrain-edit").metadata.labels[
+            "rbac.authorization.k8s.io/aggregate-to-edit"] == "true"  # the roles for people
         binding = rbac.read_cluster_role_binding(full)
         assert binding.subjects[0].name == full and binding.subjects[0].namespace == namespace
         assert core.read_namespaced_service_account(full, namespace)

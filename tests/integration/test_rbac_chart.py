@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from support import helm_tool as ht
 from support.helm_rbac import ChartIdentity, assert_no_forbidden, assert_secrets_refused, run_job_to_running
 from support.jobs import TrainingJobs
 from support.operator_process import OperatorProcess
+from support.resources import apply, delete
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -134,3 +136,37 @@ def test_leader_releases_the_lease_on_shutdown(
                 run_job_to_running(admin_api, namespace, b, "after-handover")
         # well under the 15 s Lease: it was handed over, not left to expire
         assert took < 12, f"handover took {took:.1f}s: the Lease was not released"
+
+
+def _may(admin: client.ApiClient, user: str, namespace: str, verb: str) -> bool:
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=user, resource_attributes=client.V1ResourceAttributes(
+            namespace=namespace, verb=verb, group="kubetrain.io", resource="trainingjobs")))
+    return bool(client.AuthorizationV1Api(admin).create_subject_access_review(review).status.allowed)
+
+
+def test_namespace_editors_run_training_jobs_and_viewers_read_them(
+    helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str
+) -> None:
+    """The chart's kubetrain-edit and kubetrain-view, aggregated by the cluster's own controller into `edit` and
+    `view`: a person bound to either in a namespace gets exactly that over TrainingJobs there."""
+    roles = [d for d in ht.render() if d["kind"] == "ClusterRole"
+             and d["metadata"]["name"] in ("kubetrain-edit", "kubetrain-view")]
+    assert sorted(r["metadata"]["name"] for r in roles) == ["kubetrain-edit", "kubetrain-view"]
+    rbac = client.RbacAuthorizationV1Api(admin_api)
+    try:
+        for role in roles:
+            apply(admin_api, role)
+        for who, cluster_role in (("alice", "edit"), ("bob", "view")):
+            rbac.create_namespaced_role_binding(namespace, client.V1RoleBinding(
+                metadata=client.V1ObjectMeta(name=f"{who}-{cluster_role}"),
+                role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=cluster_role),
+                subjects=[client.RbacV1Subject(kind="User", name=who, api_group="rbac.authorization.k8s.io")]))
+        wait_for(lambda: _may(admin_api, "alice", namespace, "create") and _may(admin_api, "bob", namespace, "list"),
+                 60, what="kubetrain-edit and kubetrain-view aggregated into edit and view")
+        assert _may(admin_api, "alice", namespace, "delete")
+        assert not _may(admin_api, "bob", namespace, "create") and not _may(admin_api, "bob", namespace, "delete")
+        assert not _may(admin_api, "alice", "default", "create")  # bound in one namespace only
+    finally:  # cluster-scoped: a later `helm install` of the chart must find no such ClusterRole it does not own
+        for role in roles:
+            delete(admin_api, role)

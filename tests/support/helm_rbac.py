@@ -27,7 +27,8 @@ class ChartIdentity:
 
     def __init__(self, admin: client.ApiClient, namespace: str, tmp: Path, **values: Any):
         self.admin, self.ns = admin, namespace
-        self.docs = ht.render(set_values={"fullnameOverride": f"kt-{namespace}"[:50], **values}, namespace=namespace)
+        self.docs = ht.render(set_values={"fullnameOverride": f"kt-{namespace}"[:50], "rbac.userRoles": False, **values},
+                              namespace=namespace)  # the operator's identity; the roles for people are one per cluster
         self.rbac = [d for d in self.docs if d["kind"] in RBAC_KINDS]
         self.sa = ht.find(self.docs, "ServiceAccount")["metadata"]["name"]
         self.tmp = tmp

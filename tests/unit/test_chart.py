@@ -103,16 +103,28 @@ def test_leader_election_with_replicas(helm_ok: None) -> None:
     assert not [d for d in two if d["kind"] == "CustomResourceDefinition" and "kopf" in d["metadata"]["name"]]
 
 
+def test_the_user_roles_aggregate_into_kubernetes_own_and_can_be_left_out(helm_ok: None) -> None:
+    docs = ht.render()
+    edit, view = ht.find(docs, "ClusterRole", "kubetrain-edit"), ht.find(docs, "ClusterRole", "kubetrain-view")
+    assert {k for k, v in edit["metadata"]["labels"].items() if v == "true"} == {
+        "rbac.authorization.k8s.io/aggregate-to-edit", "rbac.authorization.k8s.io/aggregate-to-admin"}
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert {v for r in view["rules"] for v in r["verbs"]} == {"get", "list", "watch"}
+    assert "create" in edit["rules"][0]["verbs"] and "secrets" not in str(edit["rules"])
+    off = ht.render(set_values={"rbac.userRoles": False})
+    assert [d["metadata"]["name"] for d in off if d["kind"] == "ClusterRole"] == ["kubetrain"]
+
+
 def test_namespaced_mode(helm_ok: None) -> None:
     docs = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespace": "ml"})
     role = ht.find(docs, "Role")
     assert role["metadata"]["namespace"] == "ml"
     assert any("pods" in r["resources"] for r in role["rules"])
-    cluster_resources = {res for r in ht.find(docs, "ClusterRole")["rules"] for res in r["resources"]}
+    cluster_resources = {res for r in ht.find(docs, "ClusterRole", "kubetrain")["rules"] for res in r["resources"]}
     # Cluster-scoped reads only: Kueue's flavors and the priority classes a Workload's priority comes from.
     assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces", "resourceflavors",
                                  "workloadpriorityclasses", "priorityclasses"}
-    assert {v for r in ht.find(docs, "ClusterRole")["rules"] if "resourceflavors" in r["resources"] for v in r["verbs"]} == {"get"}
+    assert {v for r in ht.find(docs, "ClusterRole", "kubetrain")["rules"] if "resourceflavors" in r["resources"] for v in r["verbs"]} == {"get"}
     assert any("workloads" in r["resources"] for r in role["rules"])
     off = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespace": "ml", "rbac.kueue": False})
     kinds = {res for doc in off if doc["kind"] in ("Role", "ClusterRole") for r in doc["rules"] for res in r["resources"]}
@@ -236,7 +248,7 @@ def test_operator_may_create_the_per_job_progress_rbac(helm_ok: None, scope: str
     from kubetrain.operator.jobs import builders as b  # noqa: PLC0415
 
     docs = ht.render(set_values={"rbac.scope": scope})
-    rules = ht.find(docs, "Role" if scope == "namespaced" else "ClusterRole")["rules"]
+    rules = (ht.find(docs, "Role") if scope == "namespaced" else ht.find(docs, "ClusterRole", "kubetrain"))["rules"]
     for resource in ("roles", "rolebindings"):
         assert _allows(rules, "rbac.authorization.k8s.io", resource, "create")
     job = TrainingJob.model_validate({"metadata": {"name": "j", "namespace": "ns"}})
@@ -255,7 +267,7 @@ def test_operator_may_run_sweeps(helm_ok: None, scope: str) -> None:
     """The sweep controller watches TrainingSweeps, writes their status, creates their trial TrainingJobs,
     suspends pruned ones (patch) and records Events; in the same object as the job rights, per scope."""
     docs = ht.render(set_values={"rbac.scope": scope})
-    rules = ht.find(docs, "Role" if scope == "namespaced" else "ClusterRole")["rules"]
+    rules = (ht.find(docs, "Role") if scope == "namespaced" else ht.find(docs, "ClusterRole", "kubetrain"))["rules"]
     wanted = {("kubetrain.io", "trainingsweeps"): ("get", "list", "watch"),
               ("kubetrain.io", "trainingsweeps/status"): ("get", "patch"),
               ("kubetrain.io", "trainingjobs"): ("create", "patch"),
@@ -282,14 +294,14 @@ def test_the_worker_network_policy_reaches_the_operator_with_the_rbac_to_make_it
     )
 
     monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
-    kind = "Role" if scope == "namespaced" else "ClusterRole"
+    kind, name = ("Role", None) if scope == "namespaced" else ("ClusterRole", "kubetrain")
     off = ht.render(set_values={"rbac.scope": scope})
     assert worker_network_policy(_operator_env(off)[ENV_WORKER_NETWORK_POLICY]) is None
-    assert not any("networkpolicies" in r["resources"] for r in ht.find(off, kind)["rules"])
+    assert not any("networkpolicies" in r["resources"] for r in ht.find(off, kind, name)["rules"])
     on = ht.render(set_values={"rbac.scope": scope, "workerNetworkPolicy.enabled": True,
                                "workerNetworkPolicy.metricsFrom": [monitoring]})
     assert worker_network_policy(_operator_env(on)[ENV_WORKER_NETWORK_POLICY]) == WorkerNetworkPolicy((monitoring,))
-    rules = ht.find(on, kind)["rules"]
+    rules = ht.find(on, kind, name)["rules"]
     for verb in ("get", "create"):
         assert _allows(rules, "networking.k8s.io", "networkpolicies", verb), f"{scope}: the operator lacks {verb}"
     assert not _allows(rules, "networking.k8s.io", "networkpolicies", "delete")  # the garbage collector's
