@@ -26,7 +26,7 @@ def test_a_deleted_jobs_series_go_and_a_same_named_job_elsewhere_keeps_its_own()
         assert ("team-a", "llama") not in _jobs(metric), metric
     assert ("team-b", "llama") in _jobs(metrics.GANG_RESTARTS)
     metrics.forget_job("team-b", "llama")
-    assert _jobs(metrics.GANG_RESTARTS) == set()
+    assert ("team-b", "llama") not in _jobs(metrics.GANG_RESTARTS)  # other tests' jobs share the registry
 
 
 def test_every_per_job_metric_declares_namespace_and_trainingjob_first():

@@ -146,20 +146,22 @@ def test_throttled_newest_wins_forced_at_once(stub: Stub, pod_env: dict[str, str
 def test_slow_api_server_never_blocks_training_and_warns_once(
     stub: Stub, pod_env: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    stub.delay = 1.0
+    stub.delay = 5.0  # far beyond every bound below: a report() or close() that waited for it would show
     r = pp.PodProgressReporter(target(pod_env), interval=0.05, timeout=0.2)
     caplog.set_level(logging.DEBUG, logger="kubetrain.trainer.progress")
-    t0 = time.monotonic()
+    longest = 0.0
     for step in range(1, 200):
+        t0 = time.monotonic()
         r.report(Progress(step=step), force=step % 10 == 0)
+        longest = max(longest, time.monotonic() - t0)
         time.sleep(0.005)
-    assert time.monotonic() - t0 < 1.5, "report() waited for the API server"
+    assert longest < 1.0, f"report() waited for the API server ({longest:.2f}s)"
     wait(lambda: r.failures >= 2)
     warnings = [rec for rec in caplog.records if rec.levelno == logging.WARNING]
     assert len(warnings) == 1 and "training goes on" in warnings[0].getMessage()
     t1 = time.monotonic()
     assert not r.close(timeout=1.0)
-    assert time.monotonic() - t1 < 1.2, "close() is bounded"
+    assert time.monotonic() - t1 < 3.0, "close() is bounded by its timeout, not by the API server"
 
 
 def test_refused_then_allowed_retries_the_kept_record(
