@@ -438,3 +438,22 @@ def test_a_stopping_worker_whose_rank_hangs_ends_without_waiting_out_the_grace_p
     _out, err = p.communicate(timeout=60)
     assert p.returncode == 143, err
     assert "hang: " in err and (tmp_path / "hangs" / "gen-0" / "rank-0.txt").exists()
+
+
+def test_a_stop_signal_that_comes_while_a_rank_is_started_reaches_it(monkeypatch):
+    """The signal handler can run between a child's start and its listing (a loaded machine runs the child
+    first): that child gets the signal all the same, not a wait for its own end."""
+    stop: list[int] = []
+    started = launcher.start
+
+    def start_then_signalled(command, env):
+        child = started(command, env)
+        stop.append(signal.SIGTERM)  # what `forward` records when it runs here, before the child is listed
+        return child
+
+    monkeypatch.setattr(launcher, "start", start_then_signalled)
+    children: list = []
+    code = launcher._start([sys.executable, "-S", "-c", "import time; time.sleep(60)"], [dict(os.environ)], children,
+                           stop)
+    assert code is None and len(children) == 1
+    assert children[0].wait(timeout=20) == -signal.SIGTERM

@@ -35,6 +35,7 @@ it arrives.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -264,8 +265,15 @@ def _start(command: Sequence[str], envs: list[dict[str, str]], children: list[An
     for child_env in envs:
         if stop:
             break
-        children.append(start(command, child_env))
-        if isinstance(children[-1], NotStarted):
+        signals = len(stop)
+        children.append(child := start(command, child_env))
+        if len(stop) > signals and not isinstance(child, NotStarted) and child.poll() is None:
+            # A stop signal came while this child was being started: `forward` may have run before it was
+            # listed (a loaded machine runs the child first), so it is sent here too (a second copy is harmless
+            # to a child that has not set its handler yet, and it ends a stopping one all the same).
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(stop[-1])
+        if isinstance(child, NotStarted):
             break  # every rank runs the same command: one message is enough
     return 128 + stop[0] if not children else None
 
