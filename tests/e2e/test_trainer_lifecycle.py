@@ -199,3 +199,32 @@ def test_launcher_spawns_ranks_and_propagates_a_failure(tmp_path: Path) -> None:
     assert "injected failure at step 3 on rank 1" in proc.stderr
     assert "another rank went away; exiting 3" in proc.stderr, proc.stderr[-3000:]
     assert [r["step"] for r in read_records(tmp_path)] == [1, 2]  # rank 0 stopped waiting for rank 1
+
+
+def _step_dirs(ckpt: Path) -> dict[str, tuple[bool, float]]:
+    """Every step directory -> (committed, its marker's mtime or 0)."""
+    return {p.name: ((p / COMMIT_MARKER).is_file(),
+                     (p / COMMIT_MARKER).stat().st_mtime if (p / COMMIT_MARKER).is_file() else 0.0)
+            for p in sorted(ckpt.glob("step-*"))}
+
+
+def test_a_frozen_stale_generation_never_writes_beside_the_newer_one(tmp_path: Path) -> None:
+    """A gang frozen (SIGSTOP: a node cut off from the API server) while its restarted generation trains on the
+    same checkpoints; thawed, the old gang stops at its next save without touching a step directory."""
+    ckpt = tmp_path / "checkpoints"
+    spec = tiny_spec(maxSteps=40, checkpoint={"everySteps": 4, "keep": 100})
+    env = {"KUBETRAIN_CHECKPOINT_DIR": str(ckpt), "KUBETRAIN_RUN_ID": "run-a"}
+    old = Gang(tmp_path / "gen0", spec, world_size=1, env=env)
+    wait_for(lambda: len(complete_checkpoints(ckpt)) >= 1, 180, interval=0.02, what="generation 0's first commit")
+    old.signal(signal.SIGSTOP)
+    try:
+        new = Gang(tmp_path / "gen1", spec, world_size=1, generation=1, env=env).wait()
+        assert new.exit_codes == [0], new.log()[-3000:]
+        before = _step_dirs(ckpt)
+        assert before and all(done for done, _ in before.values()), before
+    finally:
+        old.signal(signal.SIGCONT)
+    stale = old.wait()
+    assert stale.exit_codes == [1], stale.log()[-3000:]
+    assert "this gang is generation 0 and generation 1 of this job has started since" in stale.log()
+    assert _step_dirs(ckpt) == before  # nothing removed, rewritten or added by the stale gang

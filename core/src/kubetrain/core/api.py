@@ -1422,6 +1422,8 @@ class ObjectMeta(_Model):
     """Labels."""
     annotations: dict[str, str] | None = None
     """Annotations."""
+    uid: str | None = None
+    """Set by the API server: which TrainingJob of this name this is."""
 
     @field_validator("name")
     @classmethod

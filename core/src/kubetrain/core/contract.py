@@ -61,6 +61,10 @@ kubetrain.trainer.data.fetch` in the trainer's image, with its environment and m
 FETCH_MODULE = "kubetrain.trainer.data.fetch"
 """The fetch step's module, run with `python -m` by the init container and by the local backend."""
 RESTART_GENERATION = "KUBETRAIN_RESTART_GENERATION"
+RUN_ID = "KUBETRAIN_RUN_ID"
+"""Which run of the job this is: the TrainingJob's uid in a pod, a fresh id per `kubetrain run`. With
+RESTART_GENERATION it names the gang that owns the checkpoints (the trainer's generation fence): a gang of an
+older generation of the same run, or of another run, never commits beside the newest."""
 METRICS_PORT = "KUBETRAIN_METRICS_PORT"
 METRICS_ADDR = "KUBETRAIN_METRICS_ADDR"
 """The address a worker's metrics endpoint binds: unset in a pod (every interface, for Prometheus), loopback in
@@ -395,13 +399,15 @@ def kubetrain_env(
     output_dir: str,
     restart_generation: int,
     metrics_port: int,
+    run_id: str = "",
     hang: str = "off",
     memory_tier: MemoryTier | None = None,
     cache_dir: str | None = None,
 ) -> dict[str, str]:
     """kubetrain's own variables, the same for every process of a generation. `hang`: HANG's value;
     `memory_tier`: checkpoint.memory where the backend keeps it (None: its variables stay unset, the tier off);
-    `cache_dir`: CACHE_DIR (POD_CACHE_DIR in pods, `<output dir>/cache` in local runs; None: unset)."""
+    `cache_dir`: CACHE_DIR (POD_CACHE_DIR in pods, `<output dir>/cache` in local runs; None: unset); `run_id`:
+    RUN_ID (empty: unset, the checkpoints not fenced)."""
     env = {
         HANG: hang,
         JOB: job,
@@ -416,4 +422,6 @@ def kubetrain_env(
         env.update(memory_tier.env())
     if cache_dir is not None:
         env[CACHE_DIR] = cache_dir
+    if run_id:
+        env[RUN_ID] = run_id
     return env

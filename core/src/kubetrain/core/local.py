@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -306,6 +307,8 @@ class LocalRun:
     def __init__(self, job: TrainingJob, manifest_dir: Path, opts: RunOptions):
         self.job = job
         self.name = job.metadata.name
+        self.run_id = f"local-{uuid.uuid4().hex[:12]}"
+        """contract.RUN_ID: this run's claim on its checkpoints, as a TrainingJob's uid is in a cluster."""
         self.opts = opts
         self.spec = resolve_spec(job, manifest_dir, opts)
         self.out = opts.output_dir.resolve()
@@ -385,6 +388,7 @@ class LocalRun:
                 output_dir=str(self.out),
                 restart_generation=number,
                 metrics_port=spec.metrics_port + node_rank * spec.procs,  # one host: a port per rank
+                run_id=self.run_id,
                 hang=hangs.setting(spec.hang_limits),
                 memory_tier=self._memory_tier(),
                 cache_dir=str(self.out / CACHE_ENTRY),

@@ -51,6 +51,8 @@ class Env:
     dist_timeout: timedelta
     metrics_addr: str = "0.0.0.0"
     """Where the metrics endpoint binds (contract.METRICS_ADDR; loopback in a local run)."""
+    run: str = ""
+    """contract.RUN_ID: with `generation`, the gang's claim on the checkpoints (empty: not fenced)."""
 
 
 def _int_env(environ: dict[str, str] | os._Environ[str], name: str, default: int | None = None) -> int:
@@ -113,6 +115,7 @@ def read_env(environ: dict[str, str] | os._Environ[str] | None = None) -> Env:
         generation=_int_env(e, contract.RESTART_GENERATION, 0),
         metrics_port=int(port) if port and port.isdigit() and int(port) > 0 else None,
         metrics_addr=e.get(contract.METRICS_ADDR) or "0.0.0.0",
+        run=e.get(contract.RUN_ID) or "",
         fail_at=parse_fail_at(e.get(contract.FAIL_AT)),
         dist_timeout=timedelta(seconds=timeout),
     )

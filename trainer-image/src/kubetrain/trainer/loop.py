@@ -24,6 +24,7 @@ from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, w
 from kubetrain.trainer import parallel, preflight
 from kubetrain.trainer.checkpoint.background import writes_running
 from kubetrain.trainer.checkpoint.directory import TrainerState, now_rfc3339
+from kubetrain.trainer.checkpoint.fence import Fence
 from kubetrain.trainer.checkpoint.manager import CheckpointManager
 from kubetrain.trainer.checkpoint.memory import MemoryTier
 from kubetrain.trainer.config import ConfigError, Env, checkpoint_dir
@@ -509,7 +510,8 @@ def _train(
         _compile_notice(env, spec)
         memory = MemoryTier.from_env(os.environ, spec, engine, env.rank, env.world_size)
         checkpoints = CheckpointManager(ckpt_root, spec.checkpoint, engine, metrics, reporter, memory=memory,
-                                        timeout=env.dist_timeout)
+                                        timeout=env.dist_timeout,
+                                        fence_id=Fence(env.run, env.generation) if env.run else None)
         exits.callback(checkpoints.close)
         state = checkpoints.resume(reporter.carried_state())
         reporter.started(state.step)

@@ -13,6 +13,7 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,14 +78,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save_checkpoint(root: Path, engine: Savable, state: TrainerState, keep: int, shared: bool = True) -> Path:
+def save_checkpoint(root: Path, engine: Savable, state: TrainerState, keep: int, shared: bool = True,
+                    before_commit: Callable[[], None] | None = None) -> Path:
     """Collective: every rank calls it. Returns the committed directory. `shared`: the directory is
-    one for all workers, so rank 0 requires every rank's part in it before committing."""
+    one for all workers, so rank 0 requires every rank's part in it before committing. `before_commit`: rank 0
+    calls it just before it commits (the generation fence's check, which raises to stop the commit)."""
     path = prepare_dir(root, state.step)
     engine.save(path)
     save_rng(path)
     dist.barrier()
     if dist.get_rank() == 0:
+        if before_commit is not None:
+            before_commit()
         commit_checkpoint(root, path, state, keep, shared)
     return path
 

@@ -51,6 +51,7 @@ from kubetrain.trainer.checkpoint.directory import (
     save_checkpoint,
     save_rng,
 )
+from kubetrain.trainer.checkpoint.fence import Fence, GenerationFence, on_directory
 from kubetrain.trainer.checkpoint.memory import MemoryTier, Offer, choose_tier, common_step, estimate_bytes
 from kubetrain.trainer.checkpoint.object_store import (
     FIELD,
@@ -136,6 +137,9 @@ class CheckpointManager:
     """The background writes' process group and staging buffers (None: this job saves synchronously)."""
     store: Bucket | None = field(default=None, init=False)
     """checkpoint.uri (None: the durable tier is the directory ``root``). With it ``root`` only stages."""
+    fence_id: Fence | None = None
+    """This gang's run and generation, fenced in the durable tier (None: not fenced)."""
+    fence: GenerationFence = field(init=False)
 
     def __post_init__(self) -> None:
         # Collective (it creates a process group): every rank constructs its manager at the same point, and
@@ -144,6 +148,8 @@ class CheckpointManager:
             self.writer = DcpWriter(self.engine.device, self.timeout)
         if self.policy.uri:
             self.store = Bucket.open(self.policy.uri, self.engine.spec.s3)
+        self.fence = self.store.fence(self.fence_id) if self.store is not None else on_directory(self.root,
+                                                                                                  self.fence_id)
 
     @property
     def staging(self) -> Path:
@@ -223,6 +229,9 @@ class CheckpointManager:
     def _durable_offer(self) -> tuple[tuple[int, str] | None, tuple[str, str] | None]:
         """Rank 0: the durable tier's newest committed checkpoint (step, path or uri), or the error that stops
         the gang (kind, message). In object storage it first checks access and removes torn steps."""
+        _, error = _shared_call(self.fence.claim)
+        if error is not None:
+            return None, error
         if self.store is None:
             found = latest_checkpoint(self.root)
             return ((found[0], str(found[1])) if found is not None else None), None
@@ -276,13 +285,15 @@ class CheckpointManager:
         if evaluated_now and (state.best_eval is None or state.eval_loss < state.best_eval["loss"]):
             state.best_eval = {"step": state.step, "loss": state.eval_loss}
         self._finish_in_flight()
+        _agree(_shared_call(lambda: self.fence.check(what=f"step {state.step}"))[1] if dist.get_rank() == 0 else None)
         if self.writer is not None and not save_waits_for_its_write(final=final, stopping=stopping):
             self._start(self.writer, state, t0)
             return None
         if self.store is not None:
             path: Path | str = self._save_to_store(self.store, state)
         else:  # ephemeral checkpoints sit in each pod's own directory: nothing to require of the others
-            path = save_checkpoint(self.root, self.engine, state, self.policy.keep, shared=not self.policy.ephemeral)
+            path = save_checkpoint(self.root, self.engine, state, self.policy.keep, shared=not self.policy.ephemeral,
+                                   before_commit=lambda: self.fence.check(what=f"commit of step {state.step}"))
         seconds = time.perf_counter() - t0
         self._committed(state, path, seconds)
         if dist.get_rank() == 0:
@@ -297,6 +308,7 @@ class CheckpointManager:
         save_rng(path)
         _agree(_shared_call(lambda: store.upload(path, state.step))[1])
         if dist.get_rank() == 0:
+            self.fence.check(what=f"commit of step {state.step}")
             store.commit(path, state, self.policy.keep, dist.get_world_size())
         drop_staged(self.staging, state.step)
         return store.step_uri(state.step)
@@ -352,9 +364,11 @@ class CheckpointManager:
         if self.store is not None:
             where = self.store.step_uri(job.step)
             if dist.get_rank() == 0:
+                self.fence.check(what=f"commit of step {job.step}")
                 self.store.commit(job.path, job.state, self.policy.keep, dist.get_world_size())
             drop_staged(self.staging, job.step)
         elif dist.get_rank() == 0:
+            self.fence.check(what=f"commit of step {job.step}")
             commit_checkpoint(self.root, job.path, job.state, self.policy.keep, shared=not self.policy.ephemeral)
         if dist.get_rank() == 0:
             log.info("checkpoint step %d committed: write took %.2f s", job.step, job.write_seconds())

@@ -34,6 +34,7 @@ from typing import Any
 from kubetrain.core.api import S3Spec
 from kubetrain.core.progress import COMMIT_MARKER, checkpoint_dirname
 from kubetrain.trainer.checkpoint.directory import BEST_EVAL, TRAINER_STATE, TrainerState, commit_marker
+from kubetrain.trainer.checkpoint.fence import FENCE_FILE, Fence, GenerationFence
 from kubetrain.trainer.config import ConfigError
 from kubetrain.trainer.data.s3 import call, file_system, require_bucket, store_error
 
@@ -129,6 +130,21 @@ class Bucket:
         except Exception as exc:
             config = store_error(exc, FIELD, self.uri)
             raise (config or ConfigError(FIELD, f"{self.uri}: {type(exc).__name__}: {exc}")) from exc
+
+    def fence(self, mine: Fence | None) -> GenerationFence:
+        """The generation fence as an object beside the step directories."""
+        key = f"{self.uri}/{FENCE_FILE}"
+
+        def read() -> str | None:
+            try:
+                body = self.fs.cat_file(key)
+            except FileNotFoundError:
+                return None
+            except Exception:  # noqa: BLE001 - call() turns it into the error a restart cures or not
+                body = self.call("download", self.fs.cat_file, key)
+            return bytes(body).decode(errors="replace")
+
+        return GenerationFence(mine, read, lambda text: self.call("upload", self.fs.pipe_file, key, text.encode()))
 
     def steps(self) -> dict[int, bool]:
         """Every step directory holding an object -> whether it is committed. From one listing of the objects
