@@ -164,6 +164,28 @@ def test_a_notready_node_restarts_the_gang_only_when_the_job_stops_making_progre
     assert p.requeue_after is not None and p.requeue_after <= 55  # looks again when the grace could run out
 
 
+@pytest.mark.parametrize(("not_ready", "node_count", "restarted"), [
+    (1, 10, True),  # one node of ten: the node's fault, its worker is moved
+    (5, 10, True),  # 50%, under the threshold
+    (6, 10, False),  # 60% of the cluster at once: a partition of the control plane, not of six nodes
+    (2, 2, False),  # every node of the cluster
+    (1, 0, True),  # node count unknown: never a disruption
+])
+def test_a_cluster_wide_disruption_restarts_no_gang(not_ready, node_count, restarted):
+    st = {"phase": "Running", "gangCreated": True, "runningSince": "2026-03-01T11:00:00Z", "currentStep": 40,
+          "lastProgressTime": (NOT_READY_AT - timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    nodes = {"n2": NOT_READY_AT, **{f"x{i}": NOT_READY_AT for i in range(not_ready - 1)}}
+    p = plan(Observation(body(status=st), [pod(0), pod(1, node="n2")], nodes, T0, node_count=node_count), S)
+    assert (p.status["phase"] == "Restarting") == restarted, p.status
+    if restarted:
+        return
+    assert not p.delete_pods and not p.force_delete_pods and p.status["restartCount"] == 0
+    cond = {c["type"]: c for c in p.status["conditions"]}["NodesNotReady"]
+    assert (cond["status"], cond["reason"]) == ("True", "ClusterDisruption")
+    assert f"{not_ready} of the cluster's {node_count} nodes are NotReady at once" in cond["message"]
+    assert [e for e in p.events if e[:2] == ("Warning", "ClusterDisruption")]
+
+
 def test_a_notready_node_warns_once_and_ready_again_clears_the_condition():
     st = {"phase": "Running", "gangCreated": True, "runningSince": "2026-03-01T11:00:00Z", "currentStep": 40,
           "lastProgressTime": "2026-03-01T11:59:58Z"}

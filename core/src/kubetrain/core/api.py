@@ -203,6 +203,8 @@ class ConditionReason(enum.StrEnum):
     """NodesNotReady: a worker's node is NotReady."""
     NODES_READY = "NodesReady"
     """NodesNotReady False: every worker's node is Ready (again)."""
+    CLUSTER_DISRUPTION = "ClusterDisruption"
+    """NodesNotReady: a worker's node is NotReady while so many of the cluster's nodes are (all, or at least 55% and 3 or more) that the cluster, not the node, is likely at fault; the gang is not restarted for it until the disruption ends."""
     UNKNOWN_FIELDS = "UnknownFields"
     """OperatorOutdated: the spec has fields this operator does not know (the message names them)."""
     PROGRESS_REPORTING_FORBIDDEN = "ProgressReportingForbidden"

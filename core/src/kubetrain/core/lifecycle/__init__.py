@@ -8,7 +8,8 @@ into API calls or process signals.
 
 Rules (the same everywhere; one function each in `policies`):
 - Any worker failure -- non-zero exit, deletion, eviction, a node NotReady past its grace with no
-  progress of the job in that grace, no progress for progressDeadlineSeconds -- restarts the WHOLE gang from the latest complete
+  progress of the job in that grace (none while many of the cluster's nodes are NotReady at once: cluster_disruption),
+  no progress for progressDeadlineSeconds -- restarts the WHOLE gang from the latest complete
   checkpoint, once per failure: every old worker is gone before the next generation starts. The
   messages name that checkpoint's step, or why there is none (restart_origin).
 - In place (restartPolicy.inPlace): the workers still running and able to are kept; they join the
@@ -29,6 +30,7 @@ from kubetrain.core.lifecycle.policies import (
     JobView,
     backoff_seconds,
     classify,
+    cluster_disruption,
     decide,
     progressing_despite,
     restart_origin,
@@ -36,6 +38,6 @@ from kubetrain.core.lifecycle.policies import (
 from kubetrain.core.lifecycle.status import phase_conditions, set_condition, take_progress
 
 __all__ = [
-    *model.__all__, "JobView", "backoff_seconds", "classify", "decide", "finished", "phase_conditions",
+    *model.__all__, "JobView", "backoff_seconds", "classify", "cluster_disruption", "decide", "finished", "phase_conditions",
     "progressing_despite", "restart_origin", "set_condition", "step", "take_progress", "view",
 ]

@@ -61,6 +61,7 @@ def view(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed, g
         last_checkpoint=status.last_checkpoint.step if status.last_checkpoint else None,
         checkpoints_durable=observed.checkpoints_durable,
         progress_unknown=observed.progress_unknown,
+        disruption=observed.disruption,
         resuming=status.phase == Phase.SUSPENDED and not spec.suspend,
         gang_size=gang_size,
         fetch=status.fetch,

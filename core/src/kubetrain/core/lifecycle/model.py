@@ -116,6 +116,8 @@ class Observed:
     """Checkpoints survive the workers (False: they die with the pods, spec.checkpoint.ephemeral)."""
     progress_unknown: str | None = None
     """Why rank 0's progress cannot reach this backend (a Reason: reporting off, its RBAC refused); None: it can."""
+    disruption: str | None = None
+    """Why the cluster looks disrupted (cluster_disruption: many nodes NotReady at once); None: it does not."""
 
 
 class Action(enum.StrEnum):

@@ -54,6 +54,8 @@ class JobView:
     """The job was suspended and is not any more: its deadline restarts with the new gang."""
     fetch: Fetch | None = None
     """Worker 0's fetch into its cache as it last reported it (status.fetch)."""
+    disruption: str | None = None
+    """Why the cluster looks disrupted (cluster_disruption); then a NotReady node restarts no gang."""
 
     @property
     def counted_restarts(self) -> int:
@@ -134,6 +136,28 @@ def progressing_despite(since: datetime, last_progress: datetime | None, now: da
     return last_progress is not None and last_progress > since and now - last_progress < grace
 
 
+DISRUPTION_SHARE = 0.55
+"""The share of the cluster's nodes NotReady at once from which a node going NotReady is taken for the cluster's
+fault (a control-plane or network partition), not the node's: kube-controller-manager's --unhealthy-zone-threshold
+default, at which its node lifecycle controller stops evicting pods too."""
+DISRUPTION_MIN_NODES = 3
+"""As the node lifecycle controller: a partial disruption needs more than 2 nodes NotReady (every node NotReady
+is a full one)."""
+
+
+def cluster_disruption(not_ready: int, total: int) -> str | None:
+    """Why a NotReady node is no reason to restart a gang now, or None: every node of the cluster NotReady, or
+    at least DISRUPTION_SHARE of them and DISRUPTION_MIN_NODES or more. Moving the gang would not help then
+    (there is nowhere healthy to go, or the nodes are fine and it is the API server that cannot hear them),
+    while deleting pods would throw away training that may well still run."""
+    if total <= 0 or not_ready <= 0:
+        return None
+    if not_ready >= total or (not_ready >= DISRUPTION_MIN_NODES and not_ready / total >= DISRUPTION_SHARE):
+        return (f"{not_ready} of the cluster's {total} nodes are NotReady at once (at least "
+                f"{DISRUPTION_SHARE:.0%}, or all): a disruption of the cluster, not of this job's nodes")
+    return None
+
+
 def node_lost(spec: TrainingJobSpec, w: WorkerState, now: datetime, last_progress: datetime | None) -> bool:
     """The worker's node has been NotReady for nodeNotReadyGraceSeconds and the job made no progress in that
     time; `last_progress` None (rank 0 cannot report it): the grace alone."""
@@ -145,9 +169,9 @@ def node_lost(spec: TrainingJobSpec, w: WorkerState, now: datetime, last_progres
 
 
 def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime,
-             last_progress: datetime | None = None) -> FailureKind | None:
+             last_progress: datetime | None = None, disrupted: bool = False) -> FailureKind | None:
     """Why this worker counts as failed, or None when it does not; `last_progress`: when the job last advanced,
-    None when that is unknown."""
+    None when that is unknown; `disrupted`: the cluster is (cluster_disruption), its NotReady nodes are no loss."""
     if w.reason == "Disrupted" and w.phase in (WorkerPhase.FAILED, WorkerPhase.MISSING):
         return FailureKind.DISRUPTED
     if w.phase == WorkerPhase.FAILED:
@@ -162,7 +186,7 @@ def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime,
         return FailureKind.EXIT_CODE
     if w.phase == WorkerPhase.MISSING and w.created:
         return FailureKind.DELETED
-    if node_lost(spec, w, now, last_progress):
+    if not disrupted and node_lost(spec, w, now, last_progress):
         return FailureKind.NODE_LOST
     return None
 
@@ -251,7 +275,8 @@ def _failure(spec: TrainingJobSpec, w: WorkerState, kind: FailureKind) -> Failur
 def _failures(spec: TrainingJobSpec, job: JobView, now: datetime) -> tuple[list[Failure], str]:
     """Every failed worker, the worst first, and what to call it; a hang counts as worker 0's failure."""
     last_progress = None if job.progress_unknown else job.last_progress_time
-    kinds = [(w, k) for w in job.workers if (k := classify(spec, w, now, last_progress)) is not None]
+    kinds = [(w, k) for w in job.workers
+             if (k := classify(spec, w, now, last_progress, job.disruption is not None)) is not None]
     what = ""
     if not kinds and no_progress(spec, job, now):
         kinds = [(job.workers[0], FailureKind.NO_PROGRESS)]
@@ -402,7 +427,7 @@ def next_deadline(spec: TrainingJobSpec, job: JobView, now: datetime, default: f
         at.append(job.start_time + timedelta(seconds=spec.active_deadline_seconds))
     last_progress = None if job.progress_unknown else job.last_progress_time
     for w in job.workers:  # when a NotReady node's grace could run out (node_lost)
-        if w.node_not_ready_since is not None:
+        if w.node_not_ready_since is not None and job.disruption is None:
             since = max(t for t in (w.node_not_ready_since, last_progress) if t is not None)
             at.append(since + timedelta(seconds=policy.node_not_ready_grace_seconds))
     return max(0.5, min([default, *((t - now).total_seconds() for t in at)]))

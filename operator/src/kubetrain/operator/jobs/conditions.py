@@ -225,15 +225,20 @@ def announce(conditions: list[dict[str, Any]], want: Want) -> bool:
 
 
 def nodes_not_ready(job: TrainingJob, current: list[dict[str, Any]], nodes: Mapping[str, datetime | None],
-                    last_progress: datetime | None, now: datetime) -> Want:
+                    last_progress: datetime | None, now: datetime, disruption: str | None = None) -> Want:
     """NodesNotReady: the NotReady nodes of the current generation's workers, and whether the job still makes
-    progress despite them (then the gang is kept: its ranks there still train); `nodes`: NotReady since."""
+    progress despite them (then the gang is kept: its ranks there still train); `nodes`: NotReady since;
+    `disruption`: why the cluster looks disrupted (then the gang waits, whatever its progress)."""
     down = {node: since for p in current
             if (since := nodes.get(node := (p.get("spec") or {}).get("nodeName") or "")) is not None}
     if not down:
         return Want(NODES_NOT_READY, False, R.NODES_READY, "every worker's node is Ready", bad_value=True)
     since, names = min(down.values()), ", ".join(sorted(down))
     grace = job.spec.restart_policy.node_not_ready_grace_seconds
+    if disruption is not None:
+        return Want(NODES_NOT_READY, True, R.CLUSTER_DISRUPTION,
+                    f"node {names} NotReady since {format_time(since)}; {disruption}: the gang is not restarted "
+                    "for it while the disruption lasts", bad_value=True)
     if progressing_despite(since, last_progress, now, timedelta(seconds=grace)):
         then = "the job still makes progress, so its workers there still train: the gang is not restarted"
     else:

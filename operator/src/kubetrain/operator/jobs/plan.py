@@ -10,6 +10,7 @@ talks to the API server or reads a clock.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from kubetrain.core.lifecycle import (
     Reason,
     WorkerPhase,
     WorkerState,
+    cluster_disruption,
     phase_conditions,
     set_condition,
     step,
@@ -157,6 +159,8 @@ class Observation:
     nodes: Mapping[str, datetime | None]
     """Node name -> since when it is not Ready (None: Ready)."""
     now: datetime
+    node_count: int = 0
+    """How many nodes the cluster has, as the node cache knows them (0: unknown, never a disruption)."""
     progress: Progress | None = None
     """Rank 0's newest progress record."""
     claim_phase: str | None = None
@@ -202,13 +206,14 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
         return Plan(queue=q)  # another controller (MultiKueue) runs it: only its Workload is ours
     if kueue.kueue_queue(job) is not None:  # spec.suspend belongs to Kueue's admission: what it says holds now
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": q.hold})})
+    disruption = cluster_disruption(sum(1 for v in seen.nodes.values() if v is not None), seen.node_count)
     observed = observe(job.spec, old, ours, seen.nodes, seen.progress, seen.gone, seen.progress_refused)
-    t = step(job.spec, old, observed, now)
+    t = step(job.spec, old, dataclasses.replace(observed, disruption=disruption), now)
     if t.status.phase in FINISHED_PHASES and old.phase not in FINISHED_PHASES:
         # The job ends in this plan: its Workload is finished with it, not on whatever event comes next
         # (the echo of this plan's own status write re-plans nothing).
         q = kueue.plan_queue(job, body, view, gang_gone, t.status.phase, template, now)
-    lost = set(_lost(job.spec, ours, seen.nodes, now))
+    lost = set(_lost(job.spec, ours, seen.nodes, now)) if disruption is None else set()
     out = Plan(requeue_after=t.requeue_after, decision=t.decision, queue=q)
     if q.condition is not None and q.condition[1] in kueue.LOOK_AGAIN:  # no event says when it is installed
         out.requeue_after = min(out.requeue_after or kueue.LOOK_AGAIN_SECONDS, kueue.LOOK_AGAIN_SECONDS)
@@ -218,7 +223,7 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
         _patch(out, name, "annotations", notes)
     if t.decision is not None:
         blocked = Blocked(seen.claim_phase, seen.create_refused, seen.foreign, tuple(unknown), seen.nodes,
-                          _last_progress(observed, t.status))
+                          _last_progress(observed, t.status), disruption)
         status = _presented(job, body, ours, t, blocked, now, out)
         if status != old.dump():
             out.status = status
@@ -362,6 +367,8 @@ class Blocked:
     """NotReady nodes: name -> since when (the node cache's)."""
     last_progress: datetime | None = None
     """When the job last advanced (status.lastProgressTime); None: unknown, or rank 0 cannot report it."""
+    disruption: str | None = None
+    """Why the cluster looks disrupted (lifecycle.cluster_disruption); None: it does not."""
 
 
 def _presented(
@@ -394,7 +401,7 @@ def _side_conditions(
     raw, queued = kueue.admitted_condition([x.dump() for x in conds], out.queue, now)
     if queued is not None:
         out.events.append(queued)
-    down = nodes_not_ready(job, current, blocked.nodes, blocked.last_progress, now)
+    down = nodes_not_ready(job, current, blocked.nodes, blocked.last_progress, now, blocked.disruption)
     for want in (checkpoints_durable(job), stuck or workers_blocked(job, pods, blocked.claim_phase),
                  operator_outdated(blocked.unknown, started=True), down):
         if want is not stuck and announce(raw, want):
