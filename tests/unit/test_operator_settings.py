@@ -36,7 +36,7 @@ VALUES = Path(__file__).resolve().parents[2] / "charts" / "kubetrain" / "values.
 def test_nothing_set_gives_the_defaults_and_no_leader_election() -> None:
     s = parse_settings([], {})
     assert s == OperatorSettings()
-    assert (s.namespace, s.metrics_port, s.create_parallelism, s.reconcile_workers) == (None, 8080, 32, 16)
+    assert (s.namespaces, s.metrics_port, s.create_parallelism, s.reconcile_workers) == ((), 8080, 32, 16)
     assert s.builders == b.WorkerSettings() and s.leader_election is None
 
 
@@ -45,7 +45,7 @@ def test_the_environment_the_chart_sets_is_read() -> None:
            ENV_RECONCILE_WORKERS: "4", ENV_NAMESPACE: "ml", ENV_API_QPS: "12.5", ENV_API_BURST: "25"}
     s = parse_settings([], env)
     assert s.builders.trainer_image == "registry.local/trainer:1"
-    assert (s.metrics_port, s.create_parallelism, s.reconcile_workers, s.namespace) == (0, 64, 4, "ml")
+    assert (s.metrics_port, s.create_parallelism, s.reconcile_workers, s.namespaces) == (0, 64, 4, ("ml",))
     assert (s.api_qps, s.api_burst) == (12.5, 25)
 
 
@@ -63,15 +63,38 @@ def test_the_chart_sets_the_same_names_with_the_same_defaults() -> None:
 
 
 def test_the_namespace_flag_wins_over_the_environment() -> None:
-    assert parse_settings(["--namespace", "a"], {ENV_NAMESPACE: "b"}).namespace == "a"
-    assert parse_settings([], {ENV_NAMESPACE: ""}).namespace is None
+    assert parse_settings(["--namespace", "a"], {ENV_NAMESPACE: "b"}).namespaces == ("a",)
+    assert parse_settings([], {ENV_NAMESPACE: ""}).namespaces == ()
+
+
+def test_several_namespaces_come_comma_separated_or_as_repeated_flags_in_order_each_once() -> None:
+    assert parse_settings(["--namespace=b,a"], {}).namespaces == ("b", "a")
+    assert parse_settings(["--namespace", "b", "--namespace", "a, c,,b"], {}).namespaces == ("b", "a", "c")
+    assert parse_settings([], {ENV_NAMESPACE: " team-a,team-b ,"}).namespaces == ("team-a", "team-b")
+    assert parse_settings(["--namespace="], {ENV_NAMESPACE: "x"}).namespaces == ()  # an empty flag: every one
+
+
+def test_the_operators_lists_and_watches_go_to_each_namespace_or_to_the_whole_cluster() -> None:
+    assert OperatorSettings(namespaces=("a", "b")).scopes() == ("a", "b")
+    assert OperatorSettings().scopes() == (None,)
+
+
+@pytest.mark.parametrize("given", ["ml-*", "Team", "a_b", "-a", "x" * 64])
+def test_a_name_that_is_no_namespaces_is_refused(given: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings([f"--namespace=ok,{given}"], {})
+    assert exc.value.code == 2
+    with pytest.raises(ValueError, match="not a namespace"):
+        OperatorSettings(namespaces=(given,))
+    with pytest.raises(ValueError, match="twice"):
+        OperatorSettings(namespaces=("a", "a"))
 
 
 def test_leader_election_takes_the_lease_in_the_pods_namespace_by_default() -> None:
     s = parse_settings(["--leader-elect"], {ENV_POD_NAMESPACE: "ops", ENV_LEADER_ID: "replica-a"})
     assert s.leader_election == LeaderElection(namespace="ops", lease="kubetrain-operator", identity="replica-a")
-    s = parse_settings(["--leader-elect", "--namespace", "ml"], {})
-    assert s.leader_election is not None and s.leader_election.namespace == "ml"
+    s = parse_settings(["--leader-elect", "--namespace", "ml,dev"], {})
+    assert s.leader_election is not None and s.leader_election.namespace == "ml"  # the first watched
     s = parse_settings(["--leader-elect", "--leader-elect-lease", "l", "--leader-elect-namespace", "x"],
                        {ENV_POD_NAMESPACE: "ops"})
     assert s.leader_election is not None and (s.leader_election.namespace, s.leader_election.lease) == ("x", "l")

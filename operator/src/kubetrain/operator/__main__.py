@@ -21,8 +21,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     # kopf only feeds the caches (event handlers, nothing written by kopf), so every replica runs it
     # standalone; the Lease decides who acts.
     asyncio.run(kopf.operator(
-        clusterwide=settings.namespace is None,
-        namespaces=[settings.namespace] if settings.namespace else (),
+        clusterwide=not settings.namespaces,
+        namespaces=list(settings.namespaces),
         standalone=True,
         liveness_endpoint=settings.liveness,
         memo=OperatorMemo(settings),

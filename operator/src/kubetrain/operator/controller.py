@@ -42,7 +42,7 @@ class Controller(JobController):
         super()._lead(leading)
         self.sweeps.set_leading(leading)
 
-    async def _fill_cache(self) -> PodList:
+    async def _fill_cache(self) -> list[PodList]:
         listed = await super()._fill_cache()
-        await self.sweeps.fill(self.settings.namespace)
+        await self.sweeps.fill(self.settings.scopes())
         return listed

@@ -25,7 +25,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -317,13 +317,22 @@ class Creation:
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """Jobs and nodes as one LIST each returned them (plain dicts; the pods are the pod watch's), with the
-    versions of the two snapshots."""
+class JobList:
+    """The jobs one LIST returned (plain dicts) and the version of its snapshot."""
 
     jobs: list[dict[str, Any]]
+    version: str = "0"
+    scope: str | None = None
+    """The namespace listed (None: every namespace): a job cached elsewhere is not missing from it."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Jobs (one LIST per watched namespace, or one over the cluster) and nodes, as plain dicts (the pods are
+    the pod watches'), with the versions of their snapshots."""
+
+    jobs: list[JobList]
     nodes: list[dict[str, Any]]
-    jobs_version: str = "0"
     nodes_version: str = "0"
 
 
@@ -353,9 +362,15 @@ class Applier:
 
     # ------------------------------------------------------------------ reads
 
-    def list_all(self, namespace: str | None) -> Snapshot:
-        """LIST jobs and nodes, page by page (blocking; run it with io())."""
-        core, custom = self.apis.core, self.apis.custom
+    def list_all(self, scopes: Iterable[str | None]) -> Snapshot:
+        """LIST the jobs in each scope (a namespace; None: every namespace) and the nodes, page by page
+        (blocking; run it with io())."""
+        jobs = [self._list_jobs(scope) for scope in scopes]
+        nodes, nodes_version = list_pages(self.apis.core.list_node, sanitize=self.sanitize)
+        return Snapshot(jobs, nodes, nodes_version)
+
+    def _list_jobs(self, namespace: str | None) -> JobList:
+        custom = self.apis.custom
         if namespace:
             items, version = list_pages(custom.list_namespaced_custom_object, api.GROUP, api.VERSION, namespace,
                                         api.PLURAL)
@@ -364,8 +379,7 @@ class Applier:
         for job in items:  # a LIST's items carry neither
             job.setdefault("apiVersion", api.API_VERSION)
             job.setdefault("kind", api.KIND)
-        nodes, nodes_version = list_pages(core.list_node, sanitize=self.sanitize)
-        return Snapshot(items, nodes, version, nodes_version)
+        return JobList(items, version, namespace)
 
     def _node_not_ready_since(self, name: str, now: datetime) -> datetime | None:
         try:

@@ -23,7 +23,16 @@ from kubetrain.core import contract
 from kubetrain.core.progress import Progress
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs.pod_facts import disrupted
-from kubetrain.operator.runtime.objects import DELETED, Key, owned_by, resource_version, slim, uid_of, version_number
+from kubetrain.operator.runtime.objects import (
+    DELETED,
+    Key,
+    in_scope,
+    owned_by,
+    resource_version,
+    slim,
+    uid_of,
+    version_number,
+)
 
 
 def node_not_ready_since(node: dict[str, Any], now: datetime) -> datetime | None:
@@ -277,24 +286,27 @@ class WatchCache:
             entry.tombstones.pop(name, None)
         return changed
 
-    def jobs_missing_from(self, listed: list[dict[str, Any]], version: str) -> list[Key]:
+    def jobs_missing_from(self, listed: list[dict[str, Any]], version: str, scope: str | None = None) -> list[Key]:
         """The cached jobs a LIST at `version` lacks though they are no newer than it: deleted while no watch
-        told (a relist after a gap, a standby's takeover)."""
+        told (a relist after a gap, a standby's takeover). Only those in the LIST's `scope` (its namespace;
+        None: the cluster): another namespace's jobs are not in it."""
         names = {(j["metadata"].get("namespace") or "", j["metadata"]["name"]) for j in listed}
         at = version_number(version)
-        return [key for key, entry in self._jobs.items() if key not in names and resource_version(entry.body) <= at]
+        return [key for key, entry in self._jobs.items()
+                if in_scope(key[0], scope) and key not in names and resource_version(entry.body) <= at]
 
     def nodes_missing_from(self, listed: list[dict[str, Any]]) -> list[str]:
         """The NotReady nodes kept that a LIST of nodes lacks: deleted since."""
         names = {n["metadata"]["name"] for n in listed}
         return [name for name in self.nodes if name not in names]
 
-    def missing_from(self, listed: list[dict[str, Any]], version: str) -> list[dict[str, Any]]:
+    def missing_from(self, listed: list[dict[str, Any]], version: str, scope: str | None = None) -> list[dict[str, Any]]:
         """The cached pods a LIST at `version` lacks though they are no newer than it: deleted since they
-        were cached. (A pod cached from the response to a create after the LIST is newer and stays.)"""
+        were cached. (A pod cached from the response to a create after the LIST is newer and stays.) Only
+        those in the LIST's `scope`, as jobs_missing_from."""
         names = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in listed}
         at = version_number(version)
-        return [pod for (ns, _), entry in self._jobs.items() for name, pod in entry.pods.items()
+        return [pod for (ns, _), entry in self._jobs.items() if in_scope(ns, scope) for name, pod in entry.pods.items()
                 if (ns, name) not in names and resource_version(pod) <= at]
 
     def mark_deleting(self, key: Key, pod: str, now: datetime) -> None:

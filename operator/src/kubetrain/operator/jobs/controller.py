@@ -37,7 +37,7 @@ from kubetrain.operator.jobs.pod_watch import Event, PodList, PodWatch
 from kubetrain.operator.kueue.io import KueueIO
 from kubetrain.operator.kueue.plan import QueueView
 from kubetrain.operator.runtime import metrics
-from kubetrain.operator.runtime.objects import DELETED, Key, resource_version, retry_after, uid_of
+from kubetrain.operator.runtime.objects import DELETED, Key, namespace_of, resource_version, retry_after, uid_of
 from kubetrain.operator.runtime.ratelimit import TokenBucket
 from kubetrain.operator.runtime.settings import OperatorSettings
 from kubetrain.operator.runtime.workqueue import RetryLater, WorkQueue
@@ -86,7 +86,7 @@ class JobController:
         self.settings = settings
         self.clock = clock
         self.cache = WatchCache()
-        self.queue: WorkQueue[Key] = WorkQueue()
+        self.queue: WorkQueue[Key] = WorkQueue(fair_by=namespace_of)
         self.applier = Applier(Apis.of(api_client), self.cache, settings.create_parallelism, clock,
                                patch_failed=self.queue.add,  # planned again from the pod as it is
                                limit=TokenBucket(settings.api_qps, settings.api_burst, time.monotonic()))
@@ -98,7 +98,8 @@ class JobController:
         self.paces: dict[Key, float] = {}
         """Per job, the pause of its paced pod events (`pace` of its last plan)."""
         self.tasks: list[asyncio.Task[None]] = []
-        self.pod_watch = PodWatch(api_client, settings.namespace, self.pod_events, self.pods_listed)
+        self.pod_watches = [PodWatch(api_client, scope, self.pod_events, self.pods_listed)
+                            for scope in settings.scopes()]
 
     # ------------------------------------------------------------------ watch events
 
@@ -124,9 +125,10 @@ class JobController:
             self.pod_event(kind, body)
 
     def pods_listed(self, listed: PodList) -> None:
-        """A LIST of every worker pod: each pod as it is, and each cached pod the list lacks (one no newer
-        than the list) as deleted: its DELETED event fell in a gap of the watch."""
-        for gone in self.cache.missing_from(listed.pods, listed.resource_version):
+        """A LIST of the worker pods (in one watched namespace, or all): each pod as it is, and each cached pod
+        there the list lacks (one no newer than the list) as deleted: its DELETED event fell in a gap of the
+        watch."""
+        for gone in self.cache.missing_from(listed.pods, listed.resource_version, listed.scope):
             self.pod_event(DELETED, gone)
         for pod in listed.pods:
             self.pod_event(None, pod)
@@ -157,7 +159,8 @@ class JobController:
         """Fill the caches and start the workers; they reconcile at once without leader election,
         else only after start_leading()."""
         listed = await self._fill_cache()
-        self.pod_watch.start(asyncio.get_running_loop(), listed.resource_version)
+        for watch, pods in zip(self.pod_watches, listed, strict=True):
+            watch.start(asyncio.get_running_loop(), pods.resource_version)
         self.tasks = [asyncio.create_task(self.queue.serve(self.settings.reconcile_workers, self.reconcile)),
                       asyncio.create_task(self._gauges())]
         if self.settings.leader_election is None:
@@ -172,7 +175,8 @@ class JobController:
         self._lead(False)
 
     async def stop(self) -> None:
-        self.pod_watch.stop()
+        for watch in self.pod_watches:
+            watch.stop()
         for t in self.tasks:
             t.cancel()
         for t in self.tasks:
@@ -184,23 +188,27 @@ class JobController:
         self.queue.set_leading(leading)
         metrics.LEADER.set(int(leading))
 
-    async def _fill_cache(self) -> PodList:
-        """LIST jobs, pods, nodes and Workloads, so that no decision is taken on a half-filled cache (a pod not
-        yet seen would look deleted); watch events keep them fresh after. Jobs first: the cache
-        keeps pods only under a job it knows. The pods' list (the pod watch starts from its version)."""
-        snapshot = await self.applier.io(self.applier.list_all, self.settings.namespace)
-        for key in self.cache.jobs_missing_from(snapshot.jobs, snapshot.jobs_version):
-            self.forget(key)  # deleted while no watch told: nothing is kept (nor reconciled) for it
-        for job in snapshot.jobs:
-            self.job_event(None, job)
-        listed = await self.applier.io(self.pod_watch.list)
-        self.pods_listed(listed)
+    async def _fill_cache(self) -> list[PodList]:
+        """LIST jobs, pods, nodes and Workloads (in each watched namespace, or the cluster), so that no decision
+        is taken on a half-filled cache (a pod not yet seen would look deleted); watch events keep them fresh
+        after. Jobs first: the cache keeps pods only under a job it knows. The pods' lists, one per pod watch
+        (each watch starts from its own list's version)."""
+        snapshot = await self.applier.io(self.applier.list_all, self.settings.scopes())
+        for jobs in snapshot.jobs:
+            for key in self.cache.jobs_missing_from(jobs.jobs, jobs.version, jobs.scope):
+                self.forget(key)  # deleted while no watch told: nothing is kept (nor reconciled) for it
+            for job in jobs.jobs:
+                self.job_event(None, job)
+        listed = [await self.applier.io(watch.list) for watch in self.pod_watches]
+        for pods in listed:
+            self.pods_listed(pods)
         for name in self.cache.nodes_missing_from(snapshot.nodes):
             self.cache.nodes.pop(name, None)
         for node in snapshot.nodes:
             self.node_event(None, node)
-        for wl in await self.applier.io(self.kueue.list_workloads, self.settings.namespace):
-            self.workload_event(None, wl)
+        for scope in self.settings.scopes():
+            for wl in await self.applier.io(self.kueue.list_workloads, scope):
+                self.workload_event(None, wl)
         return listed
 
     async def _gauges(self) -> None:

@@ -63,6 +63,8 @@ class PodList:
     pods: list[dict[str, Any]]
     resource_version: str
     """The list's own version: the state it shows; a watch from it misses nothing after."""
+    scope: str | None = None
+    """The namespace listed (None: every namespace): a pod cached elsewhere is not missing from it."""
 
 
 def events_of(lines: list[bytes]) -> tuple[list[Event], str | None]:
@@ -97,7 +99,8 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[list[bytes]]:
 
 
 class PodWatch:
-    """LIST and WATCH of the worker pods in one namespace (or all), on a thread of its own.
+    """LIST and WATCH of the worker pods in one namespace (or all), on a thread of its own; an operator that
+    watches several namespaces runs one per namespace (a namespaced Role allows no cluster-wide LIST).
 
     `on_events` receives each batch of events and `on_list` each re-LIST, both on the event loop."""
 
@@ -129,12 +132,13 @@ class PodWatch:
         for pod in pods:  # a LIST's items carry neither
             pod.setdefault("apiVersion", "v1")
             pod.setdefault("kind", "Pod")
-        return PodList(pods, version)
+        return PodList(pods, version, self.namespace)
 
     def start(self, loop: asyncio.AbstractEventLoop, resource_version: str) -> None:
         """Watch from `resource_version` (a LIST's) on, until stop()."""
         self._loop = loop
-        self._thread = threading.Thread(target=self._run, args=(resource_version,), name="pod-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(resource_version,),
+                                        name=f"pod-watch-{self.namespace or 'all'}", daemon=True)
         self._thread.start()
 
     def _hand_over(self, receiver: Callable[[Any], None], what: Any) -> None:

@@ -10,8 +10,20 @@ from kubetrain.core.api import API_VERSION, KIND
 
 Key = tuple[str, str]
 """(namespace, name) of an object: a TrainingJob, a TrainingSweep."""
+
 DELETED = "DELETED"
 """The watch event type of a deletion (other types, and None for a LIST, all mean "as it is now")."""
+
+
+def namespace_of(key: Key) -> str:
+    """The namespace of a key: what the work queues share their workers fairly between."""
+    return key[0]
+
+
+def in_scope(namespace: str, scope: str | None) -> bool:
+    """Whether an object in `namespace` is one a LIST or watch over `scope` (a namespace; None: the cluster)
+    shows."""
+    return scope is None or namespace == scope
 
 
 def version_number(version: str | None) -> int:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import socket
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from kubetrain.core.pod_template import PodPolicy
 # The operator's own environment (the chart's Deployment sets these; workers never see them).
 ENV_TRAINER_IMAGE = "KUBETRAIN_TRAINER_IMAGE"
 ENV_NAMESPACE = "KUBETRAIN_NAMESPACE"
+"""Comma-separated namespaces the operator watches (as --namespace); unset: every namespace."""
 ENV_METRICS_PORT = "KUBETRAIN_METRICS_PORT"
 ENV_CREATE_PARALLELISM = "KUBETRAIN_CREATE_PARALLELISM"
 ENV_RECONCILE_WORKERS = "KUBETRAIN_RECONCILE_WORKERS"
@@ -43,6 +45,9 @@ NETWORK_POLICY_PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")
 """The fields of a networking.k8s.io/v1 NetworkPolicyPeer."""
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 """The operator pod's own namespace (Downward API): where its Lease lives by default."""
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A namespace's name (an RFC 1123 label). kopf would also take a glob, which the operator's own LISTs and
+watches could not follow: refused."""
 
 
 SIGTERM_CHECKPOINT_GRACE = 300
@@ -108,8 +113,8 @@ class LeaderElection:
 class OperatorSettings:
     builders: WorkerSettings = field(default_factory=WorkerSettings)
     """What goes into the children (the default trainer image, from KUBETRAIN_TRAINER_IMAGE)."""
-    namespace: str | None = None
-    """Watch this namespace only (--namespace, KUBETRAIN_NAMESPACE); None: every namespace."""
+    namespaces: tuple[str, ...] = ()
+    """Watch these namespaces only (--namespace, KUBETRAIN_NAMESPACE; comma-separated); empty: every namespace."""
     metrics_port: int = 8080
     """Prometheus endpoint (KUBETRAIN_METRICS_PORT); 0 turns it off."""
     create_parallelism: int = 32
@@ -130,6 +135,10 @@ class OperatorSettings:
     verbose: bool = False
 
     def __post_init__(self) -> None:
+        if bad := [n for n in self.namespaces if not NAMESPACE_NAME.fullmatch(n)]:
+            raise ValueError(f"not a namespace's name: {', '.join(map(repr, bad))}")
+        if len(set(self.namespaces)) != len(self.namespaces):
+            raise ValueError(f"a namespace is named twice: {', '.join(self.namespaces)}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics port out of range: {self.metrics_port}")
         if self.create_parallelism < 1 or self.reconcile_workers < 1:
@@ -139,19 +148,27 @@ class OperatorSettings:
             raise ValueError(f"{ENV_API_QPS} ({self.api_qps}) must be at least 0 and {ENV_API_BURST} "
                              f"({self.api_burst}) at least 1")
 
+    def scopes(self) -> tuple[str | None, ...]:
+        """Where each of the operator's own LISTs and watches goes: one per watched namespace, or one over the
+        whole cluster (None) when it watches every namespace."""
+        return self.namespaces or (None,)
+
 
 DEFAULTS = OperatorSettings()
 
 
 def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kubetrain-operator")
-    p.add_argument("--namespace", default=env.get(ENV_NAMESPACE) or None, help="watch one namespace only")
+    # Repeatable and comma-separated; argparse's append would add to a default, so the environment is
+    # read in parse_settings, only where no flag is given.
+    p.add_argument("--namespace", action="append", metavar="NS[,NS...]",
+                   help=f"watch these namespaces only (repeatable; default: ${ENV_NAMESPACE}, else every namespace)")
     p.add_argument("--leader-elect", action="store_true",
                    help="several replicas: only the holder of a coordination.k8s.io Lease reconciles, the others "
                         "keep warm caches and take over when it goes")
     p.add_argument("--leader-elect-lease", default=LeaderElection.lease, help="the Lease's name")
     p.add_argument("--leader-elect-namespace", default=None,
-                   help="the Lease's namespace (default: $POD_NAMESPACE, else the watched namespace, else "
+                   help="the Lease's namespace (default: $POD_NAMESPACE, else the first watched namespace, else "
                         f"{LeaderElection.namespace})")
     p.add_argument("--liveness", default=env.get(ENV_LIVENESS) or DEFAULTS.liveness, help="kopf's health endpoint")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -222,10 +239,16 @@ def worker_network_policy(raw: str | None) -> WorkerNetworkPolicy | None:
     return WorkerNetworkPolicy(metrics_from=tuple(peers)) if given.get("enabled") else None
 
 
-def _leader_election(args: argparse.Namespace, env: Mapping[str, str]) -> LeaderElection | None:
+def names(lists: Iterable[str]) -> tuple[str, ...]:
+    """Comma-separated lists of names as one tuple, in order, each once (blanks skipped)."""
+    return tuple(dict.fromkeys(n.strip() for raw in lists for n in raw.split(",") if n.strip()))
+
+
+def _leader_election(args: argparse.Namespace, env: Mapping[str, str],
+                     namespaces: tuple[str, ...]) -> LeaderElection | None:
     if not args.leader_elect:
         return None
-    namespace = (args.leader_elect_namespace or env.get(ENV_POD_NAMESPACE) or args.namespace
+    namespace = (args.leader_elect_namespace or env.get(ENV_POD_NAMESPACE) or next(iter(namespaces), None)
                  or LeaderElection.namespace)
     identity = env.get(ENV_LEADER_ID) or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     return LeaderElection(namespace=namespace, lease=args.leader_elect_lease, identity=identity)
@@ -235,24 +258,24 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operat
     """The settings from a command line (None: sys.argv) and an environment; exits on a bad value."""
     p = _parser(env)
     args = p.parse_args(argv)
+    namespaces = names(args.namespace if args.namespace is not None else [env.get(ENV_NAMESPACE) or ""])
     try:
         return OperatorSettings(
             builders=WorkerSettings(
                 trainer_image=env.get(ENV_TRAINER_IMAGE) or DEFAULTS.builders.trainer_image,
                 coscheduling_scheduler=env.get(ENV_COSCHEDULING_SCHEDULER) or DEFAULTS.builders.coscheduling_scheduler,
                 pod_policy=pod_policy(env.get(ENV_POD_POLICY)),
-                queue_required_in=frozenset(n.strip() for n in (env.get(ENV_QUEUE_REQUIRED_IN) or "").split(",")
-                                            if n.strip()),
+                queue_required_in=frozenset(names([env.get(ENV_QUEUE_REQUIRED_IN) or ""])),
                 network_policy=worker_network_policy(env.get(ENV_WORKER_NETWORK_POLICY)),
             ),
-            namespace=args.namespace,
+            namespaces=namespaces,
             metrics_port=_env_int(p, env, ENV_METRICS_PORT, DEFAULTS.metrics_port),
             create_parallelism=_env_int(p, env, ENV_CREATE_PARALLELISM, DEFAULTS.create_parallelism),
             reconcile_workers=_env_int(p, env, ENV_RECONCILE_WORKERS, DEFAULTS.reconcile_workers),
             api_qps=_env_float(p, env, ENV_API_QPS, DEFAULTS.api_qps),
             api_burst=_env_int(p, env, ENV_API_BURST, DEFAULTS.api_burst),
             liveness=args.liveness,
-            leader_election=_leader_election(args, env),
+            leader_election=_leader_election(args, env, namespaces),
             verbose=args.verbose,
         )
     except ValueError as exc:

@@ -8,6 +8,9 @@
 - `forget(key)`: whatever is queued or due for a key that went away is dropped, and a worker
   busy with it does not requeue it.
 - Keys are handed out only while leading (leader election); meanwhile they wait, deduplicated.
+- Fair between groups (`fair_by(key)`: a job's namespace): `take` serves the groups with keys ready in
+  turn, each group's keys in the order they came, so a namespace that queued 500 jobs delays another's
+  one by a single reconcile, not by 500. Without `fair_by`, one group: first in, first out.
 - `backoff(key)`: the delay before a failed key is tried again, doubling with each failure in a
   row (`retry_after` up to `max_retry_after`) until `reset(key)`; work that raised is retried so, or
   later when it raised RetryLater (the server said when: a 429's Retry-After).
@@ -33,6 +36,10 @@ log = logging.getLogger("kubetrain.operator")
 K = TypeVar("K", bound=Hashable)
 
 
+def _one_group(key: Hashable) -> None:
+    """Every key in the same group: plain first in, first out."""
+
+
 class RetryLater(Exception):
     """The work failed and its server said when to try again (seconds): not before that, nor before the
     backoff."""
@@ -44,14 +51,18 @@ class RetryLater(Exception):
 
 class WorkQueue(Generic[K]):
     def __init__(self, clock: Callable[[], float] = time.monotonic, retry_after: float = 2.0,
-                 max_retry_after: float = 60.0):
+                 max_retry_after: float = 60.0, fair_by: Callable[[K], Hashable] = _one_group):
         self._clock = clock
+        self._group = fair_by
         self.retry_after = retry_after
         """Delay before a key that failed once is tried again."""
         self.max_retry_after = max_retry_after
         self._failures: dict[K, int] = {}
         """Failures in a row, per key, since its last reset()."""
-        self._ready: deque[K] = deque()
+        self._ready: dict[Hashable, deque[K]] = {}
+        """Per group, its keys waiting for a worker, oldest first; only groups with keys waiting."""
+        self._turns: deque[Hashable] = deque()
+        """The groups in _ready, the one whose turn it is first."""
         self._queued: set[K] = set()
         """The keys in _ready."""
         self._active: set[K] = set()
@@ -71,7 +82,7 @@ class WorkQueue(Generic[K]):
 
     def __len__(self) -> int:
         """Keys waiting for a worker (not those due later, nor those being worked on)."""
-        return len(self._ready)
+        return len(self._queued)
 
     def __contains__(self, key: object) -> bool:
         """Whether the queue holds anything for `key`: queued, due, or with a worker."""
@@ -101,7 +112,11 @@ class WorkQueue(Generic[K]):
             self._dirty.add(key)
         elif key not in self._queued:
             self._queued.add(key)
-            self._ready.append(key)
+            group = self._group(key)
+            if group not in self._ready:  # a group with nothing waiting joins at the end of the round
+                self._ready[group] = deque()
+                self._turns.append(group)
+            self._ready[group].append(key)
             self._work_ready.set()
 
     def add_after(self, key: K, delay: float) -> None:
@@ -125,7 +140,11 @@ class WorkQueue(Generic[K]):
         self._dirty.discard(key)
         if key in self._queued:
             self._queued.discard(key)
-            self._ready.remove(key)
+            group = self._group(key)
+            self._ready[group].remove(key)
+            if not self._ready[group]:
+                del self._ready[group]
+                self._turns.remove(group)
         if key in self._active:
             self._dropped.add(key)
 
@@ -169,9 +188,15 @@ class WorkQueue(Generic[K]):
 
     def take(self) -> K | None:
         """The next key for a worker (now being worked on), or None: none queued, or not leading."""
-        if not self._leading or not self._ready:
+        if not self._leading or not self._turns:
             return None
-        key = self._ready.popleft()
+        group = self._turns.popleft()
+        keys = self._ready[group]
+        key = keys.popleft()
+        if keys:  # the group's next key waits for the other groups' turns
+            self._turns.append(group)
+        else:
+            del self._ready[group]
         self._queued.discard(key)
         self._active.add(key)
         return key

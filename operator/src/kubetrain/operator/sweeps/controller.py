@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
 from kubetrain.core.api import TrialState
 from kubetrain.operator.jobs.apply import Applier
 from kubetrain.operator.runtime import metrics
-from kubetrain.operator.runtime.objects import DELETED, Key
+from kubetrain.operator.runtime.objects import DELETED, Key, namespace_of
 from kubetrain.operator.runtime.workqueue import WorkQueue
 from kubetrain.operator.sweeps import plan as sw
 from kubetrain.operator.sweeps.apply import Outcome, SweepApplier
@@ -36,7 +36,7 @@ RECHECK_SECONDS = 5.0
 class SweepController:
     def __init__(self, applier: Applier, workers: int, clock: Callable[[], datetime]):
         self.cache = SweepCache()
-        self.queue: WorkQueue[Key] = WorkQueue()
+        self.queue: WorkQueue[Key] = WorkQueue(fair_by=namespace_of)
         self.io = SweepApplier(applier, self.cache)
         self.applier = applier
         self.workers = workers
@@ -64,10 +64,12 @@ class SweepController:
 
     # ------------------------------------------------------------------ lifecycle (driven by the job controller)
 
-    async def fill(self, namespace: str | None) -> None:
-        """LIST the sweeps (their trial jobs come with the job controller's LIST of TrainingJobs)."""
-        for sweep in await self.applier.io(self.io.list_sweeps, namespace):
-            self.sweep_event(None, sweep)
+    async def fill(self, scopes: Iterable[str | None]) -> None:
+        """LIST the sweeps in each scope (a namespace; None: every namespace); their trial jobs come with the
+        job controller's LISTs of TrainingJobs."""
+        for scope in scopes:
+            for sweep in await self.applier.io(self.io.list_sweeps, scope):
+                self.sweep_event(None, sweep)
 
     async def serve(self) -> None:
         await self.queue.serve(self.workers, self.reconcile)
