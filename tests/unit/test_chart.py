@@ -133,6 +133,31 @@ def test_namespaced_mode(helm_ok: None) -> None:
     assert "--namespace=ml" in ht.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_namespaced_mode_watches_each_listed_namespace(helm_ok: None) -> None:
+    docs = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespaces": ["team-a", "team-b", "team-a"]})
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}  # one each, the duplicate once
+    assert roles["team-a"]["rules"] == roles["team-b"]["rules"] and any("pods" in r["resources"]
+                                                                      for r in roles["team-b"]["rules"])
+    for binding in bindings.values():
+        assert binding["roleRef"]["name"] == "kubetrain" and binding["subjects"][0]["namespace"] == "kubetrain"
+    args = ht.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a,team-b"]
+    for name in ("kubetrain-admission", "kubetrain-worker-pods"):
+        selector = ht.find(docs, "ValidatingAdmissionPolicyBinding", name)["spec"]["matchResources"]
+        assert selector["namespaceSelector"]["matchExpressions"] == [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]
+    default = ht.render(set_values={"rbac.scope": "namespaced"}, namespace="ops")  # neither set: the release's
+    assert [d["metadata"]["namespace"] for d in default if d["kind"] == "Role"] == ["ops"]
+    both = ht.helm("template", "x", str(CHART), *ht.value_args(set_values={
+        "rbac.scope": "namespaced", "rbac.watchNamespace": "ml", "rbac.watchNamespaces": ["a"]}), check=False)
+    assert both.returncode != 0 and "both set" in both.stderr
+    bad = ht.helm("template", "x", str(CHART), *ht.value_args(set_values={"rbac.watchNamespaces": ["ml-*"]}),
+                  check=False)
+    assert bad.returncode != 0 and "watchNamespaces" in bad.stderr
+
+
 def test_schema_rejects_bad_values(helm_ok: None) -> None:
     bad = ht.helm("template", "x", str(CHART), "--set", "rbac.scope=everything", check=False)
     assert bad.returncode != 0 and "rbac" in bad.stderr
@@ -384,7 +409,7 @@ def test_the_pod_policy_reaches_the_operator_and_the_api_server_alike(helm_ok: N
     for name in ("kubetrain-admission", "kubetrain-worker-pods"):
         binding = ht.find(namespaced, "ValidatingAdmissionPolicyBinding", name)
         assert binding["spec"]["matchResources"]["namespaceSelector"] == {
-            "matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}]}
 
 
 def test_the_admission_policy_allows_each_fabric_the_capabilities_its_profile_adds(helm_ok: None) -> None:

@@ -37,8 +37,23 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
-{{- define "kubetrain.watchNamespace" -}}
-{{- default .Release.Namespace .Values.rbac.watchNamespace -}}
+{{/* The namespaces watched in `namespaced` scope, as a JSON list (fromJsonArray reads it back):
+rbac.watchNamespaces, else the one rbac.watchNamespace, else the release namespace. */}}
+{{- define "kubetrain.watchNamespaces" -}}
+{{- $many := .Values.rbac.watchNamespaces | default list -}}
+{{- if and $many .Values.rbac.watchNamespace -}}
+{{- fail "rbac.watchNamespace and rbac.watchNamespaces are both set: list every namespace in rbac.watchNamespaces" -}}
+{{- end -}}
+{{- $many | default (list (default .Release.Namespace .Values.rbac.watchNamespace)) | uniq | toJson -}}
+{{- end -}}
+
+{{/* matchResources of an admission policy's binding in `namespaced` scope: the watched namespaces only. */}}
+{{- define "kubetrain.watchNamespaceSelector" -}}
+namespaceSelector:
+  matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: In
+    values: {{ include "kubetrain.watchNamespaces" . }}
 {{- end -}}
 
 {{/* "true" when leader election is on (explicitly, or auto with more than one replica). */}}
