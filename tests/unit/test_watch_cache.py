@@ -354,6 +354,16 @@ def test_a_relist_forgets_the_jobs_and_nodes_it_no_longer_holds_but_not_newer_on
     cache.node_event("MODIFIED", node("n1", ready=False), NOW)
     cache.node_event("MODIFIED", node("gone", ready=False), NOW)
     assert cache.nodes_missing_from([node("n1", ready=False)]) == ["gone"]
+    assert cache.node_names == {"n1"}
+
+
+def test_the_cache_counts_every_node_it_was_told_of() -> None:
+    cache = WatchCache()
+    for name, ready in (("n1", True), ("n2", False), ("n3", True)):
+        cache.node_event("ADDED", node(name, ready=ready), NOW)
+    assert (cache.node_names, set(cache.nodes)) == ({"n1", "n2", "n3"}, {"n2"})  # NotReady ones only in nodes
+    cache.node_event("DELETED", node("n3", ready=True), NOW)
+    assert cache.node_names == {"n1", "n2"}
 
 
 def test_a_list_is_read_page_by_page_and_keeps_its_snapshots_version() -> None:

@@ -89,6 +89,8 @@ class WatchCache:
         self._jobs: dict[Key, _Job] = {}
         self.nodes: dict[str, datetime | None] = {}
         """Node name -> since when it is not Ready (None: Ready); only nodes that reported."""
+        self.node_names: set[str] = set()
+        """Every node the watch or a LIST told of: the cluster's size, for lifecycle.cluster_disruption."""
 
     # ------------------------------------------------------------------ reads
 
@@ -246,6 +248,10 @@ class WatchCache:
     def node_event(self, kind: str | None, body: dict[str, Any], now: datetime) -> list[Key]:
         """Record a node's readiness; the jobs with a pod on it when that changed."""
         name = body["metadata"]["name"]
+        if kind == DELETED:
+            self.node_names.discard(name)
+        else:
+            self.node_names.add(name)
         since = None if kind == DELETED else node_not_ready_since(body, now)
         return self.jobs_on(name) if self.set_node(name, since) else []
 
@@ -296,8 +302,9 @@ class WatchCache:
                 if in_scope(key[0], scope) and key not in names and resource_version(entry.body) <= at]
 
     def nodes_missing_from(self, listed: list[dict[str, Any]]) -> list[str]:
-        """The NotReady nodes kept that a LIST of nodes lacks: deleted since."""
+        """The NotReady nodes kept that a LIST of nodes lacks: deleted since (and forgotten from node_names)."""
         names = {n["metadata"]["name"] for n in listed}
+        self.node_names &= names
         return [name for name in self.nodes if name not in names]
 
     def missing_from(self, listed: list[dict[str, Any]], version: str, scope: str | None = None) -> list[dict[str, Any]]:

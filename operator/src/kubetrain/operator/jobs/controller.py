@@ -255,7 +255,7 @@ class JobController:
             body, overlay(cache.pods(key), self.applier.patches.pending(key)), cache.nodes, self.clock(),
             progress=cache.progress(key), claim_phase=claim_phase, gone=cache.disrupted(key),
             progress_refused=cache.progress_refused(key), create_refused=cache.create_refused(key),
-            foreign=cache.foreign(key), queue=queue)
+            foreign=cache.foreign(key), queue=queue, node_count=len(cache.node_names))
         p = plan(seen, self.settings.builders)
         self.paces[key] = pace(time.perf_counter() - t0)
         return p
