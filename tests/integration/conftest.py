@@ -125,6 +125,12 @@ def namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api) -> Iter
     yield from _fresh_namespace(core_v1, request.node.name, KWOK_NAMESPACE_ANNOTATIONS)
 
 
+@pytest.fixture
+def other_namespace(request: pytest.FixtureRequest, core_v1: client.CoreV1Api) -> Iterator[str]:
+    """A second fresh namespace for kwok pods, as `namespace` (for tests of an operator serving several)."""
+    yield from _fresh_namespace(core_v1, request.node.name, KWOK_NAMESPACE_ANNOTATIONS)
+
+
 ServiceAccountFactory = Callable[..., Identity]
 
 

@@ -48,16 +48,22 @@ def test_cluster_scope_rbac_runs_a_job_and_refuses_secrets(
         assert_no_forbidden(op)
 
 
-def test_namespaced_scope_rbac_runs_a_job(
-    helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp: Path
+def test_namespaced_scope_rbac_runs_jobs_in_each_watched_namespace(
+    helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, other_namespace: str, tmp: Path
 ) -> None:
-    with ChartIdentity(admin_api, namespace, tmp, **{"rbac.scope": "namespaced"}) as ident:
+    watched = [namespace, other_namespace]
+    values = {"rbac.scope": "namespaced", "rbac.watchNamespaces": watched}
+    with ChartIdentity(admin_api, namespace, tmp, **values) as ident:
         assert_secrets_refused(ident)
-        with pytest.raises(ApiException) as err:  # no pods outside its namespace
+        with pytest.raises(ApiException) as err:  # no pods outside its namespaces
             client.CoreV1Api(ident.api).list_pod_for_all_namespaces(limit=1)
         assert err.value.status == 403
-        with OperatorProcess(ident.kubeconfig, tmp / "operator.log", f"--namespace={namespace}") as op:
-            run_job_to_running(admin_api, namespace, op, "rbac-ns")
+        args = next(c["args"] for c in ht.find(ident.docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+                    if c["name"] == "operator")
+        assert f"--namespace={namespace},{other_namespace}" in args  # the chart's own flag, as the operator runs
+        with OperatorProcess(ident.kubeconfig, tmp / "operator.log", f"--namespace={namespace},{other_namespace}") as op:
+            for ns in watched:
+                run_job_to_running(admin_api, ns, op, "rbac-ns")
         assert_no_forbidden(op)
 
 
