@@ -20,7 +20,7 @@ from pathlib import Path
 from kubernetes import client, config
 from support.cluster import cluster_running, cluster_up, kubeconfig_path  # bench/support: a link to tests/support
 from support.kubectl import kubectl
-from support.kwok import kwok_job
+from support.kwok import KWOK_NAMESPACE_ANNOTATIONS, kwok_job
 from support.operator_process import OperatorProcess
 from support.resources import wait_default_service_account
 
@@ -41,7 +41,8 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "kubetrain.core", "crd", "-o", "/tmp/kubetrain-crd.yaml"], check=True)
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "/tmp/kubetrain-crd.yaml")
     ns = f"bench-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(  # pods to kwok nodes, never the real one
+        name=ns, annotations=KWOK_NAMESPACE_ANNOTATIONS)))
     wait_default_service_account(core, ns, timeout=60)
     log = Path("/tmp/kubetrain-bench-operator.log")
     log.unlink(missing_ok=True)  # this run's log only

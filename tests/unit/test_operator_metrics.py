@@ -33,3 +33,16 @@ def test_every_per_job_metric_declares_namespace_and_trainingjob_first():
     for metric, names in metrics.PER_JOB.items():
         assert names[:2] == ("namespace", "trainingjob")
         assert tuple(metric._labelnames) == names  # the order forget_job removes them in
+
+
+def test_writes_are_counted_by_verb_and_resource_and_reads_are_not():
+    def value(verb: str, resource: str) -> float:
+        return metrics.API_WRITES.labels(verb, resource)._value.get()
+
+    status, pods = value("patch", "custom_object_status"), value("create", "pods")
+    metrics.count_write("patch_namespaced_custom_object_status")
+    metrics.count_write("create_pods")  # a raw POST of pods
+    metrics.count_write("read_namespaced_pod")
+    metrics.count_write("list_namespaced_pod")
+    assert (value("patch", "custom_object_status"), value("create", "pods")) == (status + 1, pods + 1)
+    assert not [s for m in metrics.API_WRITES.collect() for s in m.samples if s.labels["verb"] in ("read", "list")]

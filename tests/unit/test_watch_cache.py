@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -379,3 +379,16 @@ def test_a_list_is_read_page_by_page_and_keeps_its_snapshots_version() -> None:
     assert (items, version) == ([{"n": 1}, {"n": 2}, {"n": 3}], "7")
     assert [c.get("_continue") for c in calls] == [None, "p2"]
     assert all(c["limit"] == LIST_PAGE and c["label_selector"] == "x" for c in calls)
+
+
+def test_a_progress_step_keeps_the_time_it_was_first_seen() -> None:
+    cache = WatchCache()
+    cache.job_event("ADDED", job("a"))
+    first = Progress(step=10, generation=0)
+    assert cache.progress_seen((NS, "a"), first, NOW) == NOW
+    assert cache.progress_seen((NS, "a"), first, NOW + timedelta(seconds=20)) == NOW  # the same step
+    later = NOW + timedelta(seconds=30)
+    assert cache.progress_seen((NS, "a"), Progress(step=11, generation=0), later) == later
+    assert cache.progress_seen((NS, "a"), Progress(step=11, generation=1), later + timedelta(seconds=1)) == \
+        later + timedelta(seconds=1)  # a new generation's report is new even at the same step
+    assert cache.progress_seen((NS, "a"), None, NOW) is None

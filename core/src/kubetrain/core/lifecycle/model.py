@@ -110,6 +110,9 @@ class Observed:
     """Workers of older generations still present (being deleted)."""
     progress: Progress | None = None
     """Rank 0's newest progress record, if any."""
+    progress_seen: datetime | None = None
+    """When the backend first saw that record's step (lastProgressTime); None: now. A backend that writes its
+    status less often than rank 0 reports keeps the time it saw the step, not the time it wrote it."""
     checkpoint: CheckpointRef | None = None
     """The newest complete checkpoint the backend finds itself (the local backend reads the directory)."""
     checkpoints_durable: bool = True

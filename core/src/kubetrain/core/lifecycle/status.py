@@ -40,17 +40,18 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
     the fetch wrote before the trainer ran (fetch_record) says nothing of steps.
     """
     progress = observed.progress
+    seen = observed.progress_seen or now
     if progress is not None and progress.fetch is not None:
         status.fetch = progress.fetch
     if progress is not None and not fetch_record(progress):
         current_gen = progress.generation == status.restart_generation
         advanced = progress.step > status.current_step or (current_gen and progress.step != status.current_step)
         if current_gen and advanced:
-            _count_time(status, progress, now)
+            _count_time(status, progress, seen)
         if advanced:
             status.current_step = progress.step
             status.loss = f"{progress.loss:.4f}" if progress.loss is not None else status.loss
-            status.last_progress_time = format_time(now)
+            status.last_progress_time = format_time(seen)
         if current_gen:
             # A custom command knows its own step count (spec.maxSteps is the built-in trainer's, equal to it there).
             status.max_steps = progress.max_steps or status.max_steps

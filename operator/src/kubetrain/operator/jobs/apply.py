@@ -115,8 +115,16 @@ class Unvalidated:
             raw = getattr(method, "raw_function", method).__get__(self._api)
             # A deadline on every call (a caller's own _request_timeout wins): a half-open connection to an API
             # server that went away must not hold a reconcile, and its job, for ever.
-            bound = self._bound[name] = functools.partial(raw, _request_timeout=API_TIMEOUT)
+            call = functools.partial(raw, _request_timeout=API_TIMEOUT)
+            bound = self._bound[name] = _counted(name, call) if name.startswith(metrics.WRITE_VERBS) else call
         return bound
+
+
+def _counted(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        metrics.count_write(name)
+        return call(*args, **kwargs)
+    return counted
 
 
 class RawPost:
@@ -128,6 +136,7 @@ class RawPost:
         self._client = api_client
 
     def __call__(self, path: str, params: dict[str, str], body: bytes, accept: str) -> bytes:
+        metrics.count_write(f"create_{path.rsplit('/', 1)[-1]}")
         _, url, headers, _, _ = self._client.param_serialize(
             "POST", path, path_params=params, header_params={"Content-Type": "application/json", "Accept": accept},
             auth_settings=["BearerToken"])

@@ -82,6 +82,8 @@ class _Job:
     """The API server answered 404 to the job's Workload create: Kueue is not installed."""
     workload_foreign: str | None = None
     """Why the job's Workload could not be created: its name is held by a Workload the job does not own."""
+    progress_mark: tuple[int, int, datetime] | None = None
+    """(generation, step, when first seen) of rank 0's newest progress record."""
 
 
 class WatchCache:
@@ -197,6 +199,18 @@ class WatchCache:
             return Progress.model_validate_json(raw)
         except ValueError:
             return None
+
+    def progress_seen(self, key: Key, progress: Progress | None, now: datetime) -> datetime | None:
+        """When this reconcile's progress record (its generation and step) was first seen: `now` for a new
+        one. The status may take a step later than it came (progress-only writes are spaced out), and its
+        lastProgressTime must still say when the job got there."""
+        entry = self._jobs.get(key)
+        if entry is None or progress is None:
+            return None
+        mark = entry.progress_mark
+        if mark is None or mark[:2] != (progress.generation, progress.step):
+            mark = entry.progress_mark = (progress.generation, progress.step, now)
+        return mark[2]
 
     # ------------------------------------------------------------------ watch events
 

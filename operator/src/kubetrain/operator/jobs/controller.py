@@ -249,11 +249,13 @@ class JobController:
         return self._requeue_after(key, p)
 
     def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None, queue: QueueView) -> Plan:
-        cache = self.cache
+        cache, now = self.cache, self.clock()
         t0 = time.perf_counter()
+        progress = cache.progress(key)
         seen = Observation(
-            body, overlay(cache.pods(key), self.applier.patches.pending(key)), cache.nodes, self.clock(),
-            progress=cache.progress(key), claim_phase=claim_phase, gone=cache.disrupted(key),
+            body, overlay(cache.pods(key), self.applier.patches.pending(key)), cache.nodes, now,
+            progress=progress, progress_seen=cache.progress_seen(key, progress, now), claim_phase=claim_phase,
+            gone=cache.disrupted(key),
             progress_refused=cache.progress_refused(key), create_refused=cache.create_refused(key),
             foreign=cache.foreign(key), queue=queue, node_count=len(cache.node_names))
         p = plan(seen, self.settings.builders)

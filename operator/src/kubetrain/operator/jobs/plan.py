@@ -130,6 +130,35 @@ def observe(
     )
 
 
+PROGRESS_FIELDS = frozenset({"currentStep", "loss", "evalLoss", "percentComplete", "eta", "tokensPerSecond", "mfu",
+                             "goodput", "lastProgressTime"})
+"""Status fields that only say how far a running job got: what every report of rank 0 changes."""
+PROGRESS_WRITE_SECONDS = 30.0
+"""Progress alone is written to status at most this often (rank 0 reports every 10 s): two status writes per
+running job per minute instead of six. Any other change (phase, a condition, a checkpoint, a restart) is
+written at once, with the newest progress."""
+
+
+def progress_write_later(old: dict[str, Any], new: dict[str, Any], now: datetime) -> float | None:
+    """Seconds until a status change that is progress alone is due (PROGRESS_WRITE_SECONDS after the last
+    progress written); None when the change is to be written now (or there is none)."""
+    changed = {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
+    last = contract.parse_time(old.get("lastProgressTime"))
+    if not changed or not changed <= PROGRESS_FIELDS or last is None:
+        return None
+    left = PROGRESS_WRITE_SECONDS - (now - last).total_seconds()
+    return left if left > 0 else None
+
+
+def _write_status(out: Plan, old: dict[str, Any], status: dict[str, Any], now: datetime) -> None:
+    """The new status into the plan when it changed, unless it is progress alone and not due yet: then the
+    plan looks again when it is (the step is written then, or sooner with any other change)."""
+    if (later := progress_write_later(old, status, now)) is not None:
+        out.requeue_after = min(out.requeue_after or later, later)
+    elif status != old:
+        out.status = status
+
+
 # --------------------------------------------------------------------------- plan
 
 
@@ -163,6 +192,8 @@ class Observation:
     """How many nodes the cluster has, as the node cache knows them (0: unknown, never a disruption)."""
     progress: Progress | None = None
     """Rank 0's newest progress record."""
+    progress_seen: datetime | None = None
+    """When the operator first saw that record's step (None: now)."""
     claim_phase: str | None = None
     """The checkpoint claim's phase ("Missing" if absent), when it was looked up because pods wait for a
     volume (claim_to_check); None otherwise."""
@@ -208,7 +239,7 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": q.hold})})
     disruption = cluster_disruption(sum(1 for v in seen.nodes.values() if v is not None), seen.node_count)
     observed = observe(job.spec, old, ours, seen.nodes, seen.progress, seen.gone, seen.progress_refused)
-    t = step(job.spec, old, dataclasses.replace(observed, disruption=disruption), now)
+    t = step(job.spec, old, dataclasses.replace(observed, disruption=disruption, progress_seen=seen.progress_seen), now)
     if t.status.phase in FINISHED_PHASES and old.phase not in FINISHED_PHASES:
         # The job ends in this plan: its Workload is finished with it, not on whatever event comes next
         # (the echo of this plan's own status write re-plans nothing).
@@ -224,9 +255,7 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     if t.decision is not None:
         blocked = Blocked(seen.claim_phase, seen.create_refused, seen.foreign, tuple(unknown), seen.nodes,
                           _last_progress(observed, t.status), disruption)
-        status = _presented(job, body, ours, t, blocked, now, out)
-        if status != old.dump():
-            out.status = status
+        _write_status(out, old.dump(), _presented(job, body, ours, t, blocked, now, out), now)
     return out
 
 

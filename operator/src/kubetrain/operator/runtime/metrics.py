@@ -15,6 +15,9 @@ RECONCILE_SECONDS = Histogram(
 )
 RECONCILE_ERRORS = Counter("kubetrain_operator_reconcile_errors_total", "Reconciles that raised", ["reason"])
 PODS_CREATED = Counter("kubetrain_operator_pods_created_total", "Worker pods created")
+API_WRITES = Counter("kubetrain_operator_api_writes_total",
+                     "Writes the reconciles sent to the API server, by verb and resource (status included)",
+                     ["verb", "resource"])
 GANG_RESTARTS = Counter("kubetrain_operator_gang_restarts_total", "Whole-gang restarts of each job, by failure kind",
                         ["namespace", "trainingjob", "reason"])
 JOBS_FINISHED = Counter("kubetrain_operator_jobs_finished_total", "Jobs that finished, by phase and reason",
@@ -77,3 +80,13 @@ def forget_job(namespace: str, name: str) -> None:
         for labels in labelsets:
             with contextlib.suppress(KeyError):
                 metric.remove(*labels)
+
+
+WRITE_VERBS = ("create", "patch", "replace", "delete")
+
+
+def count_write(call: str) -> None:
+    """One API call by its client method's name (`patch_namespaced_pod`): counted when it writes."""
+    verb, _, rest = call.partition("_")
+    if verb in WRITE_VERBS:
+        API_WRITES.labels(verb, rest.replace("namespaced_", "", 1)).inc()
