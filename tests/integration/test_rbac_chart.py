@@ -17,8 +17,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support import helm_tool as ht
+from support.cluster import component_stopped
 from support.helm_rbac import ChartIdentity, assert_no_forbidden, assert_secrets_refused, run_job_to_running
 from support.jobs import TrainingJobs
+from support.kwok import kwok_job
 from support.operator_process import OperatorProcess
 from support.resources import apply, delete
 from support.waiting import wait_for
@@ -176,3 +178,42 @@ def test_namespace_editors_run_training_jobs_and_viewers_read_them(
     finally:  # cluster-scoped: a later `helm install` of the chart must find no such ClusterRole it does not own
         for role in roles:
             delete(admin_api, role)
+
+
+STALL_SECONDS = 45
+"""Longer than the renew deadline (10 s) and the Lease (15 s): every replica loses what it held."""
+
+
+def test_an_api_server_stall_restarts_no_job_and_no_replica(
+    helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp: Path
+) -> None:
+    """kube-apiserver frozen (SIGSTOP) for 45 s under two replicas with the chart's RBAC and a running job:
+    afterwards both replicas still run, exactly one leads, the job kept its gang, and a job created after the
+    stall gets its pods within 60 s."""
+    lease, chart, args = _two_replicas(admin_api, namespace, tmp)
+    with chart as ident:
+        with OperatorProcess(ident.kubeconfig, tmp / "a.log", *args) as a, \
+                OperatorProcess(ident.kubeconfig, tmp / "b.log", *args) as b:
+            won = "acquired the leader lease"
+            wait_for(lambda: won in a.log() or won in b.log(), 60, what="a leader")
+            run_job_to_running(admin_api, namespace, a if won in a.log() else b, "before")
+            uids = _worker_uids(admin_api, namespace, "before")
+            with component_stopped("kube-apiserver"):
+                time.sleep(STALL_SECONDS)
+            wait_for(lambda: _holder(admin_api, namespace, lease), 60, what="a leader after the stall")
+            jobs, t0 = TrainingJobs(admin_api, namespace), time.monotonic()
+            jobs.submit(kwok_job("after", {"workers": 2, "resources": {"gpusPerWorker": 8}}))
+            wait_for(lambda: len(jobs.pods("after")) == 2, 60, what="the pods of a job created after the stall")
+            print(f"pods of the job created after the stall in {time.monotonic() - t0:.1f} s")
+            assert a.proc is not None and b.proc is not None
+            assert a.proc.poll() is None and b.proc.poll() is None, f"a replica exited:\n{a.tail()}\n{b.tail()}"
+            holder = _holder(admin_api, namespace, lease)
+            leaders = [op for op in (a, b) if f"as {holder}" in op.log()]
+            assert len(leaders) == 1, holder
+            standby = b if leaders[0] is a else a
+            assert "after:" not in standby.log(), "the replica without the Lease reconciled"
+            before = _job_status(admin_api, namespace, "before")
+            assert before["phase"] == "Running" and not before.get("restartCount"), before
+            assert _worker_uids(admin_api, namespace, "before") == uids  # the gang kept, not recreated
+        assert_no_forbidden(a)
+        assert_no_forbidden(b)

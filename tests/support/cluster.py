@@ -7,9 +7,12 @@ KUBETRAIN_CACHE and KUBETRAIN_CLUSTER_DIR choose the cluster, as they do for the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from kubernetes import client, config
@@ -60,6 +63,23 @@ def cluster_up(timeout: float = 3600.0) -> Path:
 
 def cluster_down() -> None:
     subprocess.run(["bash", str(HACK_DIR / "cluster-down.sh")], check=True, timeout=120)
+
+
+def component_pid(name: str) -> int:
+    """The host pid of a control-plane component (kube-apiserver, etcd, kwok, ...) of the running cluster."""
+    return int((cluster_dir() / "pids" / f"{name}.pid").read_text())
+
+
+@contextlib.contextmanager
+def component_stopped(name: str) -> Iterator[None]:
+    """The component frozen (SIGSTOP) for the block, then resumed (SIGCONT) whatever happens: a fault, not a
+    crash. Its clients' connections stay open and unanswered meanwhile, as with an API server that hangs."""
+    pid = component_pid(name)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def cluster_running() -> bool:

@@ -133,13 +133,39 @@ def test_a_lost_lease_stops_the_controller_before_the_takeover_is_cancelled() ->
         elector = _elector([True], on_start, calls, renew_deadline=0.05)
         elector.start()
         assert elector.task is not None
-        await asyncio.wait_for(elector.task, 5)  # returns once the lease is lost
+        while "stop" not in calls:
+            await asyncio.sleep(0.01)
         assert not elector.leading and elector.takeover is not None
         with contextlib.suppress(asyncio.CancelledError):
             await elector.takeover
+        assert not elector.task.done()  # a standby again, not gone
+        elector.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await elector.task
 
     asyncio.run(scenario())
     assert calls.count("stop") == 1 and cancelled == ["stop"]
+
+
+def test_a_replica_that_lost_the_lease_leads_again_when_it_holds_it() -> None:
+    calls: list[str] = []
+
+    async def on_start() -> None:
+        calls.append("start")
+
+    async def scenario() -> None:
+        # held, then 20 rounds not (an API server stalled past the renew deadline), then held again
+        elector = _elector([True, *[False] * 20, True, True, True], on_start, calls, renew_deadline=0.05)
+        elector.start()
+        while calls.count("start") < 2:
+            await asyncio.sleep(0.01)
+        assert elector.leading and elector.task is not None
+        elector.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await elector.task
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert [c for c in calls if c != "round"] == ["start", "stop", "start"]
 
 
 def test_each_lease_call_is_bounded_by_half_the_renew_deadline() -> None:
@@ -158,3 +184,12 @@ def test_each_lease_call_is_bounded_by_half_the_renew_deadline() -> None:
     elector.api = Api()  # type: ignore[assignment]
     assert elector.try_once() is True
     assert seen == [5.0, 5.0]
+
+
+def test_lease_calls_are_never_retried_by_the_http_pool() -> None:
+    base = client.Configuration(host="https://10.0.0.1:6443")
+    elector = LeaderElector(client.ApiClient(base), LeaderElection(namespace="ops", identity="a"),
+                            lambda: asyncio.sleep(0), lambda: None)
+    own = elector.api.api_client.configuration
+    assert own.retries is False and own.host == base.host and base.retries is None
+    assert elector.api.api_client.rest_client.pool_manager.connection_pool_kw["retries"].total is False

@@ -16,8 +16,6 @@ passes that memo (a shallow copy per object, sharing both) to every handler.
 
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,14 +93,8 @@ async def startup(settings: kopf.OperatorSettings, memo: OperatorMemo, **_: Any)
     await ctl.start()
     if ours.leader_election is not None:
         memo.elector = LeaderElector(ctl.api_client, ours.leader_election,
-                                     on_start=ctl.start_leading, on_stop=lambda: _lost_lease(ctl))
+                                     on_start=ctl.start_leading, on_stop=ctl.stop_leading)
         memo.elector.start()
-
-
-def _lost_lease(ctl: Controller) -> None:
-    """Stop reconciling at once, then exit (kopf shuts down; the Deployment restarts the pod as a standby)."""
-    ctl.stop_leading()
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 @kopf.on.cleanup()

@@ -4,7 +4,8 @@ Every replica watches and keeps its caches warm; only the holder of the Lease re
 holder renews the Lease every `retry` seconds. A standby takes the Lease over when its record has
 not changed for `duration` seconds by the standby's own clock (no clock sync between replicas is
 assumed), or at once when the holder released it on a clean shutdown. A holder that cannot renew
-within `renew_deadline` seconds stops acting and exits, so two replicas never reconcile together.
+within `renew_deadline` seconds stops acting, so two replicas never reconcile together, and stands by
+again: a stalled API server (every replica cut off alike) costs no replica a restart.
 
 `next_step` is the pure decision; `LeaderElector` does the I/O.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import enum
 import logging
 import time
@@ -100,13 +102,22 @@ def lease_body(lease: dict[str, Any] | None, action: Action, identity: str, dura
             "metadata": dict((lease or {}).get("metadata") or {}), "spec": spec}
 
 
+def once(configuration: client.Configuration) -> client.Configuration:
+    """`configuration` (server, credentials) for calls that are tried once: their caller decides about retries."""
+    own = copy.copy(configuration)
+    own.retries = False
+    return own
+
+
 class LeaderElector:
     """Keeps trying to hold the Lease `namespace/name`; calls `on_start` when it got it and
     `on_stop` when it lost it (not called on release at shutdown)."""
 
     def __init__(self, api_client: client.ApiClient, election: LeaderElection,
                  on_start: Callable[[], Awaitable[None]], on_stop: Callable[[], None]):
-        self.api = client.CoordinationV1Api(api_client)
+        self.api = client.CoordinationV1Api(client.ApiClient(once(api_client.configuration)))
+        """On a connection pool of its own that never retries: a retried read would take the bound below
+        four times over (urllib3 retries a read that timed out three times by default)."""
         self.sanitize = api_client.sanitize_for_serialization
         self.namespace, self.name, self.identity = election.namespace, election.lease, election.identity
         self.on_start, self.on_stop = on_start, on_stop
@@ -167,11 +178,12 @@ class LeaderElector:
             if held:
                 self.renewed_at = now
                 if not self.leading:
+                    if self.takeover is not None:  # it had led before and lost the Lease
+                        log.info("leading again on lease %s/%s as %s", self.namespace, self.name, self.identity)
                     self.leading = True
                     self.takeover = asyncio.create_task(self._take_over())  # renewals go on beside it
             elif self.leading and now - self.renewed_at > self.renew_deadline:
-                self._lose(now)
-                return
+                self._lose(now)  # and go on as a candidate
             await asyncio.sleep(self.retry)
 
     async def _take_over(self) -> None:
@@ -189,7 +201,8 @@ class LeaderElector:
 
     def _lose(self, now: float) -> None:
         """The Lease was not renewed within the deadline: the controller stops first (no new work), then the
-        takeover still under way, if any, is cancelled."""
+        takeover still under way, if any, is cancelled. The replica stands by: it leads again (a takeover,
+        the caches filled anew) once it holds the Lease."""
         self.leading = False
         log.error("lost the leader lease %s/%s (not renewed for %.0fs)", self.namespace, self.name,
                   now - self.renewed_at)
