@@ -217,3 +217,50 @@ def test_an_api_server_stall_restarts_no_job_and_no_replica(
             assert _worker_uids(admin_api, namespace, "before") == uids  # the gang kept, not recreated
         assert_no_forbidden(a)
         assert_no_forbidden(b)
+
+
+def _starving(name: str, namespace: str, sa: str) -> list[dict[str, Any]]:
+    """API Priority and Fairness set to refuse (429) every request of the ServiceAccount `namespace/sa`: a
+    priority level with no seats of its own and none to borrow, and a FlowSchema that puts the account there."""
+    level = {"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "PriorityLevelConfiguration",
+             "metadata": {"name": name},
+             "spec": {"type": "Limited", "limited": {"nominalConcurrencyShares": 0, "lendablePercent": 0,
+                                                     "borrowingLimitPercent": 0,
+                                                     "limitResponse": {"type": "Reject"}}}}
+    everything = {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "namespaces": ["*"], "clusterScope": True}
+    schema = {"apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema", "metadata": {"name": name},
+              "spec": {"priorityLevelConfiguration": {"name": name}, "matchingPrecedence": 100,
+                       "distinguisherMethod": {"type": "ByUser"},
+                       "rules": [{"subjects": [{"kind": "ServiceAccount",
+                                                "serviceAccount": {"name": sa, "namespace": namespace}}],
+                                  "resourceRules": [everything],
+                                  "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}]}]}}
+    return [level, schema]
+
+
+def test_api_priority_and_fairness_refusals_are_waited_out(
+    helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp: Path
+) -> None:
+    """Every request of the operator's ServiceAccount refused with 429 by API Priority and Fairness while a job is
+    created: the operator waits (Retry-After), counts no failure and stays up; once the FlowSchema goes, the job
+    runs, created once."""
+    with ChartIdentity(admin_api, namespace, tmp) as ident:
+        starve = _starving(f"kt-starve-{namespace}"[:60], namespace, ident.sa)
+        with OperatorProcess(ident.kubeconfig, tmp / "operator.log") as op:
+            wait_for(lambda: "Kubetrain operator" in op.log() or "kopf" in op.log(), 30, what="the operator started")
+            jobs = TrainingJobs(admin_api, namespace)
+            try:
+                for doc in starve:
+                    apply(admin_api, doc)
+                time.sleep(2)  # the API server's APF configuration follows its objects within a second or so
+                jobs.submit(kwok_job("starved", {"workers": 2, "resources": {"gpusPerWorker": 8}}))
+                wait_for(lambda: "answered 429" in op.log(), 60, what="the operator refused with 429")
+                time.sleep(10)
+                assert not jobs.pods("starved") and op.proc is not None and op.proc.poll() is None, op.tail()
+            finally:
+                for doc in reversed(starve):
+                    delete(admin_api, doc)
+            status = jobs.wait_status("starved", lambda st: st.get("phase") == "Running", 60,
+                                      "the starved job Running once the FlowSchema is gone")
+            assert not status.get("restartCount") and not status.get("failures"), status
+            assert len(jobs.pods("starved")) == 2
