@@ -102,7 +102,7 @@ def test_socket_on_an_efa_job_is_fabric_degraded_once_and_ofi_is_not(
 
     # Another record with the same transport: the condition stays, no second Event.
     report(admin_api, namespace, "tcp", tmp_path, 2, contract.TRANSPORT_SOCKET)
-    jobs.wait_status("tcp", lambda s: s.get("currentStep") == 2, 30, what="tcp step 2")
+    jobs.wait_status("tcp", lambda s: s.get("currentStep") == 2, 60, what="tcp step 2")  # progress alone: <= 30 s
     jobs.wait_status("ofi", lambda s: s.get("currentStep") == 1, 30, what="ofi step 1")
     warned = [e for e in jobs.events("tcp") if e.reason == "NcclFallbackToSocket"]
     assert len(warned) == 1 and warned[0].type == "Warning" and (warned[0].count or 1) == 1, warned

@@ -111,7 +111,7 @@ def operator_scenario(admin: client.ApiClient, ns: str, op: OperatorProcess) -> 
         wait_for(lambda: status().get("phase") == "Running", 90, what="prom Running")
         for step in (5, 6):  # rank 0 trains: the time between these two steps is productive
             rank0_reports(jobs, Progress(job="prom", step=step, max_steps=100, step_seconds=0.5))
-            wait_for(lambda s=step: status().get("currentStep") == s, 30, what=f"prom at step {step}")
+            wait_for(lambda s=step: status().get("currentStep") == s, 60, what=f"prom at step {step}")
         fail_pod(jobs.core, ns, running_pods(0)[0].metadata.name, 137, "OOMKilled")
         wait_for(lambda: status().get("restartCount") == 1 and status().get("phase") == "Running"
                  and running_pods(1), 90, what="prom Running again after the gang restart")

@@ -214,23 +214,25 @@ def test_progress_flows_into_status():
     assert p.status["lastProgressTime"] == "2026-03-01T12:00:00Z"
 
 
-def _progressed(st: dict, step: int, checkpoint: int | None = None) -> Observation:
+def _progressed(st: dict, step: int, written_ago: float | None, checkpoint: int | None = None) -> Observation:
     ck = CheckpointRecord(step=checkpoint, path="/c", time="t") if checkpoint else None
     prog = Progress(step=step, loss=2.4, generation=0, last_checkpoint=ck)
+    written = T0 - timedelta(seconds=written_ago) if written_ago is not None else None
     return Observation(body(status=st), [pod(0), pod(1)], {}, T0, progress=prog,
-                       progress_seen=T0 - timedelta(seconds=8))
+                       progress_seen=T0 - timedelta(seconds=8), status_written=written)
 
 
 def test_progress_alone_is_written_at_most_every_30s_with_the_time_it_was_seen():
     st = {"phase": "Running", "gangCreated": True, "runningSince": "2026-03-01T11:00:00Z", "currentStep": 40,
-          "lastProgressTime": "2026-03-01T11:59:29Z"}  # 31 s ago
-    settled = plan(_progressed(st, 60), S).status
+          "lastProgressTime": "2026-03-01T11:59:00Z"}
+    settled = plan(_progressed(st, 60, written_ago=31), S).status
     assert settled is not None and settled["currentStep"] == 60
     assert settled["lastProgressTime"] == "2026-03-01T11:59:52Z"  # when the step was seen, not when written
-    again = plan(_progressed(settled, 80), S)  # 8 s after the last progress written
-    assert again.status is None  # progress alone: not yet ...
-    assert again.requeue_after is not None and again.requeue_after <= 22  # ... but then at the latest
-    with_checkpoint = plan(_progressed(settled, 80, checkpoint=50), S)
+    again = plan(_progressed(settled, 80, written_ago=12), S)
+    assert again.status is None  # progress alone, 12 s after the last status write: not yet ...
+    assert again.requeue_after is not None and 17.5 <= again.requeue_after <= 18  # ... but 30 s after it
+    assert plan(_progressed(settled, 80, written_ago=None), S).status is not None  # a new leader writes at once
+    with_checkpoint = plan(_progressed(settled, 80, written_ago=12, checkpoint=50), S)
     assert with_checkpoint.status is not None and with_checkpoint.status["lastCheckpoint"]["step"] == 50
     assert with_checkpoint.status["currentStep"] == 80  # any other change carries the newest progress
 

@@ -628,6 +628,7 @@ class Applier:
         new = await self.io(self.apis.custom.patch_namespaced_custom_object_status,
                             api.GROUP, api.VERSION, key[0], api.PLURAL, key[1], patch)
         self.cache_job(key, new)
+        self.cache.set_status_written(key, self.clock())
 
     async def _reread_job(self, key: Key) -> dict[str, Any] | None:
         try:

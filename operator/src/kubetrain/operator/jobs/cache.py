@@ -84,6 +84,8 @@ class _Job:
     """Why the job's Workload could not be created: its name is held by a Workload the job does not own."""
     progress_mark: tuple[int, int, datetime] | None = None
     """(generation, step, when first seen) of rank 0's newest progress record."""
+    status_written: datetime | None = None
+    """When this operator last wrote the job's status (None: not since it started or took over)."""
 
 
 class WatchCache:
@@ -199,6 +201,14 @@ class WatchCache:
             return Progress.model_validate_json(raw)
         except ValueError:
             return None
+
+    def status_written(self, key: Key) -> datetime | None:
+        entry = self._jobs.get(key)
+        return entry.status_written if entry else None
+
+    def set_status_written(self, key: Key, now: datetime) -> None:
+        if (entry := self._jobs.get(key)) is not None:
+            entry.status_written = now
 
     def progress_seen(self, key: Key, progress: Progress | None, now: datetime) -> datetime | None:
         """When this reconcile's progress record (its generation and step) was first seen: `now` for a new

@@ -254,7 +254,8 @@ class JobController:
         progress = cache.progress(key)
         seen = Observation(
             body, overlay(cache.pods(key), self.applier.patches.pending(key)), cache.nodes, now,
-            progress=progress, progress_seen=cache.progress_seen(key, progress, now), claim_phase=claim_phase,
+            progress=progress, progress_seen=cache.progress_seen(key, progress, now),
+            status_written=cache.status_written(key), claim_phase=claim_phase,
             gone=cache.disrupted(key),
             progress_refused=cache.progress_refused(key), create_refused=cache.create_refused(key),
             foreign=cache.foreign(key), queue=queue, node_count=len(cache.node_names))

@@ -139,21 +139,22 @@ running job per minute instead of six. Any other change (phase, a condition, a c
 written at once, with the newest progress."""
 
 
-def progress_write_later(old: dict[str, Any], new: dict[str, Any], now: datetime) -> float | None:
-    """Seconds until a status change that is progress alone is due (PROGRESS_WRITE_SECONDS after the last
-    progress written); None when the change is to be written now (or there is none)."""
+def progress_write_later(old: dict[str, Any], new: dict[str, Any], now: datetime,
+                         written: datetime | None) -> float | None:
+    """Seconds until a status change that is progress alone is due (PROGRESS_WRITE_SECONDS after this operator
+    last wrote the status, `written`); None when the change is to be written now (or there is none)."""
     changed = {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
-    last = contract.parse_time(old.get("lastProgressTime"))
-    if not changed or not changed <= PROGRESS_FIELDS or last is None:
+    if not changed or not changed <= PROGRESS_FIELDS or written is None or not old.get("lastProgressTime"):
         return None
-    left = PROGRESS_WRITE_SECONDS - (now - last).total_seconds()
+    left = PROGRESS_WRITE_SECONDS - (now - written).total_seconds()
     return left if left > 0 else None
 
 
-def _write_status(out: Plan, old: dict[str, Any], status: dict[str, Any], now: datetime) -> None:
+def _write_status(out: Plan, old: dict[str, Any], status: dict[str, Any], now: datetime,
+                  written: datetime | None) -> None:
     """The new status into the plan when it changed, unless it is progress alone and not due yet: then the
     plan looks again when it is (the step is written then, or sooner with any other change)."""
-    if (later := progress_write_later(old, status, now)) is not None:
+    if (later := progress_write_later(old, status, now, written)) is not None:
         out.requeue_after = min(out.requeue_after or later, later)
     elif status != old:
         out.status = status
@@ -194,6 +195,8 @@ class Observation:
     """Rank 0's newest progress record."""
     progress_seen: datetime | None = None
     """When the operator first saw that record's step (None: now)."""
+    status_written: datetime | None = None
+    """When this operator last wrote the job's status (None: not since it started or took over)."""
     claim_phase: str | None = None
     """The checkpoint claim's phase ("Missing" if absent), when it was looked up because pods wait for a
     volume (claim_to_check); None otherwise."""
@@ -255,7 +258,7 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     if t.decision is not None:
         blocked = Blocked(seen.claim_phase, seen.create_refused, seen.foreign, tuple(unknown), seen.nodes,
                           _last_progress(observed, t.status), disruption)
-        _write_status(out, old.dump(), _presented(job, body, ours, t, blocked, now, out), now)
+        _write_status(out, old.dump(), _presented(job, body, ours, t, blocked, now, out), now, seen.status_written)
     return out
 
 
