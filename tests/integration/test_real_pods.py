@@ -27,7 +27,7 @@ from kubernetes import client
 from support import helm_image
 from support import helm_tool as ht
 from support import prom_server as ps
-from support.cluster import kubeconfig_path
+from support.cluster import kubeconfig_path, process_stopped
 from support.hf_models import bpe_tokenizer, tiny_causal_lm
 from support.kubectl import kubectl
 from support.operator_process import OperatorProcess
@@ -41,8 +41,11 @@ from support.real_pods import (
     cluster_bucket,
     cluster_object_store,
     elapsed,
+    kubelet_pid,
+    node_ready,
     pod_memory_peak,
     pod_monitor_targets,
+    progress_step,
     quickstart,
     store_keys,
     throttle_pod_cpu,
@@ -649,3 +652,40 @@ def test_a_rank_stopped_from_the_host_is_named_with_its_stacks_and_the_gang_resu
     print("\n".join(f"--- {n}\n" + "\n".join(t.splitlines()[:12]) for n, t in stacks.items()))
     assert stacks["rank-1.txt"].startswith("rank 1: stopped (SIGSTOP) (step ")
     assert stacks["rank-0.txt"].startswith("rank 0: in ") and 'File "' in stacks["rank-0.txt"]
+
+
+KUBELET_AWAY_SECONDS = 150
+KUBELET_AWAY_MAX_STEPS = 480
+"""With a quarter of a CPU per worker (resources.cpu 250m: the pace set by the quota more than by the machine),
+enough to train through the stop and end soon after it (measured: 2 steps/s, step 36 -> 331 during the stop)."""
+
+
+def test_a_node_whose_kubelet_stops_keeps_its_training_gang_and_the_job_succeeds(
+    jobs: RealJobs, real_namespace: str
+) -> None:
+    """The real node's kubelet frozen (SIGSTOP) for 150 s under a 2-worker job: the node goes NotReady (no
+    status from its kubelet), while its containers keep training and rank 0 keeps reporting through the API
+    server. The gang is kept (restartCount 0), a Warning names the node, and the job Succeeds."""
+    name = jobs.create(quickstart(**{**RESUMABLE, "maxSteps": KUBELET_AWAY_MAX_STEPS, "resources": {"cpu": "250m"},
+                                     "checkpoint": {"everySteps": 1000, "keep": 1}}), name="kubelet-away")
+    jobs.wait(name, lambda st: st.get("currentStep", 0) >= 5, 300, "step >= 5")
+    core, t0 = jobs.core, time.monotonic()
+    first = progress_step(core, real_namespace, name)
+    with process_stopped(kubelet_pid()):
+        wait_for(lambda: not node_ready(core), 120, interval=2, what="the node NotReady")
+        not_ready_after = elapsed(t0)
+        time.sleep(max(0.0, KUBELET_AWAY_SECONDS - (time.monotonic() - t0)))
+        during = progress_step(core, real_namespace, name)
+        st = jobs.status(name)
+    print(f"kubelet stopped {elapsed(t0)} s: node NotReady after {not_ready_after} s; rank 0 at step {first} -> "
+          f"{during} meanwhile")
+    assert first < during < KUBELET_AWAY_MAX_STEPS, "the gang must train all through the stop"
+    assert st["phase"] == "Running" and not st.get("restartCount"), jobs.describe(name)
+    cond = next(c for c in st["conditions"] if c["type"] == "NodesNotReady")
+    assert (cond["status"], cond["reason"]) == ("True", "NodeNotReady") and NODE_NAME in cond["message"], cond
+    assert "still makes progress" in cond["message"], cond
+    assert [e for e in jobs.events(name) if e.type == "Warning" and e.reason == "NodeNotReady"
+            and NODE_NAME in (e.message or "")]
+    done = jobs.wait_phase(name, "Succeeded", 600)
+    print(f"Succeeded {elapsed(t0)} s after the kubelet was stopped")
+    assert not done.get("restartCount") and done["currentStep"] == KUBELET_AWAY_MAX_STEPS, done

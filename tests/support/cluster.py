@@ -74,7 +74,13 @@ def component_pid(name: str) -> int:
 def component_stopped(name: str) -> Iterator[None]:
     """The component frozen (SIGSTOP) for the block, then resumed (SIGCONT) whatever happens: a fault, not a
     crash. Its clients' connections stay open and unanswered meanwhile, as with an API server that hangs."""
-    pid = component_pid(name)
+    with process_stopped(component_pid(name)):
+        yield
+
+
+@contextlib.contextmanager
+def process_stopped(pid: int) -> Iterator[None]:
+    """`pid` frozen (SIGSTOP) for the block, then resumed (SIGCONT) whatever happens."""
     os.kill(pid, signal.SIGSTOP)
     try:
         yield

@@ -24,9 +24,10 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from kubetrain.core import contract
 from kubetrain.operator.jobs.builders import WorkerSettings, merge
 
-from .cluster import kubeconfig_path
+from .cluster import cluster_dir, kubeconfig_path
 from .jobs import StatusCheck, TrainingJobs
 from .kubectl import kubectl_binary
 from .paths import HACK_DIR, QUICKSTART
@@ -157,6 +158,24 @@ class RealJobs(TrainingJobs):
         if self.op:
             lines += ["--- operator log", self.op.tail()]
         return "\n".join(lines)
+
+
+def kubelet_pid() -> int:
+    """The real node's kubelet (hack/real-node.sh keeps its pid beside the node's configuration)."""
+    return int((cluster_dir() / "node" / "kubelet.pid").read_text())
+
+
+def node_ready(core: client.CoreV1Api, name: str = NODE_NAME) -> bool:
+    conditions = core.read_node(name).status.conditions or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def progress_step(core: client.CoreV1Api, namespace: str, job: str) -> int:
+    """The step rank 0 reported last, read from worker 0's annotation (the job's status takes progress alone at
+    most every 30 s)."""
+    pod = core.read_namespaced_pod(f"{job}-worker-0", namespace)
+    raw = (pod.metadata.annotations or {}).get(contract.PROGRESS_ANNOTATION)
+    return int(json.loads(raw)["step"]) if raw else 0
 
 
 def wait_step(jobs: RealJobs, name: str, step: int, timeout: float = 300) -> dict[str, Any]:
