@@ -8,8 +8,13 @@ TokenRequest token. A TrainingJob must reach Running on the kwok GPU nodes (RBAC
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ from support.helm_rbac import ChartIdentity, assert_no_forbidden, assert_secrets
 from support.jobs import TrainingJobs
 from support.kwok import kwok_job
 from support.operator_process import OperatorProcess
+from support.ports import free_port
 from support.resources import apply, delete
 from support.waiting import wait_for
 
@@ -264,3 +270,68 @@ def test_api_priority_and_fairness_refusals_are_waited_out(
                                       "the starved job Running once the FlowSchema is gone")
             assert not status.get("restartCount") and not status.get("failures"), status
             assert len(jobs.pods("starved")) == 2
+
+
+RENEW_DEADLINE = 10.0
+"""The chart's leaderElection.renewDeadlineSeconds default: the last renewal came before the partition."""
+PARTITIONED_UID = 64123
+"""The uid the partitioned replica runs as: iptables drops exactly its packets (the owner match)."""
+
+
+@contextmanager
+def traffic_dropped(uid: int, port: int) -> Iterator[None]:
+    """Every TCP packet a process of `uid` sends to `port` dropped, not refused: its connections go half-open
+    (writes never acknowledged, reads never answered) until the rule goes."""
+    rule = ["OUTPUT", "-m", "owner", "--uid-owner", str(uid), "-p", "tcp", "--dport", str(port), "-j", "DROP"]
+    subprocess.run(["iptables", "-I", *rule], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["iptables", "-D", *rule], check=True)
+
+
+def _as_uid(uid: int, kubeconfig: Path, home: Path) -> list[str]:
+    """The operator's command as `uid` (no groups) with a copy of `kubeconfig` it can read, in `home` (a
+    directory outside pytest's own, which only root may enter)."""
+    home.chmod(0o755)
+    own = home / "kubeconfig"
+    shutil.copyfile(kubeconfig, own)
+    own.chmod(0o644)
+    return ["env", f"USER=uid{uid}", f"HOME={home}", f"KUBECONFIG={own}",  # no passwd entry: kopf takes $USER
+            "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable, "-m",
+            "kubetrain.operator", "--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
+
+
+def test_a_leader_cut_off_mid_reconcile_stops_and_the_standby_takes_over(
+    helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp: Path
+) -> None:
+    """The leader's traffic to the API server dropped (half-open connections) just as a job arrives: it stops
+    reconciling within the renew deadline, the standby takes over and runs the job, and neither the cut-off
+    leader nor its healed connections delete or create a pod twice."""
+    lease, chart, args = _two_replicas(admin_api, namespace, tmp)
+    port = int(admin_api.configuration.host.rsplit(":", 1)[1])
+    with chart as ident, tempfile.TemporaryDirectory(prefix="kubetrain-uid-") as home:
+        cut = OperatorProcess(ident.kubeconfig, tmp / "cut.log", *args,
+                              command=_as_uid(PARTITIONED_UID, ident.kubeconfig, Path(home)))
+        with cut:
+            wait_for(lambda: "acquired the leader lease" in cut.log(), 60, what="the first replica leads")
+            with OperatorProcess(ident.kubeconfig, tmp / "standby.log", *args) as standby:
+                wait_for(lambda: "leader election on lease" in standby.log(), 30, what="the standby started")
+                jobs = TrainingJobs(admin_api, namespace)
+                with traffic_dropped(PARTITIONED_UID, port):
+                    jobs.submit(kwok_job("cut", {"workers": 2, "resources": {"gpusPerWorker": 8}}))
+                    t0 = time.monotonic()
+                    wait_for(lambda: "lost the leader lease" in cut.log(), 30, what="the cut-off leader stops")
+                    stopped = time.monotonic() - t0
+                    wait_for(lambda: "acquired the leader lease" in standby.log(), 60, what="the standby leads")
+                    st = jobs.wait_status("cut", lambda s: s.get("phase") == "Running", 90, "cut Running")
+                    uids = _worker_uids(admin_api, namespace, "cut")
+                print(f"the cut-off leader stopped {stopped:.1f} s after the partition")
+                assert stopped < RENEW_DEADLINE + 2, "stopped past the renew deadline"
+                time.sleep(20)  # healed: whatever the old leader's connections still carried has arrived
+                assert _worker_uids(admin_api, namespace, "cut") == uids and len(uids) == 2
+                after = _job_status(admin_api, namespace, "cut")
+                assert after["phase"] == "Running" and not st.get("restartCount") and not after.get("restartCount")
+                assert cut.proc is not None and cut.proc.poll() is None, cut.tail()  # a standby again
+                assert "acquired the leader lease" not in cut.log().split("lost the leader lease", 1)[1]
+        assert_no_forbidden(standby)

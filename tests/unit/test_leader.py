@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -193,3 +194,35 @@ def test_lease_calls_are_never_retried_by_the_http_pool() -> None:
     own = elector.api.api_client.configuration
     assert own.retries is False and own.host == base.host and base.retries is None
     assert elector.api.api_client.rest_client.pool_manager.connection_pool_kw["retries"].total is False
+
+
+def test_a_leader_whose_round_hangs_stops_at_the_renew_deadline_not_when_the_round_ends() -> None:
+    calls: list[str] = []
+    stopped: list[float] = []
+
+    async def on_start() -> None:
+        return None
+
+    async def scenario() -> None:
+        election = LeaderElection(namespace="ops", identity="a", renew_deadline=0.3, retry=0.01)
+        elector = LeaderElector(client.ApiClient(), election, on_start, lambda: stopped.append(time.monotonic()))
+        rounds = iter([0.0, 2.0])  # held at once; then a round stuck on a half-open connection for 2 s
+
+        def round_() -> bool:
+            delay = next(rounds, 0.0)
+            calls.append("round")
+            time.sleep(delay)
+            return delay == 0.0 and len(calls) == 1
+
+        elector.try_once = round_  # type: ignore[method-assign]
+        t0 = time.monotonic()
+        elector.start()
+        while not stopped:
+            await asyncio.sleep(0.01)
+        assert stopped[0] - t0 < 1.0  # the deadline (0.3 s), not the stuck round's 2 s
+        assert elector.task is not None
+        elector.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await elector.task
+
+    asyncio.run(scenario())

@@ -166,14 +166,9 @@ class LeaderElector:
         return True
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         log.info("leader election on lease %s/%s as %s", self.namespace, self.name, self.identity)
         while True:
-            try:
-                held = await loop.run_in_executor(self.executor, self.try_once)
-            except Exception as exc:  # noqa: BLE001 - the API server may be briefly unreachable
-                log.warning("leader lease %s/%s: %s", self.namespace, self.name, exc)
-                held = False
+            held = await self._round()
             now = time.monotonic()
             if held:
                 self.renewed_at = now
@@ -185,6 +180,20 @@ class LeaderElector:
             elif self.leading and now - self.renewed_at > self.renew_deadline:
                 self._lose(now)  # and go on as a candidate
             await asyncio.sleep(self.retry)
+
+    async def _round(self) -> bool:
+        """One try_once on the Lease thread. A leader whose renew deadline passes while the round still waits
+        for the API server (a half-open connection) stops at the deadline, not when the round gives up."""
+        fut = asyncio.get_running_loop().run_in_executor(self.executor, self.try_once)
+        if self.leading:
+            await asyncio.wait({fut}, timeout=max(0.0, self.renewed_at + self.renew_deadline - time.monotonic()))
+            if not fut.done():
+                self._lose(time.monotonic())
+        try:
+            return await fut
+        except Exception as exc:  # noqa: BLE001 - the API server may be briefly unreachable
+            log.warning("leader lease %s/%s: %s", self.namespace, self.name, exc)
+            return False
 
     async def _take_over(self) -> None:
         """on_start (the caches filled again: several LISTs) until it succeeds; one that failed is tried again
