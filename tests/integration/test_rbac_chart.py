@@ -31,6 +31,8 @@ from support.ports import free_port
 from support.resources import apply, delete
 from support.waiting import wait_for
 
+from kubetrain.operator.runtime.settings import LeaderElection
+
 pytestmark = pytest.mark.integration
 
 
@@ -272,8 +274,8 @@ def test_api_priority_and_fairness_refusals_are_waited_out(
             assert len(jobs.pods("starved")) == 2
 
 
-RENEW_DEADLINE = 10.0
-"""The chart's leaderElection.renewDeadlineSeconds default: the last renewal came before the partition."""
+RENEW_DEADLINE = LeaderElection().renew_deadline
+"""The operator's default (the chart sets none): the last renewal came before the partition."""
 PARTITIONED_UID = 64123
 """The uid the partitioned replica runs as: iptables drops exactly its packets (the owner match)."""
 
