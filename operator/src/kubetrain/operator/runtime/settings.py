@@ -15,7 +15,7 @@ import socket
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from kubetrain.core.pod_template import PodPolicy
 
@@ -175,24 +175,19 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     return p
 
 
-def _env_int(p: argparse.ArgumentParser, env: Mapping[str, str], name: str, default: int) -> int:
+Number = TypeVar("Number", int, float)
+
+
+def _env_number(p: argparse.ArgumentParser, env: Mapping[str, str], name: str, default: Number) -> Number:
+    """`name` from the environment as the type of its `default` (unset or empty: the default); a value that
+    is no such number ends the operator's start with a usage error naming the variable."""
     raw = env.get(name)
     if not raw:
         return default
     try:
-        return int(raw)
+        return type(default)(raw)
     except ValueError:
-        p.error(f"{name} must be an integer, not {raw!r}")
-
-
-def _env_float(p: argparse.ArgumentParser, env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        p.error(f"{name} must be a number, not {raw!r}")
+        p.error(f"{name} must be {'an integer' if isinstance(default, int) else 'a number'}, not {raw!r}")
 
 
 def pod_policy(raw: str | None) -> PodPolicy:
@@ -269,11 +264,11 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operat
                 network_policy=worker_network_policy(env.get(ENV_WORKER_NETWORK_POLICY)),
             ),
             namespaces=namespaces,
-            metrics_port=_env_int(p, env, ENV_METRICS_PORT, DEFAULTS.metrics_port),
-            create_parallelism=_env_int(p, env, ENV_CREATE_PARALLELISM, DEFAULTS.create_parallelism),
-            reconcile_workers=_env_int(p, env, ENV_RECONCILE_WORKERS, DEFAULTS.reconcile_workers),
-            api_qps=_env_float(p, env, ENV_API_QPS, DEFAULTS.api_qps),
-            api_burst=_env_int(p, env, ENV_API_BURST, DEFAULTS.api_burst),
+            metrics_port=_env_number(p, env, ENV_METRICS_PORT, DEFAULTS.metrics_port),
+            create_parallelism=_env_number(p, env, ENV_CREATE_PARALLELISM, DEFAULTS.create_parallelism),
+            reconcile_workers=_env_number(p, env, ENV_RECONCILE_WORKERS, DEFAULTS.reconcile_workers),
+            api_qps=_env_number(p, env, ENV_API_QPS, DEFAULTS.api_qps),
+            api_burst=_env_number(p, env, ENV_API_BURST, DEFAULTS.api_burst),
             liveness=args.liveness,
             leader_election=_leader_election(args, env, namespaces),
             verbose=args.verbose,
