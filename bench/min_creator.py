@@ -89,7 +89,7 @@ def load_target(kubeconfig: Path) -> Target:
 
 def job_objects(manifest: dict[str, Any], settings: builders.WorkerSettings) -> list[dict[str, Any]]:
     """The headless Service and the generation-0 worker pods kubetrain's operator builds for ``manifest``."""
-    job, problems = stored_object(TrainingJob, manifest)
+    job, problems, _ = stored_object(TrainingJob, manifest)
     if job is None:
         raise ValueError(f"invalid TrainingJob {manifest['metadata']['name']}: {problems}")
     # owner None: see the module docstring. The operator's own call is builders.worker_pod(job, i, 0,
