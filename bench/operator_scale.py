@@ -10,19 +10,14 @@ on the 4 default kwok nodes up to ~440 pods), and prints the timings.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
-from kubernetes import client, config
-from support.cluster import cluster_running, cluster_up, kubeconfig_path  # bench/support: a link to tests/support
-from support.kubectl import kubectl
-from support.kwok import KWOK_NAMESPACE_ANNOTATIONS, kwok_job
+from support.bench_cluster import bench_namespace  # bench/support: a link to tests/support
+from support.cluster import kubeconfig_path
+from support.kwok import kwok_job
 from support.operator_process import OperatorProcess
-from support.resources import wait_default_service_account
 
 from kubetrain.core import api
 from kubetrain.operator.jobs import builders as b
@@ -33,17 +28,7 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=256)
     p.add_argument("--timeout", type=float, default=600)
     args = p.parse_args()
-    if not cluster_running():
-        cluster_up()
-    os.environ["KUBECONFIG"] = str(kubeconfig_path())
-    config.load_kube_config(str(kubeconfig_path()))
-    core, custom = client.CoreV1Api(), client.CustomObjectsApi()
-    subprocess.run([sys.executable, "-m", "kubetrain.core", "crd", "-o", "/tmp/kubetrain-crd.yaml"], check=True)
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", "/tmp/kubetrain-crd.yaml")
-    ns = f"bench-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(  # pods to kwok nodes, never the real one
-        name=ns, annotations=KWOK_NAMESPACE_ANNOTATIONS)))
-    wait_default_service_account(core, ns, timeout=60)
+    core, custom, ns = bench_namespace()
     log = Path("/tmp/kubetrain-bench-operator.log")
     log.unlink(missing_ok=True)  # this run's log only
     op = OperatorProcess(kubeconfig_path(), log)

@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from collections import Counter
 from pathlib import Path
 
-from kubernetes import client, config
-from support.cluster import cluster_running, cluster_up, kubeconfig_path  # bench/support: a link to tests/support
-from support.kubectl import kubectl
-from support.kwok import KWOK_NAMESPACE_ANNOTATIONS, kwok_job
+from kubernetes import client
+from support.bench_cluster import bench_namespace  # bench/support: a link to tests/support
+from support.cluster import kubeconfig_path
+from support.kwok import kwok_job
 from support.operator_process import OperatorProcess
 from support.ports import free_port
-from support.resources import wait_default_service_account
 
 from kubetrain.core import api, contract
 from kubetrain.operator.jobs import builders as b
@@ -66,17 +62,7 @@ def main() -> int:
     p.add_argument("--jobs", type=int, default=20)
     p.add_argument("--seconds", type=float, default=180)
     args = p.parse_args()
-    if not cluster_running():
-        cluster_up()
-    os.environ["KUBECONFIG"] = str(kubeconfig_path())
-    config.load_kube_config(str(kubeconfig_path()))
-    core, custom = client.CoreV1Api(), client.CustomObjectsApi()
-    subprocess.run([sys.executable, "-m", "kubetrain.core", "crd", "-o", "/tmp/kubetrain-crd.yaml"], check=True)
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", "/tmp/kubetrain-crd.yaml")
-    ns = f"bench-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(  # pods to kwok nodes, never the real one
-        name=ns, annotations=KWOK_NAMESPACE_ANNOTATIONS)))
-    wait_default_service_account(core, ns, timeout=60)
+    core, custom, ns = bench_namespace()
     port = free_port()
     op = OperatorProcess(kubeconfig_path(), Path("/tmp/kubetrain-bench-writes.log"), metrics_port=port)
     op.start()
