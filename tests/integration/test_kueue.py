@@ -19,7 +19,7 @@ from support.conditions import condition
 from support.jobs import TrainingJobs
 from support.kwok import fake_node_manifest, kwok_job, succeed_workers
 from support.operator_process import OperatorProcess
-from support.real_pods import TRAINER_IMAGE, RealJobs, quickstart
+from support.real_pods import TRAINER_IMAGE, RealJobs, progress_step, quickstart
 from support.resources import not_found_ok
 from support.waiting import wait_for
 
@@ -209,7 +209,8 @@ def test_a_higher_priority_job_preempts_a_running_one_which_checkpoints_and_resu
         low = quickstart(**sized, maxSteps=400)
         low["metadata"]["labels"] = {contract.KUEUE_PRIORITY_CLASS_LABEL: queue.low}
         jobs.create(low, name="low")
-        jobs.wait(name := "low", lambda st: st.get("currentStep", 0) >= 20, 300, "low at step >= 20")
+        wait_for(lambda: progress_step(jobs.core, jobs.ns, "low") >= 20, 300, what="low's rank 0 at step >= 20")
+        name = "low"
         high = quickstart(**sized, maxSteps=20)
         high["metadata"]["labels"] = {contract.KUEUE_PRIORITY_CLASS_LABEL: queue.high}
         jobs.create(high, name="high")

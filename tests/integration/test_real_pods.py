@@ -393,7 +393,7 @@ def test_what_no_restart_cures_fails_the_job_once_naming_the_field(jobs: RealJob
 
 def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJobs, real_namespace: str) -> None:
     name = jobs.create(quickstart(**{**RESUMABLE, "checkpoint": {"everySteps": 1000}}), name="graceful")
-    jobs.wait(name, lambda st: st.get("currentStep", 0) >= 15, 300, "step >= 15")
+    wait_for(lambda: progress_step(jobs.core, real_namespace, name) >= 15, 300, what="rank 0 at step >= 15")
     kubectl("delete", "pod", "-n", real_namespace, f"{name}-worker-0", "--wait=false")
     st = jobs.wait(name, lambda s: s.get("restartGeneration", 0) >= 1 and s.get("resumedFromStep", 0) > 0, 300,
                    "the next generation resumed")
@@ -617,7 +617,7 @@ def test_a_rank_stopped_from_the_host_is_named_with_its_stacks_and_the_gang_resu
     # host through the process's root): a hang inside a checkpoint is given hangDetection.phaseSeconds instead.
     name = jobs.create(quickstart(**{**RESUMABLE, "maxSteps": 160, "checkpoint": {"everySteps": 20, "keep": 3}}),
                        name="hang")
-    jobs.wait(name, lambda st: st.get("currentStep", 0) >= 5, 300, "step >= 5")
+    wait_for(lambda: progress_step(jobs.core, jobs.ns, name) >= 5, 300, what="rank 0 at step >= 5")
     uid = jobs.core.read_namespaced_pod(f"{name}-worker-1", real_namespace).metadata.uid
     [rank] = trainer_ranks(uid)
     # /var/run is a link to /run in the image, which the host would resolve against its own root.
@@ -668,7 +668,7 @@ def test_a_node_whose_kubelet_stops_keeps_its_training_gang_and_the_job_succeeds
     server. The gang is kept (restartCount 0), a Warning names the node, and the job Succeeds."""
     name = jobs.create(quickstart(**{**RESUMABLE, "maxSteps": KUBELET_AWAY_MAX_STEPS, "resources": {"cpu": "250m"},
                                      "checkpoint": {"everySteps": 1000, "keep": 1}}), name="kubelet-away")
-    jobs.wait(name, lambda st: st.get("currentStep", 0) >= 5, 300, "step >= 5")
+    wait_for(lambda: progress_step(jobs.core, jobs.ns, name) >= 5, 300, what="rank 0 at step >= 5")
     core, t0 = jobs.core, time.monotonic()
     first = progress_step(core, real_namespace, name)
     with process_stopped(kubelet_pid()):

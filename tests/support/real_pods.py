@@ -173,7 +173,12 @@ def node_ready(core: client.CoreV1Api, name: str = NODE_NAME) -> bool:
 def progress_step(core: client.CoreV1Api, namespace: str, job: str) -> int:
     """The step rank 0 reported last, read from worker 0's annotation (the job's status takes progress alone at
     most every 30 s)."""
-    pod = core.read_namespaced_pod(f"{job}-worker-0", namespace)
+    try:
+        pod = core.read_namespaced_pod(f"{job}-worker-0", namespace)
+    except client.ApiException as exc:
+        if exc.status == 404:  # not created yet, or between generations
+            return 0
+        raise
     raw = (pod.metadata.annotations or {}).get(contract.PROGRESS_ANNOTATION)
     return int(json.loads(raw)["step"]) if raw else 0
 
