@@ -417,8 +417,11 @@ def test_missing_image_is_reported_within_60s(jobs: RealJobs) -> None:
     cond = next(c for c in st["conditions"] if c["type"] == "WorkersBlocked")
     print(f"pull failure reported after {elapsed(start)} s: {cond['reason']}: {cond['message']}")
     assert "noimage-worker-" in cond["message"] and "no-such-image" in cond["message"]
-    events = jobs.core.list_namespaced_event(jobs.ns, field_selector=f"involvedObject.name={name}").items
-    assert [e.message for e in events if e.reason == "ImagePullFailed" and e.type == "Warning"]
+    def warned() -> list[str]:  # the Event is recorded just after the status write that shows the condition
+        events = jobs.core.list_namespaced_event(jobs.ns, field_selector=f"involvedObject.name={name}").items
+        return [e.message for e in events if e.reason == "ImagePullFailed" and e.type == "Warning"]
+
+    wait_for(warned, 15, what="the ImagePullFailed Warning Event")
 
 
 def test_prometheus_scrapes_workers_on_their_pod_ips_as_the_podmonitor_selects(
