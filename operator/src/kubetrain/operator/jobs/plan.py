@@ -10,7 +10,6 @@ talks to the API server or reads a clock.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -109,10 +108,11 @@ def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime |
 def observe(
     spec: TrainingJobSpec, status: TrainingJobStatus, pods: list[dict[str, Any]],
     nodes: Mapping[str, datetime | None], progress: Progress | None, gone: Sequence[dict[str, Any]] = (),
-    progress_refused: bool = False,
+    progress_refused: bool = False, progress_seen: datetime | None = None, disruption: str | None = None,
 ) -> Observed:
     """`gone`: the last copies of this job's deleted pods that were disrupted (the cache keeps them), so a
-    preempted worker whose pod vanished before this reconcile still counts as disrupted, not deleted."""
+    preempted worker whose pod vanished before this reconcile still counts as disrupted, not deleted.
+    `progress_seen` and `disruption`: as Observed has them."""
     gen = status.restart_generation
     current = {facts(p).index: p for p in pods if facts(p).generation == gen}
     workers = [worker_state(i, pod, nodes) for i, pod in sorted(current.items()) if 0 <= i < spec.workers]
@@ -125,8 +125,10 @@ def observe(
         workers=tuple(workers),
         stale_workers=sum(1 for p in pods if facts(p).generation != gen),
         progress=progress,
+        progress_seen=progress_seen,
         checkpoints_durable=not spec.checkpoint.ephemeral,
         progress_unknown=unknown,
+        disruption=disruption,
     )
 
 
@@ -241,8 +243,9 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     if kueue.kueue_queue(job) is not None:  # spec.suspend belongs to Kueue's admission: what it says holds now
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": q.hold})})
     disruption = cluster_disruption(sum(1 for v in seen.nodes.values() if v is not None), seen.node_count)
-    observed = observe(job.spec, old, ours, seen.nodes, seen.progress, seen.gone, seen.progress_refused)
-    t = step(job.spec, old, dataclasses.replace(observed, disruption=disruption, progress_seen=seen.progress_seen), now)
+    observed = observe(job.spec, old, ours, seen.nodes, seen.progress, seen.gone, seen.progress_refused,
+                       seen.progress_seen, disruption)
+    t = step(job.spec, old, observed, now)
     if t.status.phase in FINISHED_PHASES and old.phase not in FINISHED_PHASES:
         # The job ends in this plan: its Workload is finished with it, not on whatever event comes next
         # (the echo of this plan's own status write re-plans nothing).
