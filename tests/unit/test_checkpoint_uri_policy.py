@@ -8,7 +8,7 @@ import pytest
 from kubetrain.core.api import S3Spec
 from kubetrain.trainer.checkpoint.object_store import parse_step, steps_to_delete
 from kubetrain.trainer.config import ConfigError
-from kubetrain.trainer.data.s3 import s3_options, store_error
+from kubetrain.trainer.data.s3 import require_bucket, s3_options, store_error
 
 
 @pytest.mark.parametrize(("s3", "style", "endpoint", "region"), [
@@ -47,12 +47,59 @@ def test_only_step_directories_are_steps() -> None:
 @pytest.mark.parametrize(("exc", "words"), [
     (PermissionError("An error occurred (SignatureDoesNotMatch)"), "credentials were refused"),
     (FileNotFoundError("The specified bucket does not exist"), "bucket does not exist"),
-    (type("EndpointConnectionError", (Exception,), {})("Could not connect"), "cannot be reached"),
+    (type("InvalidEndpointError", (Exception,), {})("Invalid endpoint: http//x"), "cannot be reached or addressed"),
 ])
 def test_errors_no_restart_cures_name_the_uri(exc: Exception, words: str) -> None:
     err = store_error(exc, "checkpoint.uri", "s3://bkt/runs")
     assert isinstance(err, ConfigError) and err.field == "checkpoint.uri"
     assert "s3://bkt/runs" in err.message and words in err.message
+
+
+def _error(kind: str) -> Exception:
+    return type(kind, (Exception,), {})(f"{kind} on endpoint URL")
+
+
+@pytest.mark.parametrize("kind", ["EndpointConnectionError", "ConnectTimeoutError"])
+def test_a_store_lost_after_first_contact_is_an_outage_a_restart_outlives(kind: str) -> None:
+    assert store_error(_error(kind), "checkpoint.uri", "s3://bkt") is None
+    err = store_error(_error(kind), "checkpoint.uri", "s3://bkt", first_contact=True)
+    assert err is not None and "cannot be reached" in err.message and kind in err.message
+
+
+class _Store:
+    """head_bucket answers with the queued errors, then succeeds; the clock moves only when the caller sleeps."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors, self.asked, self.now = list(errors), 0, 0.0
+
+    def call_s3(self, method: str, **kwargs: str) -> None:
+        assert (method, kwargs) == ("head_bucket", {"Bucket": "bkt"})
+        self.asked += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_first_contact_waits_out_a_store_that_cannot_be_reached_yet() -> None:
+    store = _Store(_error("ConnectTimeoutError"), _error("EndpointConnectionError"))
+    require_bucket(store, "checkpoint.uri", "s3://bkt/run", wait_s=60, clock=lambda: store.now, sleep=store.sleep)
+    assert store.asked == 3 and 0 < store.now <= 60
+
+
+def test_first_contact_names_the_field_once_the_wait_is_over() -> None:
+    store = _Store(*[_error("ConnectTimeoutError")] * 100)
+    with pytest.raises(ConfigError, match="cannot be reached or addressed") as raised:
+        require_bucket(store, "data.uri", "s3://bkt/x", wait_s=30, clock=lambda: store.now, sleep=store.sleep)
+    assert raised.value.field == "data.uri" and store.now >= 30 and store.asked < 100
+
+
+def test_first_contact_does_not_wait_for_a_bucket_that_does_not_exist() -> None:
+    store = _Store(FileNotFoundError("NoSuchBucket"))
+    with pytest.raises(ConfigError, match="bucket does not exist"):
+        require_bucket(store, "checkpoint.uri", "s3://bkt/run", wait_s=60, clock=lambda: store.now, sleep=store.sleep)
+    assert (store.asked, store.now) == (1, 0.0)
 
 
 def test_transient_errors_restart_the_gang() -> None:

@@ -128,7 +128,7 @@ class Bucket:
             self.fs.pipe_file(probe, b"")
             self.fs.rm_file(probe)
         except Exception as exc:
-            config = store_error(exc, FIELD, self.uri)
+            config = store_error(exc, FIELD, self.uri, first_contact=True)
             raise (config or ConfigError(FIELD, f"{self.uri}: {type(exc).__name__}: {exc}")) from exc
 
     def fence(self, mine: Fence | None) -> GenerationFence:
