@@ -1,6 +1,6 @@
 """Kueue admission on the real control plane, with Kueue's controller and webhooks built from its Go
 module (tests/support/kueue.py): the operator keeps each queued job's Workload, Kueue admits, queues and
-preempts it, and the job follows through spec.suspend.
+preempts it, and the job's gang follows; spec.suspend stays the user's, and deactivates the Workload.
 
 Quota and queueing run on kwok nodes; preemption runs on real pods of the trainer image, where a
 preempted gang really gets SIGTERM, writes its checkpoint and later resumes from it.
@@ -24,6 +24,7 @@ from support.resources import not_found_ok
 from support.waiting import wait_for
 
 from kubetrain.core import api, contract
+from kubetrain.core.cli import main
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +117,7 @@ def test_quota_for_one_gang_admits_one_job_and_the_next_when_it_finishes(
         "second", lambda st: (c := admitted(st)) and "insufficient" in c["message"], 60, "second queued")
     print(f"first: {first['phase']}, Admitted={admitted(first)}\nsecond: {second['phase']}, "
           f"Admitted={admitted(second)}")
-    assert second["phase"] == "Suspended" and jobs.get("second")["spec"]["suspend"] is True
+    assert second["phase"] == "Suspended" and "suspend" not in jobs.get("second")["spec"]  # held, not suspended
     assert live_pods(jobs, "second") == [] and len(live_pods(jobs, "first")) == 2
     wl = gpu_queue.workload("first")
     assert wl["spec"]["podSets"][0]["count"] == 2 and wl["status"]["admission"]["clusterQueue"] == gpu_queue.cq
@@ -128,7 +129,6 @@ def test_quota_for_one_gang_admits_one_job_and_the_next_when_it_finishes(
                          for c in gpu_queue.workload("first")["status"]["conditions"]), 30, what="Workload Finished")
     st = jobs.wait_status("second", lambda st: st.get("phase") in ("Created", "Running"), 60, "second admitted")
     assert (c := admitted(st)) is not None and c["status"] == "True"
-    wait_for(lambda: jobs.get("second")["spec"]["suspend"] is False, 30, what="second's spec.suspend cleared")
     reasons = [e.reason for e in jobs.events("second")]
     assert "Queued" in reasons and "QuotaReserved" in reasons
 
@@ -141,8 +141,39 @@ def test_a_job_managed_by_multikueue_gets_its_workload_and_no_pods(
         c["type"] == "Admitted" and c["status"] == "True" for c in (w.get("status") or {}).get("conditions") or [])
         and w, 60, what="mk's Workload admitted")
     assert wl["spec"]["queueName"] == "q"
-    wait_for(lambda: jobs.get("mk")["spec"].get("suspend") is False, 30, what="spec.suspend cleared on admission")
     assert jobs.pods("mk") == [] and jobs.status("mk") == {}  # MultiKueue's worker cluster runs it
+    assert "suspend" not in jobs.get("mk")["spec"]
+
+
+def test_a_queued_job_suspended_and_resumed_through_the_cli_deactivates_and_reactivates_its_workload(
+        admin_api: client.ApiClient, core_v1: client.CoreV1Api, namespace: str, operator: OperatorProcess,
+        gpu_queue: Queue, capsys: pytest.CaptureFixture[str]) -> None:
+    """`kubetrain suspend` on an admitted, running job: its Workload deactivated (Kueue evicts it, the quota goes
+    back), phase Suspended, and nothing undoes the suspend; `kubetrain resume`: reactivated, admitted again,
+    Running, with no failure counted."""
+    jobs = TrainingJobs(admin_api, namespace, operator)
+    jobs.submit(kwok_job("paused", {**GANG, "scheduling": {"queue": "q"}}))
+    jobs.wait_status("paused", lambda st: st.get("phase") == "Running", 90, "paused running")
+    cli = ["-n", namespace, "--kubeconfig", str(kubeconfig_path())]
+    assert main(["suspend", "paused", *cli]) == 0
+    said = capsys.readouterr().out
+    print(said)
+    assert "paused suspended (phase Suspended; Kueue: Deactivated: Workload" in said, said
+    wl = gpu_queue.workload("paused")
+    assert wl["spec"]["active"] is False
+    wait_for(lambda: not (gpu_queue.workload("paused").get("status") or {}).get("admission"), 60,
+             what="the quota given back once the gang is gone")
+    assert live_pods(jobs, "paused") == [] and jobs.get("paused")["spec"]["suspend"] is True
+    evicted = condition(gpu_queue.workload("paused")["status"], "Evicted")
+    assert evicted is not None and evicted["reason"] == "Deactivated", evicted
+    assert main(["resume", "paused", *cli]) == 0
+    said = capsys.readouterr().out
+    print(said)
+    assert "paused resumed (phase " in said, said
+    st = jobs.wait_status("paused", lambda st: st.get("phase") == "Running", 90, "paused running again")
+    assert gpu_queue.workload("paused")["spec"]["active"] is True
+    assert st.get("restartCount", 0) == 0 and (c := admitted(st)) is not None and c["reason"] == "QuotaReserved"
+    assert "Deactivated" in [e.reason for e in jobs.events("paused")]
 
 
 def test_topology_aware_scheduling_keeps_the_gang_in_one_block(

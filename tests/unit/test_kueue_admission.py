@@ -77,7 +77,7 @@ def test_the_workload_is_one_pod_set_the_gang_in_the_jobs_queue_with_its_priorit
 
 def test_a_new_queued_job_creates_its_workload_and_is_held_suspended():
     q = qplan(QueueView())
-    assert q.hold and q.suspend is True and q.create is not None
+    assert q.hold and q.create is not None and q.create["spec"]["active"] is True and q.active is None
     assert q.condition is not None and q.condition[:2] == (False, "Queued")
 
 
@@ -88,9 +88,9 @@ def test_a_pending_workload_holds_the_job_and_says_what_kueue_says():
     assert q.condition[1] == "Queued" and why in q.condition[2] and "team-a" in q.condition[2]
 
 
-def test_admission_clears_suspend_and_places_the_gang_on_the_flavor():
-    q = qplan(QueueView(wl(ADMITTED, ADMISSION), FLAVORS), body(suspend=True))
-    assert not q.hold and q.suspend is False and q.condition == (True, "QuotaReserved", "Workload trainingjob-j-abcde "
+def test_admission_releases_the_gang_and_places_it_on_the_flavor():
+    q = qplan(QueueView(wl(ADMITTED, ADMISSION), FLAVORS))
+    assert not q.hold and q.active is None and q.condition == (True, "QuotaReserved", "Workload trainingjob-j-abcde "
                                                                  "admitted by ClusterQueue cq")
     assert q.placement is not None and q.placement.node_selector == {"pool": "h100"}
     pod = kueue.place(b.worker_pod(model(body(scheduling={"queue": "team-a", "nodeSelector": {"pool": "mine"}})),
@@ -114,11 +114,11 @@ def test_a_gang_placed_by_topology_waits_at_kueues_gate():
 def test_eviction_stops_the_gang_and_gives_the_quota_back_only_once_it_is_gone():
     evicted = [*ADMITTED, ("Evicted", "True", "Preempted", "Preempted to accommodate a higher priority Workload")]
     running = qplan(QueueView(wl(evicted, ADMISSION)), gang_gone=False)
-    assert running.hold and running.suspend is True and running.workload_status is None
+    assert running.hold and running.workload_status is None
     assert running.condition is not None and running.condition[1] == "Evicted" and "Preempted" in running.condition[2]
-    gone = qplan(QueueView(wl(evicted, ADMISSION)), body(suspend=True), gang_gone=True)
+    gone = qplan(QueueView(wl(evicted, ADMISSION)), gang_gone=True)
     st = gone.workload_status
-    assert gone.suspend is None and st is not None and st["admission"] is None
+    assert gone.active is None and st is not None and st["admission"] is None
     conds = {c["type"]: c for c in st["conditions"]}
     assert conds["QuotaReserved"]["status"] == "False" and conds["QuotaReserved"]["reason"] == "Pending"
     assert conds["Admitted"]["status"] == "False" and conds["Requeued"]["status"] == "True"
@@ -174,13 +174,13 @@ def test_a_workload_name_held_by_someone_elses_workload_is_said_and_looked_at_ag
 def test_reconcile_holds_a_queued_job_until_admitted_then_creates_placed_pods():
     held = plan(Observation(body(), [], {}, T0, queue=QueueView()), S)
     assert held.status["phase"] == "Suspended" and not [o for o in held.create if o["kind"] == "Pod"]
-    assert held.queue.create is not None and held.queue.suspend is True
+    assert held.queue.create is not None and "suspend" not in held.status
     assert ("Normal", "Queued") in [e[:2] for e in held.events]
-    admitted = plan(Observation(body(status=held.status, suspend=True), [], {}, T0, queue=QueueView(wl(ADMITTED, ADMISSION),
-                                                                                           FLAVORS)), S)
+    admitted = plan(Observation(body(status=held.status), [], {}, T0, queue=QueueView(wl(ADMITTED, ADMISSION),
+                                                                                        FLAVORS)), S)
     pods = [o for o in admitted.create if o["kind"] == "Pod"]
     assert len(pods) == 2 and all(p_["spec"]["nodeSelector"] == {"pool": "h100"} for p_ in pods)
-    assert admitted.queue.suspend is False and ("Normal", "QuotaReserved") in [e[:2] for e in admitted.events]
+    assert admitted.queue.active is None and ("Normal", "QuotaReserved") in [e[:2] for e in admitted.events]
 
 
 def test_reconcile_stops_an_evicted_gang_without_counting_a_failure():
@@ -194,7 +194,7 @@ def test_reconcile_stops_an_evicted_gang_without_counting_a_failure():
 def test_a_job_another_controller_manages_gets_only_its_workload():
     b_ = body(managedBy="kueue.x-k8s.io/multikueue")
     p = plan(Observation(b_, [], {}, T0, queue=QueueView(wl(ADMITTED, ADMISSION))), S)
-    assert p.create == [] and p.status is None and p.events == [] and p.queue.suspend is None
+    assert p.create == [] and p.status is None and p.events == [] and p.queue.active is None
     p = plan(Observation(body(managedBy=contract.MANAGED_BY_OPERATOR, scheduling={}), [], {}, T0), S)
     assert [o["kind"] for o in p.create].count("Pod") == 2
 
@@ -224,3 +224,53 @@ def test_the_plan_that_ends_a_queued_job_finishes_its_workload_too():
     assert p.status["phase"] == "Succeeded"
     conds = {c["type"]: c for c in p.queue.workload_status["conditions"]}
     assert (conds["Finished"]["status"], conds["Finished"]["reason"]) == ("True", "Succeeded")
+
+
+DEACTIVATED = ("Evicted", "True", "Deactivated", "The workload is deactivated")
+
+
+def test_suspending_an_admitted_job_deactivates_its_workload_and_stops_the_gang():
+    q = qplan(QueueView(wl(ADMITTED, ADMISSION), FLAVORS), body(suspend=True), gang_gone=False)
+    assert q.active is False and q.hold and q.placement is None
+    assert q.condition is not None and q.condition[:2] == (False, "Deactivated")
+    assert "trainingjob-j-abcde deactivated" in q.condition[2] and "spec.suspend" in q.condition[2]
+    evicted = wl([*ADMITTED, DEACTIVATED], ADMISSION, suspend=True)  # Kueue's answer to spec.active false
+    running = qplan(QueueView(evicted), body(suspend=True), gang_gone=False)
+    assert running.active is None and running.hold and running.workload_status is None
+    gone = qplan(QueueView(evicted), body(suspend=True), gang_gone=True)
+    assert gone.workload_status is not None and gone.workload_status["admission"] is None  # the quota goes back
+    assert gone.condition is not None and gone.condition[1] == "Deactivated"
+
+
+def test_a_job_created_suspended_gets_an_inactive_workload():
+    q = qplan(QueueView(), body(suspend=True))
+    assert q.create is not None and q.create["spec"]["active"] is False and q.hold
+    assert q.create["metadata"]["annotations"] == {contract.WORKLOAD_SUSPENDED_ANNOTATION: "true"}
+    assert q.condition is not None and q.condition[1] == "Deactivated"
+
+
+def test_resuming_activates_the_workload_which_queues_again():
+    inactive = wl([("QuotaReserved", "False", "Pending", "Deactivated"), DEACTIVATED], suspend=True)
+    q = qplan(QueueView(inactive))
+    assert q.active is True and q.hold and q.condition is not None and q.condition[1] == "Queued"
+    reactivated = wl([("QuotaReserved", "False", "Pending", "waiting"), ("Requeued", "True", "Reactivated", ""),
+                      DEACTIVATED])  # Kueue clears Evicted only when it reserves quota again
+    q = qplan(QueueView(reactivated))
+    assert q.active is None and q.hold and q.condition is not None and q.condition[1] == "Queued"
+
+
+def test_a_workload_deactivated_by_kueue_or_an_admin_stays_deactivated():
+    theirs = wl([("QuotaReserved", "False", "Pending", ""), DEACTIVATED])
+    theirs["spec"]["active"] = False
+    q = qplan(QueueView(theirs))
+    assert q.active is None and q.hold and q.condition is not None and q.condition[1] == "Evicted"
+
+
+def test_reconcile_suspends_an_admitted_running_job_without_undoing_its_suspend():
+    status = {"phase": "Running", "restartGeneration": 0, "gangCreated": True, "startTime": "2026-03-01T11:59:00Z"}
+    p = plan(Observation(body(status=status, suspend=True), [running_pod(0), running_pod(1)], {}, T0,
+                         queue=QueueView(wl(ADMITTED, ADMISSION), FLAVORS)), S)
+    assert sorted(p.delete_pods) == ["j-worker-0", "j-worker-1"] and p.status["phase"] == "Suspended"
+    assert p.status.get("restartCount", 0) == 0 and p.queue.active is False
+    cond = next(c for c in p.status["conditions"] if c["type"] == "Admitted")
+    assert (cond["status"], cond["reason"]) == ("False", "Deactivated")

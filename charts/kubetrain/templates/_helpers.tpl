@@ -125,11 +125,12 @@ release: {{ . | quote }}
   verbs: ["get", "create"]
 {{- end }}
 {{- if .Values.rbac.kueue }}
-# Kueue: one Workload per job with spec.scheduling.queue (owned by the job); its status is written
-# when the evicted gang is gone (quota given back) and when the job finishes.
+# Kueue: one Workload per job with spec.scheduling.queue (owned by the job), deactivated while the job
+# is suspended (patch: spec.active); its status is written when the evicted gang is gone (quota given
+# back) and when the job finishes.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]

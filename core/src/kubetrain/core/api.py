@@ -193,6 +193,8 @@ class ConditionReason(enum.StrEnum):
     """Admitted False: the Workload waits in its LocalQueue (the message is Kueue's: which quota is short)."""
     EVICTED = "Evicted"
     """Admitted False: Kueue evicted the Workload (preempted by a higher priority, deactivated, ...); the gang stops with a checkpoint and waits to be admitted again."""
+    DEACTIVATED = "Deactivated"
+    """Admitted False: the job is suspended (spec.suspend), so its Workload is deactivated (spec.active false) and holds no quota; resuming activates it and it queues again."""
     KUEUE_MISSING = "KueueMissing"
     """Admitted False: the API server does not serve Kueue's Workload kind (Kueue is not installed); no worker pod is created until it is."""
     PRIORITY_CLASS_MISSING = "PriorityClassMissing"

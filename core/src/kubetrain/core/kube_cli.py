@@ -11,13 +11,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import yaml
 
-from kubetrain.core.api import GROUP, TrainingJob, TrainingJobStatus, TrainingSweep
+from kubetrain.core.api import (
+    ADMITTED,
+    GROUP,
+    Condition,
+    ConditionReason,
+    Phase,
+    TrainingJob,
+    TrainingJobStatus,
+    TrainingSweep,
+)
 from kubetrain.core.client import ClientError, ClusterClient, InvalidManifest, JobFailed, LocalClient, WaitTimeout
 from kubetrain.core.client.describe import age, describe_text, status_lines, table
 from kubetrain.core.client.model import ProgressUpdate, TrainingClient
@@ -144,14 +154,52 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return 0
 
 
+SETTLE_SECONDS = 30.0
+"""How long `suspend` / `resume` watch the job after the request, to say what happened rather than what was asked."""
+
+
 def _patch_verb(verb: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         client = _client(args)
-        job = client.suspend(args.name) if verb == "suspended" else client.resume(args.name)
-        print(f"trainingjob.{GROUP}/{job.metadata.name} {verb}")
+        suspending = verb == "suspended"
+        job = client.suspend(args.name) if suspending else client.resume(args.name)
+        deadline = time.monotonic() + args.wait
+        while not _settled(job, suspending) and time.monotonic() < deadline:
+            time.sleep(1.0)
+            job = client.get(args.name)
+        print(outcome_line(job, suspending, args.wait))
         return 0
 
     return run
+
+
+def _settled(job: TrainingJob, suspending: bool) -> bool:
+    """The request has had its effect: Suspended; or, resuming, running again or waiting for its queue."""
+    phase = job.status.phase if job.status else None
+    if suspending:
+        return phase == Phase.SUSPENDED
+    admitted = _admitted(job)
+    return phase not in (Phase.SUSPENDED, None) or (
+        admitted is not None and admitted.reason not in (ConditionReason.DEACTIVATED, ConditionReason.EVICTED))
+
+
+def _admitted(job: TrainingJob) -> Condition | None:
+    return next((c for c in (job.status.conditions if job.status else []) if c.type == ADMITTED), None)
+
+
+def outcome_line(job: TrainingJob, suspending: bool, waited: float) -> str:
+    """What `suspend` / `resume` print: the phase the job reached, and its queue's word where it has one."""
+    name = f"trainingjob.{GROUP}/{job.metadata.name}"
+    phase = job.status.phase if job.status else None
+    admitted = _admitted(job)
+    queue = f"; Kueue: {admitted.reason}: {admitted.message}" if admitted is not None else ""
+    if not _settled(job, suspending):
+        what = "suspend" if suspending else "resume"
+        return (f"{name} {what} requested (spec.suspend: {str(suspending).lower()}); phase still {phase} after "
+                f"{waited:.0f}s{queue}: see `kubetrain describe {job.metadata.name}`")
+    if suspending:
+        return f"{name} suspended (phase {phase}{queue})"
+    return f"{name} resumed (phase {phase}{queue})"
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -219,6 +267,9 @@ def register(subparsers: Any) -> None:
     w.add_argument("--timeout", type=float, help="give up after this many seconds (exit 1)")
     w.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     for name, func, text in (("suspend", _patch_verb("suspended"), "stop the workers after a checkpoint; keep the job"),
-                             ("resume", _patch_verb("resumed"), "start a suspended job again from its checkpoint"),
-                             ("delete", cmd_delete, "delete a TrainingJob (its workers stop)")):
-        add(name, func, text).add_argument("name", metavar="NAME")
+                             ("resume", _patch_verb("resumed"), "start a suspended job again from its checkpoint")):
+        p = add(name, func, text)
+        p.add_argument("name", metavar="NAME")
+        p.add_argument("--wait", type=float, default=SETTLE_SECONDS, metavar="SECONDS",
+                       help=f"watch the job this long for the outcome it prints (default {SETTLE_SECONDS:.0f}; 0: not)")
+    add("delete", cmd_delete, "delete a TrainingJob (its workers stop)").add_argument("name", metavar="NAME")

@@ -90,7 +90,7 @@ class JobController:
         self.applier = Applier(Apis.of(api_client), self.cache, settings.create_parallelism, clock,
                                patch_failed=self.queue.add,  # planned again from the pod as it is
                                limit=TokenBucket(settings.api_qps, settings.api_burst, time.monotonic()))
-        self.kueue = KueueIO(self.applier.io, self.applier.apis.custom, self.cache, self.applier.cache_job)
+        self.kueue = KueueIO(self.applier.io, self.applier.apis.custom, self.cache)
         self.first_running: set[Key] = set()
         """Jobs whose first time Running was observed (kubetrain_operator_time_to_running_seconds)."""
         self.first_step: set[Key] = set()

@@ -81,7 +81,7 @@ class Plan:
     """Pod name -> labels and annotations to set ({"labels": ..., "annotations": ...}): a kept pod's new
     generation, the generation its launcher is to run, a profile request on the job passed to rank 0's pod."""
     queue: kueue.QueuePlan = field(default_factory=kueue.QueuePlan)
-    """Kueue: the job's Workload to create, delete or update, and the spec.suspend to write."""
+    """Kueue: the job's Workload to create, delete, update or (de)activate."""
 
 
 # --------------------------------------------------------------------------- observe
@@ -240,8 +240,8 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     q = kueue.plan_queue(job, body, view, gang_gone, old.phase, template, now)
     if job.spec.managed_by not in (None, contract.MANAGED_BY_OPERATOR):
         return Plan(queue=q)  # another controller (MultiKueue) runs it: only its Workload is ours
-    if kueue.kueue_queue(job) is not None:  # spec.suspend belongs to Kueue's admission: what it says holds now
-        job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": q.hold})})
+    if q.hold and not job.spec.suspend:  # waiting for Kueue: held as if suspended, spec.suspend left the user's
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
     disruption = cluster_disruption(sum(1 for v in seen.nodes.values() if v is not None), seen.node_count)
     observed = observe(job.spec, old, ours, seen.nodes, seen.progress, seen.gone, seen.progress_refused,
                        seen.progress_seen, disruption)

@@ -1,6 +1,6 @@
 """Kueue's side of a reconcile, against the API server: what a queued job's plan needs to know (the
 ResourceFlavors of its admission, the value of its priority class) and carrying out its QueuePlan
-(the Workload created, replaced or updated, and spec.suspend written).
+(the Workload created, replaced, updated, deactivated or activated).
 
 Flavors and priority classes are cluster-scoped and rarely change: each is read at most once per
 LOOKUP_TTL seconds. Workloads themselves come from the watch (handlers.py) into the WatchCache.
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.rest import ApiException
 
-from kubetrain.core import api, contract
+from kubetrain.core import contract
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.validate import stored_object
 from kubetrain.operator.kueue import plan as kueue
@@ -42,9 +42,9 @@ class WorkloadCache(Protocol):
 
 
 class KueueIO:
-    def __init__(self, io: Io, custom: Any, cache: WorkloadCache, job_written: Callable[[Key, dict[str, Any]], None]):
-        """`custom`: the CustomObjectsApi; `job_written`: keeps the job's copy a write answered (spec.suspend)."""
-        self.io, self.custom, self.cache, self.job_written = io, custom, cache, job_written
+    def __init__(self, io: Io, custom: Any, cache: WorkloadCache):
+        """`custom`: the CustomObjectsApi."""
+        self.io, self.custom, self.cache = io, custom, cache
         self._lookups: dict[tuple[str, str], tuple[float, Any]] = {}
 
     # ------------------------------------------------------------------ reads
@@ -117,7 +117,7 @@ class KueueIO:
     # ------------------------------------------------------------------ writes
 
     async def carry_out(self, key: Key, body: dict[str, Any], q: kueue.QueuePlan) -> None:
-        """The Workload's create, delete or status, then spec.suspend (its watch event re-plans the job)."""
+        """The Workload's create, delete, status or spec.active (its watch event re-plans the job)."""
         if q.create is not None:
             await self._create(key, body, q.create)
         if q.delete is not None:
@@ -125,8 +125,8 @@ class KueueIO:
         wl = self.cache.workload(key)
         if q.workload_status is not None and wl is not None:
             await self._write_status(key, wl, q.workload_status)
-        if q.suspend is not None:
-            await self._suspend(key, body, q.suspend)
+        if q.active is not None and wl is not None:
+            await self._activate(key, wl, q.active)
 
     async def _create(self, key: Key, body: dict[str, Any], obj: dict[str, Any]) -> None:
         custom, cache = self.custom, self.cache
@@ -166,13 +166,17 @@ class KueueIO:
             return
         self.cache.workload_event("MODIFIED", new)
 
-    async def _suspend(self, key: Key, body: dict[str, Any], suspend: bool) -> None:
+    async def _activate(self, key: Key, wl: dict[str, Any], active: bool) -> None:
+        """spec.active on the Workload: false stops it (Kueue evicts it and queues it no more), true queues it."""
         try:
-            new = await self.io(self.custom.patch_namespaced_custom_object, api.GROUP,
-                                        api.VERSION, key[0], api.PLURAL, key[1], {"spec": {"suspend": suspend}})
+            patch = {"metadata": {"annotations": {contract.WORKLOAD_SUSPENDED_ANNOTATION: None if active else "true"}},
+                     "spec": {"active": active}}
+            new = await self.io(self.custom.patch_namespaced_custom_object, *K, key[0], contract.WORKLOAD_PLURAL,
+                                wl["metadata"]["name"], patch)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             return
-        log.info("%s/%s: spec.suspend set to %s for Kueue", key[0], key[1], suspend)
-        self.job_written(key, new)
+        log.info("%s/%s: Workload %s %s", key[0], key[1], wl["metadata"]["name"],
+                 "activated" if active else "deactivated (the job is suspended)")
+        self.cache.workload_event("MODIFIED", new)

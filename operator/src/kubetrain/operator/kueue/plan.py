@@ -2,10 +2,13 @@
 
 Kueue admits Workloads; it has no integration of its own for TrainingJobs. The operator plays the part
 Kueue's job integrations play for built-in kinds: it keeps one Workload per job (one pod set: the gang),
-holds the job suspended until Kueue admits that Workload, clears spec.suspend on admission (worker pods
-then carry the assigned flavors' node labels and tolerations, or wait at Kueue's topology gate), sets it
-on eviction, gives the quota back (clears the admission) once the evicted gang is gone, and marks the
-Workload Finished when the job ends. The I/O is in kueue/io.py; the lifecycle sees only "suspended".
+holds the gang until Kueue admits that Workload (worker pods then carry the assigned flavors' node labels
+and tolerations, or wait at Kueue's topology gate), stops it on eviction, gives the quota back (clears the
+admission) once the evicted gang is gone, and marks the Workload Finished when the job ends.
+
+spec.suspend is the user's alone: the hold is never written into it. A suspended job's Workload is
+deactivated (spec.active false, Kueue's own way to stop a Workload: it evicts it and queues it no more), and
+resuming activates it again. The I/O is in kueue/io.py; the lifecycle sees only "suspended".
 """
 
 from __future__ import annotations
@@ -67,9 +70,9 @@ class Placement:
 @dataclass
 class QueuePlan:
     hold: bool = False
-    """No gang may run: the job counts as suspended."""
-    suspend: bool | None = None
-    """The spec.suspend to write; None: it already says so."""
+    """No gang may run: the job counts as suspended (beside its own spec.suspend)."""
+    active: bool | None = None
+    """The Workload's spec.active to write (false while the job is suspended); None: it already says so."""
     create: dict[str, Any] | None = None
     delete: str | None = None
     """A Workload that no longer describes the gang (its size changed): deleted once the gang is gone."""
@@ -105,12 +108,15 @@ def workload(job: TrainingJob, body: dict[str, Any], pod: dict[str, Any],
     if any(topology.values()):
         pod_set["topologyRequest"] = {k: v for k, v in topology.items() if v} | {
             "podIndexLabel": contract.LABEL_INDEX}
-    spec: dict[str, Any] = {"queueName": job.spec.scheduling.queue, "podSets": [pod_set], "active": True}
+    spec: dict[str, Any] = {"queueName": job.spec.scheduling.queue, "podSets": [pod_set],
+                            "active": not job.spec.suspend}
     if priority is not None:
         spec.update(priorityClassSource=priority[0], priorityClassName=priority[1], priority=priority[2])
     meta = {"name": workload_name(job, body["metadata"]["uid"]), "namespace": job.metadata.namespace,
             "labels": {contract.LABEL_JOB: job.metadata.name, contract.QUEUE_LABEL: str(job.spec.scheduling.queue)},
             "ownerReferences": [owner_reference(body)]}
+    if job.spec.suspend:
+        meta["annotations"] = {contract.WORKLOAD_SUSPENDED_ANNOTATION: "true"}
     return {"apiVersion": WORKLOAD_API_VERSION, "kind": "Workload", "metadata": meta, "spec": spec}
 
 
@@ -150,22 +156,63 @@ def plan_queue(job: TrainingJob, body: dict[str, Any], view: QueueView, gang_gon
     desired = workload(job, body, pod(), view.priority)
     if (blocked := _blocked(view)) is not None:  # the create is tried again each LOOK_AGAIN_SECONDS
         retry = wl is None and not view.priority_missing
-        return _held(job, gang_gone, (False, *blocked), create=desired if retry else None)
+        return QueuePlan(hold=gang_gone, condition=(False, *blocked), create=desired if retry else None)
     if wl is None:
-        return _held(job, gang_gone, _queued(job, None), create=desired)
+        return _suspended(job, desired, QueuePlan(hold=gang_gone, condition=_queued(job, None), create=desired))
+    return _suspended(job, wl, _planned(job, wl, desired, view, gang_gone, now))
+
+
+def _planned(job: TrainingJob, wl: dict[str, Any], desired: dict[str, Any], view: QueueView, gang_gone: bool,
+             now: datetime) -> QueuePlan:
+    """The plan of a queued job whose Workload exists, by that Workload's state."""
     if not _matches(wl, desired):
         message = f"the gang changed: Workload {wl['metadata']['name']} is replaced once its pods are gone"
-        return _held(job, True, (False, ConditionReason.QUEUED, message),
-                     delete=wl["metadata"]["name"] if gang_gone else None)
-    if _holds(wl, "Evicted"):
-        return _evicted(job, wl, gang_gone, now)
+        return QueuePlan(hold=True, condition=(False, ConditionReason.QUEUED, message),
+                         delete=wl["metadata"]["name"] if gang_gone else None)
+    plan = QueuePlan(active=_activity(job, wl))
+    if plan.active is not True and _evicted_now(wl):  # activated: it queues again
+        return _evicted(wl, gang_gone, plan, now)
     if _holds(wl, "Admitted"):
         cq = ((wl.get("status") or {}).get("admission") or {}).get("clusterQueue", "")
-        condition = (True, str(ConditionReason.QUOTA_RESERVED), f"Workload {wl['metadata']['name']} admitted by "
-                     f"ClusterQueue {cq}")
-        return QueuePlan(suspend=False if job.spec.suspend else None, condition=condition,
-                         placement=placement(wl, view.flavors))
-    return _held(job, True, _queued(job, wl))
+        plan.condition = (True, str(ConditionReason.QUOTA_RESERVED), f"Workload {wl['metadata']['name']} admitted "
+                          f"by ClusterQueue {cq}")
+        plan.placement = placement(wl, view.flavors)
+        return plan
+    plan.hold, plan.condition = True, _queued(job, wl)
+    return plan
+
+
+def _activity(job: TrainingJob, wl: dict[str, Any]) -> bool | None:
+    """The spec.active to write: false when the job is suspended, true again on resume only where this
+    operator deactivated it (WORKLOAD_SUSPENDED_ANNOTATION); None: leave it."""
+    active = (wl.get("spec") or {}).get("active", True)
+    ours = contract.WORKLOAD_SUSPENDED_ANNOTATION in ((wl.get("metadata") or {}).get("annotations") or {})
+    if job.spec.suspend and active:
+        return False
+    if not job.spec.suspend and not active and ours:
+        return True
+    return None
+
+
+def _evicted_now(wl: dict[str, Any]) -> bool:
+    """Evicted, and not merely still marked so by a deactivation that ended (Kueue clears the condition only
+    when it reserves quota again: until then the Workload queues)."""
+    ev = _condition(wl, "Evicted")
+    if ev is None or ev.get("status") != "True":
+        return False
+    ended = ev.get("reason") == "Deactivated" and (wl.get("spec") or {}).get("active", True)
+    return not (ended and (wl.get("status") or {}).get("admission") is None)
+
+
+def _suspended(job: TrainingJob, wl: dict[str, Any], plan: QueuePlan) -> QueuePlan:
+    """A suspended job's plan says so: its Workload deactivated (or being), Kueue's quota not its to wait for."""
+    if not job.spec.suspend or plan.delete is not None:
+        return plan
+    plan.hold = True
+    plan.placement = None
+    plan.condition = (False, str(ConditionReason.DEACTIVATED), f"Workload {wl['metadata']['name']} deactivated: "
+                      "the job is suspended (spec.suspend); resuming activates it again")
+    return plan
 
 
 def _blocked(view: QueueView) -> tuple[str, str] | None:
@@ -191,12 +238,6 @@ def _finished(wl: dict[str, Any] | None, phase: str, now: datetime) -> QueuePlan
     return QueuePlan(workload_status=None if wl is None else _finish(wl, phase, now))
 
 
-def _held(job: TrainingJob, hold: bool, condition: tuple[bool, str, str], **kw: Any) -> QueuePlan:
-    """A job that waits for Kueue: suspended (on the API too, as Kueue's integrations do); `hold` False
-    keeps a gang that runs (its Workload is only not known yet) rather than stopping it."""
-    return QueuePlan(hold=hold, suspend=True if hold and not job.spec.suspend else None, condition=condition, **kw)
-
-
 def _queued(job: TrainingJob, wl: dict[str, Any] | None) -> tuple[bool, str, str]:
     reserved = _condition(wl, "QuotaReserved") if wl is not None else None
     why = (reserved or {}).get("message") or "waiting for Kueue to admit it"
@@ -204,12 +245,12 @@ def _queued(job: TrainingJob, wl: dict[str, Any] | None) -> tuple[bool, str, str
     return False, str(ConditionReason.QUEUED), f"Workload {name} in LocalQueue {job.spec.scheduling.queue}: {why}"
 
 
-def _evicted(job: TrainingJob, wl: dict[str, Any], gang_gone: bool, now: datetime) -> QueuePlan:
+def _evicted(wl: dict[str, Any], gang_gone: bool, plan: QueuePlan, now: datetime) -> QueuePlan:
     """Kueue evicted the Workload: stop the gang (it checkpoints on SIGTERM); once its pods are gone, give
     the quota back (clear the admission) so that Kueue can queue the Workload again."""
     ev = _condition(wl, "Evicted") or {}
     message = f"Workload {wl['metadata']['name']} evicted by Kueue ({ev.get('reason')}): {ev.get('message', '')}"
-    plan = _held(job, True, (False, str(ConditionReason.EVICTED), message))
+    plan.hold, plan.condition = True, (False, str(ConditionReason.EVICTED), message)
     if gang_gone and (wl.get("status") or {}).get("admission") is not None:
         plan.workload_status = _unreserved(wl, str(ev.get("reason") or ""), str(ev.get("message") or ""), now)
     return plan
