@@ -261,3 +261,14 @@ def test_a_local_sweep_is_read_from_its_status_file(tmp_path: Path) -> None:
     assert best is not None and (best.index, best.params) == (1, {path: 0.01})
     with pytest.raises(errors.NotFound):
         kt.get(name)  # a sweep, not a job
+
+
+def test_describe_counts_gpu_hours_up_to_now():
+    from kubetrain.core.api import TrainingJobStatus  # noqa: PLC0415
+    from kubetrain.core.client.describe import gpu_line  # noqa: PLC0415
+
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    st = TrainingJobStatus.model_validate({"gpuHours": 10.0, "goodput": {
+        "gpusHeld": 16, "gpusCountedAt": "2026-03-01T11:30:00Z", "lostGpuHours": 1.5}})
+    assert gpu_line(st, now) == "GPU-hours:   18.00 allocated, 1.50 lost to restarts (16 GPU(s) held now)"
+    assert gpu_line(TrainingJobStatus(), now) is None

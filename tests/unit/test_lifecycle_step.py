@@ -402,3 +402,30 @@ def test_fabric_degraded_warns_once_and_clears_when_the_fabric_is_used():
     [c] = [c for c in conds if c.type == FABRIC_DEGRADED]
     assert (c.status, c.reason, event) == ("False", ConditionReason.FABRIC_IN_USE, None)
     assert c.last_transition_time == format_time(T0 + timedelta(seconds=60))
+
+
+# --------------------------------------------------------------------------- GPU-hours
+
+
+def test_gpu_hours_count_the_gpus_pods_hold_without_a_status_change_while_nothing_moves():
+    sp = spec(resources={"gpusPerWorker": 8})
+    placed = Observed(workers=(WorkerState(0, R), WorkerState(1, P, node="n1")))
+    st = step(sp, running(), placed, T0).status
+    assert (st.gpu_hours, st.goodput.gpus_held, st.goodput.gpus_counted_at) == (0.0, 16, format_time(T0))
+    quiet = step(sp, st, placed, T0 + timedelta(minutes=30)).status
+    assert quiet.gpu_hours == 0.0 and quiet.goodput == st.goodput  # no write owed for holding alone
+    half = Progress(step=5, step_seconds=1.0)
+    later = step(sp, st, Observed(workers=placed.workers, progress=half), T0 + timedelta(minutes=30)).status
+    assert later.gpu_hours == 8.0 and later.goodput.gpus_counted_at == format_time(T0 + timedelta(minutes=30))
+    unwritten = step(sp, st, Observed(workers=placed.workers, progress=half), T0 + timedelta(minutes=45)).status
+    assert unwritten.gpu_hours == 12.0  # counted again from the written anchor: the same time once
+    gone = step(sp, later, Observed(workers=(WorkerState(0, R), WorkerState(1, P))), T0 + timedelta(hours=1)).status
+    assert (gone.gpu_hours, gone.goodput.gpus_held) == (16.0, 8)  # 16 GPUs for 30 min; unplaced holds none
+
+
+def test_lost_gpu_hours_are_the_lost_time_of_the_whole_gang_and_cpu_jobs_count_none():
+    lost = running(goodput={"lostSeconds": 900.0})
+    st = step(spec(resources={"gpusPerWorker": 8}), lost, workers(R, R), T0).status
+    assert st.goodput.lost_gpu_hours == 4.0  # 15 min x 16 GPUs
+    cpu = step(spec(), lost, workers(R, R), T0 + timedelta(hours=1)).status
+    assert (cpu.gpu_hours, cpu.goodput.lost_gpu_hours, cpu.goodput.gpus_held) == (0.0, 0.0, 0)

@@ -1196,6 +1196,12 @@ class Goodput(_Model):
     """The generation whose steps count as productive now (None until its first step)."""
     restarted_at: str | None = None
     """When the gang was restarted (not suspended), until the new generation's first step (RFC 3339)."""
+    lost_gpu_hours: float = 0.0
+    """lostSeconds in GPU-hours: the gang's GPUs (workers x resources.gpusPerWorker) for that time."""
+    gpus_held: int = 0
+    """GPUs the job's worker pods hold now (running, or placed on a node): resources.gpusPerWorker for each."""
+    gpus_counted_at: str | None = None
+    """While gpusHeld is above 0: up to when status.gpuHours has counted them (RFC 3339)."""
 
 
 class CheckpointRef(_Model):
@@ -1391,6 +1397,8 @@ class TrainingJobStatus(_Model):
     """Newest complete checkpoint."""
     goodput: Goodput = Field(default_factory=Goodput)
     """Productive and lost time, and steps redone after restarts (metrics kubetrain_operator_job_goodput_*)."""
+    gpu_hours: float = 0.0
+    """GPU-hours allocated to the job so far: resources.gpusPerWorker for each worker pod while it runs or is placed on a node, whatever it does with them (goodput.lostGpuHours: the part restarts cost). Metric kubetrain_operator_job_gpu_hours."""
     last_progress_time: str | None = None
     """When rank 0 last reported a new step."""
     network_transport: str | None = None

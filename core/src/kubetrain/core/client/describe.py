@@ -21,6 +21,7 @@ from kubetrain.core.api import (
 )
 from kubetrain.core.client.model import Event, Worker
 from kubetrain.core.contract import parse_time
+from kubetrain.core.lifecycle.status import gpu_hours_now
 
 RECENT_EVENTS = 10
 
@@ -106,6 +107,15 @@ def status_lines(name: str, namespace: str, st: TrainingJobStatus) -> list[str]:
     return lines
 
 
+def gpu_line(st: TrainingJobStatus, now: datetime) -> str | None:
+    """GPU-hours allocated up to `now`, what restarts cost of them, and the GPUs held now."""
+    total = gpu_hours_now(st.gpu_hours, st.goodput, now)
+    if total <= 0 and not st.goodput.gpus_held:
+        return None
+    return (f"GPU-hours:   {total:.2f} allocated, {st.goodput.lost_gpu_hours:.2f} lost to restarts "
+            f"({st.goodput.gpus_held} GPU(s) held now)")
+
+
 def goodput_line(g: Goodput) -> str | None:
     total = g.productive_seconds + g.lost_seconds
     if total <= 0:
@@ -159,6 +169,8 @@ def describe_text(job: TrainingJob, events: Sequence[Event], workers: Sequence[W
                     f"  (strategy {job.spec.strategy}, {job.spec.workers} worker(s) x {job.spec.procs} process(es))")
     if (g := goodput_line(st.goodput)) is not None:
         lines.append(g)
+    if (gpu := gpu_line(st, now)) is not None:
+        lines.append(gpu)
     lines += _worker_rows(workers) if workers else ["Per worker:  none (yet)"]
     lines += _event_rows(events, now) if events else ["Events:      none"]
     if (hint := next_step(meta.name, st, workers)) is not None:

@@ -35,9 +35,10 @@ from kubetrain.core.lifecycle.policies import (
     progressing_despite,
     restart_origin,
 )
-from kubetrain.core.lifecycle.status import phase_conditions, set_condition, take_progress
+from kubetrain.core.lifecycle.status import gpu_hours_now, phase_conditions, set_condition, take_progress
 
 __all__ = [
-    *model.__all__, "JobView", "backoff_seconds", "classify", "cluster_disruption", "decide", "finished", "phase_conditions",
+    *model.__all__, "JobView", "backoff_seconds", "classify", "cluster_disruption", "decide", "finished", "gpu_hours_now",
+    "phase_conditions",
     "progressing_despite", "restart_origin", "set_condition", "step", "take_progress", "view",
 ]

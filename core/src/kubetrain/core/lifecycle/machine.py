@@ -31,6 +31,7 @@ from kubetrain.core.lifecycle.model import (
 from kubetrain.core.lifecycle.policies import JobView, decide
 from kubetrain.core.lifecycle.preflight import preflight_condition
 from kubetrain.core.lifecycle.status import (
+    count_gpu_hours,
     fabric_condition,
     memory_event,
     phase_conditions,
@@ -75,6 +76,7 @@ def step(spec: TrainingJobSpec, status: TrainingJobStatus, observed: Observed, n
     new = status.model_copy(deep=True)
     new.max_steps, new.workers_total = spec.max_steps, spec.workers
     take_progress(new, observed, now)
+    count_gpu_hours(new, spec, observed, now, progressed=new.last_progress_time != status.last_progress_time)
     resized = status.gang_created and status.workers_total not in (0, spec.workers)
     job = view(spec, new, observed, status.workers_total if resized else None)
     d = decide(spec, job, now)

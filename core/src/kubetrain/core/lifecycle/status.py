@@ -12,12 +12,13 @@ from kubetrain.core.api import (
     CheckpointRef,
     Condition,
     ConditionReason,
+    Goodput,
     Phase,
     TrainingJobSpec,
     TrainingJobStatus,
 )
 from kubetrain.core.contract import format_duration, format_time, parse_time
-from kubetrain.core.lifecycle.model import Observed, Reason, RecordEvent
+from kubetrain.core.lifecycle.model import Observed, Reason, RecordEvent, WorkerPhase
 from kubetrain.core.lifecycle.policies import JobView
 from kubetrain.core.progress import Progress
 
@@ -101,6 +102,32 @@ def _count_time(status: TrainingJobStatus, progress: Progress, now: datetime) ->
         g.lost_seconds = round(g.lost_seconds + down + redone * (g.step_seconds or 0.0), 3)
     g.generation, g.restarted_at = status.restart_generation, None
     g.step_seconds = progress.step_seconds or g.step_seconds
+
+
+def count_gpu_hours(status: TrainingJobStatus, spec: TrainingJobSpec, observed: Observed, now: datetime,
+                    progressed: bool) -> None:
+    """status.gpuHours up to now, when the GPUs the worker pods hold changed or rank 0 reported a step (the
+    status is written then anyway): a job that only holds its GPUs costs no status write for it. Between two
+    counts the job holds goodput.gpusHeld (gpu_hours_now). A count whose status is not written leaves the
+    anchor where it was, so the next one counts the same time once."""
+    g = status.goodput
+    per_worker = spec.resources.gpus_per_worker
+    held = per_worker * sum(1 for w in observed.workers if w.phase == WorkerPhase.RUNNING
+                            or (w.phase == WorkerPhase.PENDING and w.node is not None))
+    g.lost_gpu_hours = round(g.lost_seconds * per_worker * spec.workers / 3600, 4)
+    if held == g.gpus_held and not (progressed and held):
+        return
+    status.gpu_hours = gpu_hours_now(status.gpu_hours, g, now)
+    g.gpus_held = held
+    g.gpus_counted_at = format_time(now) if held else None
+
+
+def gpu_hours_now(counted: float, g: Goodput, now: datetime) -> float:
+    """status.gpuHours (`counted`) with the GPUs held since goodput.gpusCountedAt counted up to `now`."""
+    since = parse_time(g.gpus_counted_at)
+    if since is None or not g.gpus_held:
+        return counted
+    return round(counted + g.gpus_held * max(0.0, (now - since).total_seconds()) / 3600, 4)
 
 
 def _take_rates(status: TrainingJobStatus, progress: Progress) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes import client
 
 from kubetrain.core import api, contract
-from kubetrain.core.lifecycle import Action, FailureKind, WorkerPhase
+from kubetrain.core.lifecycle import Action, FailureKind, WorkerPhase, gpu_hours_now
 from kubetrain.operator.jobs.apply import Apis, Applier
 from kubetrain.operator.jobs.cache import WatchCache
 from kubetrain.operator.jobs.plan import Observation, Plan, claim_to_check, deletion_overdue, plan
@@ -319,6 +319,10 @@ class JobController:
         metrics.JOB_GOODPUT_SECONDS.labels(*key, "productive").set(g.get("productiveSeconds", 0.0))
         metrics.JOB_GOODPUT_SECONDS.labels(*key, "lost").set(g.get("lostSeconds", 0.0))
         metrics.JOB_STEPS_LOST.labels(*key).set(g.get("stepsLost", 0))
+        if g.get("gpusHeld") or new.get("gpuHours"):
+            counted = api.Goodput.model_validate(g)
+            metrics.JOB_GPU_HOURS.labels(*key, "allocated").set(gpu_hours_now(new.get("gpuHours", 0.0), counted, now))
+            metrics.JOB_GPU_HOURS.labels(*key, "lost").set(counted.lost_gpu_hours)
 
     def count_phases(self) -> None:
         """Refresh the jobs-by-phase gauge (periodically, not per reconcile; 0 on a standby

@@ -102,7 +102,7 @@ def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime |
     if f.phase not in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, **where)
     return WorkerState(index, f.phase, node_not_ready_since=node_not_ready_since, in_place=f.in_place, held=f.held,
-                       fetching=f.fetching)
+                       fetching=f.fetching, node=f.node)
 
 
 def observe(
@@ -133,7 +133,7 @@ def observe(
 
 
 PROGRESS_FIELDS = frozenset({"currentStep", "loss", "evalLoss", "percentComplete", "eta", "tokensPerSecond", "mfu",
-                             "goodput", "lastProgressTime"})
+                             "goodput", "gpuHours", "lastProgressTime"})
 """Status fields that only say how far a running job got: what every report of rank 0 changes."""
 PROGRESS_WRITE_SECONDS = 30.0
 """Progress alone is written to status at most this often (rank 0 reports every 10 s): two status writes per

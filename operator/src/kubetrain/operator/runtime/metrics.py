@@ -51,6 +51,10 @@ TIME_TO_FIRST_STEP = Histogram(
 JOB_GOODPUT_SECONDS = Gauge("kubetrain_operator_job_goodput_seconds",
                             "Each job's training time that counted (productive) and what restarts cost (lost), "
                             "as status.goodput says", ["namespace", "trainingjob", "kind"])
+JOB_GPU_HOURS = Gauge("kubetrain_operator_job_gpu_hours",
+                      "Each job's GPU-hours: allocated (its worker pods held the GPUs, status.gpuHours brought up "
+                      "to now) and lost (what restarts cost, status.goodput.lostGpuHours)",
+                      ["namespace", "trainingjob", "kind"])
 JOB_STEPS_LOST = Gauge("kubetrain_operator_job_steps_lost",
                        "Steps each job trained again after restarts (past the checkpoint it resumed from)",
                        ["namespace", "trainingjob"])
@@ -68,6 +72,7 @@ PER_JOB: dict[Counter | Gauge, tuple[str, ...]] = {
     JOBS_FINISHED: ("namespace", "trainingjob", "phase", "reason"),
     JOB_GOODPUT_SECONDS: ("namespace", "trainingjob", "kind"),
     JOB_STEPS_LOST: ("namespace", "trainingjob"),
+    JOB_GPU_HOURS: ("namespace", "trainingjob", "kind"),
 }
 """The series that name one TrainingJob (`namespace`, `trainingjob`), with their label names in order."""
 
