@@ -98,7 +98,8 @@ def rank0_reports(jobs: TrainingJobs, record: Progress) -> None:
 def operator_scenario(admin: client.ApiClient, ns: str, op: OperatorProcess) -> None:
     """Running -> a worker fails (gang restart) -> Running again -> all workers succeed."""
     jobs = TrainingJobs(admin, ns, op)
-    jobs.submit(kwok_job("prom", {"workers": 2, "restartPolicy": {"backoffSeconds": 0, "backoffLimit": 3}}))
+    jobs.submit(kwok_job("prom", {"workers": 2, "resources": {"gpusPerWorker": 8},
+                                  "restartPolicy": {"backoffSeconds": 0, "backoffLimit": 3}}))
 
     def status() -> dict[str, Any]:
         return jobs.status("prom")
@@ -119,7 +120,9 @@ def operator_scenario(admin: client.ApiClient, ns: str, op: OperatorProcess) -> 
         rank0_reports(jobs, Progress(job="prom", generation=1, step=1, max_steps=100, resumed_from=0, step_seconds=0.5))
         wait_for(lambda: (status().get("goodput") or {}).get("stepsLost") == 6, 30, what="prom's steps lost")
         succeed_workers(jobs.core, ns, running_pods(1))
-        wait_for(lambda: status().get("phase") == "Succeeded", 60, what="prom Succeeded")
+        st = wait_for(lambda: status().get("phase") == "Succeeded" and status(), 60, what="prom Succeeded")
+        print(f"prom: gpuHours {st.get('gpuHours')}, goodput {st.get('goodput')}")
+        assert st.get("gpuHours", 0) > 0 and st["goodput"].get("lostGpuHours", 0) > 0, st
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{jobs.explain('prom')}") from exc
 
@@ -185,6 +188,8 @@ def test_prometheus_scrapes_operator_and_workers_and_every_panel_has_data(
             assert prom.finite('kubetrain_operator_gang_restarts_total{reason="OOMKilled"} >= 1') or prom.finite(
                 "sum(kubetrain_operator_gang_restarts_total) >= 1")
             assert prom.finite('kubetrain_operator_jobs_finished_total{phase="Succeeded"} >= 1')
+            for kind in ("allocated", "lost"):  # 16 GPUs from the first pod to the last, and the restart's share
+                assert prom.finite(f'kubetrain_operator_job_gpu_hours{{trainingjob="prom", kind="{kind}"}} > 0'), kind
             assert prom.finite('kubetrain_operator_sweep_best_value{sweep="promsweep"} == 1.5')
             assert prom.finite('kubetrain_operator_sweep_trials{sweep="promsweep", state="Complete"} == 1')
             rules = [r for g in prom.api("rules")["groups"] for r in g["rules"]]
