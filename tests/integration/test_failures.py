@@ -1,7 +1,8 @@
 """Failures the operator must answer, against the real control plane with kwok GPU nodes: a lost node
-whose pods stay Terminating, an eviction and a preemption (disruptions, not counted), a job resumed
-after its deadline would have passed while suspended, and an edit of its size. (Progress that cannot be reported is in
-test_progress_reporting.py: it needs an operator under a trimmed RBAC and no other operator running.)"""
+whose pods stay Terminating, an eviction, a preemption and a node about to go (disruptions, not counted),
+a job resumed after its deadline would have passed while suspended, and an edit of its size. (Progress
+that cannot be reported is in test_progress_reporting.py: it needs an operator under a trimmed RBAC and
+no other operator running.)"""
 
 from __future__ import annotations
 
@@ -96,6 +97,27 @@ def test_an_eviction_restarts_the_gang_without_spending_the_backoff_limit(jobs: 
     st = jobs.running("evict", 1)
     assert (st["restartCount"], st["ignoredRestarts"], st["failures"]) == (1, 1, {"Disrupted": 1}), st
     assert "not counted against backoffLimit" in next(e.message for e in jobs.events("evict") if e.reason == "Disrupted")
+
+
+def test_a_node_about_to_go_moves_the_gang_elsewhere_without_spending_the_backoff_limit(jobs: Jobs) -> None:
+    """Karpenter's taint on worker 1's node: the gang stops (SIGTERM: the trainer checkpoints) and generation 1
+    runs on other nodes (the taint keeps new pods off it), not counted against backoffLimit 0."""
+    jobs.create("spot", resources={"gpusPerWorker": 8}, restartPolicy={"backoffLimit": 0, "backoffSeconds": 0})
+    jobs.running("spot", 0)
+    doomed = next(p for p in jobs.pods("spot") if p.metadata.name == "spot-worker-1").spec.node_name
+    taint = {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
+    taints = jobs.core.read_node(doomed).spec.taints or []
+    jobs.core.patch_node(doomed, {"spec": {"taints": [*[t.to_dict() for t in taints], taint]}})
+    try:
+        st = jobs.running("spot", 1)
+        where = {p.metadata.name: p.spec.node_name for p in jobs.pods("spot")}
+        print(f"spot: {st['message']}; generation 1 on {where}")
+        assert (st["restartCount"], st["ignoredRestarts"], st["failures"]) == (1, 1, {"Disrupted": 1}), st
+        assert doomed not in where.values(), where
+        said = next(e.message for e in jobs.events("spot") if e.reason == "Disrupted")
+        assert f"node {doomed} is about to go (taint karpenter.sh/disrupted)" in said, said
+    finally:
+        jobs.core.patch_node(doomed, {"spec": {"taints": [t.to_dict() for t in taints]}})
 
 
 def test_suspended_time_does_not_count_against_the_active_deadline(jobs: Jobs) -> None:

@@ -105,6 +105,12 @@ def test_only_running_workers_on_ready_nodes_that_can_restart_in_place_are_kept(
     assert t.decision is not None and t.decision.keep == (3, 4)
 
 
+def test_only_the_worker_on_a_node_about_to_go_is_moved():
+    t = step(spec(), running(), gang(w(0), w(1), w(2, node="spot-3", node_terminating="karpenter.sh/disrupted"),
+                                    w(3)), T0)
+    assert t.decision is not None and t.decision.keep == (0, 1, 3) and t.status.ignored_restarts == 1
+
+
 def test_a_gang_that_never_ran_is_recreated_whole():
     s = spec(restartPolicy={"startTimeoutSeconds": 30})
     st = TrainingJobStatus.model_validate({"phase": "Created", "gangCreated": True, "startTime": format_time(T0),

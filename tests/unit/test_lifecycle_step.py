@@ -254,6 +254,17 @@ def test_a_disruption_restarts_without_counting_against_the_backoff_limit():
     assert (counted.status.phase, counted.status.reason) == (Phase.FAILED, "BackoffLimitExceeded")
 
 
+def test_a_node_about_to_go_restarts_the_gang_elsewhere_without_counting():
+    doomed = WorkerState(1, R, node="spot-7", node_terminating="aws-node-termination-handler/spot-itn")
+    t = step(spec(restartPolicy={"backoffLimit": 0}), running(), Observed(workers=(WorkerState(0, R), doomed)), T0)
+    assert (t.decision.action, t.status.reason, t.status.ignored_restarts) == (Action.RESTART_GANG, "Disrupted", 1)
+    assert "worker 1's node spot-7 is about to go (taint aws-node-termination-handler/spot-itn)" in t.status.message
+    assert t.effects[0] == DeleteWorkers(Scope.ALL)  # graceful: SIGTERM, and the trainer checkpoints
+    placed = WorkerState(1, P, node="spot-7", node_terminating="aws-node-termination-handler/spot-itn")
+    waiting = step(spec(), running(), Observed(workers=(WorkerState(0, R), placed)), T0)
+    assert waiting.decision.action != Action.RESTART_GANG  # not yet running: nothing to save or move yet
+
+
 def test_kubelet_eviction_is_a_disruption_too():
     obs = Observed(workers=(WorkerState(0, R), WorkerState(1, F, exit_code=137, reason="Evicted")))
     t = step(spec(restartPolicy={"backoffLimit": 0}), running(), obs, T0)

@@ -20,6 +20,7 @@ from kubetrain.operator.runtime.settings import (
     ENV_NAMESPACE,
     ENV_POD_NAMESPACE,
     ENV_RECONCILE_WORKERS,
+    ENV_TERMINATION_TAINTS,
     ENV_TRAINER_IMAGE,
     ENV_WORKER_NETWORK_POLICY,
     LeaderElection,
@@ -52,14 +53,20 @@ def test_the_environment_the_chart_sets_is_read() -> None:
 def test_the_chart_sets_the_same_names_with_the_same_defaults() -> None:
     template = DEPLOYMENT.read_text()
     for name in (ENV_TRAINER_IMAGE, ENV_METRICS_PORT, ENV_CREATE_PARALLELISM, ENV_RECONCILE_WORKERS,
-                 ENV_POD_NAMESPACE, ENV_WORKER_NETWORK_POLICY, ENV_API_QPS, ENV_API_BURST):
+                 ENV_POD_NAMESPACE, ENV_WORKER_NETWORK_POLICY, ENV_API_QPS, ENV_API_BURST, ENV_TERMINATION_TAINTS):
         assert f"- name: {name}\n" in template
     values = yaml.safe_load(VALUES.read_text())
     assert values["operator"]["createParallelism"] == DEFAULTS.create_parallelism
     assert values["operator"]["reconcileWorkers"] == DEFAULTS.reconcile_workers
     assert (values["operator"]["apiQPS"], values["operator"]["apiBurst"]) == (DEFAULTS.api_qps, DEFAULTS.api_burst)
     assert values["metrics"]["port"] == DEFAULTS.metrics_port
+    assert tuple(values["nodeTermination"]["taints"]) == DEFAULTS.termination_taints
     assert "--leader-elect-lease={{ .Values.leaderElection.leaseName }}" in template
+
+
+def test_termination_taints_come_comma_separated_and_empty_turns_them_off() -> None:
+    assert parse_settings([], {ENV_TERMINATION_TAINTS: "a/spot, b"}).termination_taints == ("a/spot", "b")
+    assert parse_settings([], {ENV_TERMINATION_TAINTS: ""}).termination_taints == ()
 
 
 def test_the_namespace_flag_wins_over_the_environment() -> None:

@@ -138,6 +138,14 @@ def test_node_not_ready_past_grace_restarts():
     assert p.status["phase"] == "Restarting" and p.status["failures"] == {"NodeLost": 1}
 
 
+def test_a_worker_on_a_node_about_to_go_restarts_the_gang_uncounted():
+    st = {"phase": "Running", "gangCreated": True}
+    p = plan(Observation(body(status=st), [pod(0), pod(1, node="n2")], {}, T0,
+                         terminating={"n2": "karpenter.sh/disrupted"}), S)
+    assert (p.status["phase"], p.status["failures"], p.status["ignoredRestarts"]) == ("Restarting", {"Disrupted": 1}, 1)
+    assert "node n2 is about to go (taint karpenter.sh/disrupted)" in p.status["message"]
+
+
 NOT_READY_AT = T0 - timedelta(seconds=61)
 """A node NotReady past the default grace (60 s)."""
 

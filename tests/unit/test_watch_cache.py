@@ -84,6 +84,19 @@ def test_deleted_jobs_leave_nothing_behind_even_when_their_pods_go_after_them() 
     assert cache.size() == 0 and cache.keys() == []
 
 
+def test_a_termination_taint_marks_the_node_and_requeues_the_jobs_on_it() -> None:
+    cache = WatchCache(("aws-node-termination-handler/spot-itn", "karpenter.sh/disrupted"))
+    cache.job_event("ADDED", job("a"))
+    cache.pod_event("ADDED", pod("a", 0, node="n1"))
+    tainted = {**node("n1", ready=True), "spec": {"taints": [
+        {"key": "other", "effect": "NoSchedule"}, {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}}
+    assert cache.node_event("MODIFIED", tainted, NOW) == [(NS, "a")]
+    assert cache.terminating == {"n1": "karpenter.sh/disrupted"}
+    assert cache.node_event("MODIFIED", tainted, NOW) == []  # nothing new
+    assert cache.node_event("MODIFIED", node("n1", ready=True), NOW) == [(NS, "a")]  # the taint went
+    assert cache.terminating == {}
+
+
 def test_a_node_going_not_ready_requeues_the_jobs_with_a_pod_on_it() -> None:
     cache = WatchCache()
     cache.job_event("ADDED", job("a"))

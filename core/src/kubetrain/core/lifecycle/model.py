@@ -98,6 +98,8 @@ class WorkerState:
     placed and at work, so neither slow to start nor blocked."""
     pod: str | None = None
     node: str | None = None
+    node_terminating: str | None = None
+    """The termination taint on its node (a spot reclaim, a scale-down): the node is about to go."""
 
 
 @dataclass(frozen=True)

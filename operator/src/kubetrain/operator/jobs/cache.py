@@ -14,7 +14,7 @@ job's pods, which the garbage collector is deleting, nor a pod someone else made
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -41,6 +41,12 @@ def node_not_ready_since(node: dict[str, Any], now: datetime) -> datetime | None
         if c.get("type") == "Ready":
             return None if c.get("status") == "True" else contract.parse_time(c.get("lastTransitionTime")) or now
     return None
+
+
+def termination_taint(node: dict[str, Any], keys: Iterable[str]) -> str | None:
+    """The first of `keys` among the node's taints (it is about to go), or None."""
+    present = {t.get("key") for t in (node.get("spec") or {}).get("taints") or []}
+    return next((k for k in keys if k in present), None)
 
 
 def _node_of(pod: dict[str, Any]) -> str | None:
@@ -89,10 +95,13 @@ class _Job:
 
 
 class WatchCache:
-    def __init__(self) -> None:
+    def __init__(self, termination_taints: Iterable[str] = ()) -> None:
         self._jobs: dict[Key, _Job] = {}
         self.nodes: dict[str, datetime | None] = {}
         """Node name -> since when it is not Ready (None: Ready); only nodes that reported."""
+        self.termination_taints = tuple(termination_taints)
+        self.terminating: dict[str, str] = {}
+        """Node name -> the termination taint it carries (one of termination_taints): it is about to go."""
         self.node_names: set[str] = set()
         """Every node the watch or a LIST told of: the cluster's size, for lifecycle.cluster_disruption."""
 
@@ -270,14 +279,20 @@ class WatchCache:
         return key
 
     def node_event(self, kind: str | None, body: dict[str, Any], now: datetime) -> list[Key]:
-        """Record a node's readiness; the jobs with a pod on it when that changed."""
+        """Record a node's readiness and termination taint; the jobs with a pod on it when either changed."""
         name = body["metadata"]["name"]
         if kind == DELETED:
             self.node_names.discard(name)
         else:
             self.node_names.add(name)
         since = None if kind == DELETED else node_not_ready_since(body, now)
-        return self.jobs_on(name) if self.set_node(name, since) else []
+        taint = None if kind == DELETED else termination_taint(body, self.termination_taints)
+        ready_changed, taint_changed = self.set_node(name, since), self.terminating.get(name) != taint
+        if taint is None:
+            self.terminating.pop(name, None)
+        else:
+            self.terminating[name] = taint
+        return self.jobs_on(name) if ready_changed or taint_changed else []
 
     # ------------------------------------------------------------------ live reads and own writes
 
@@ -326,10 +341,11 @@ class WatchCache:
                 if in_scope(key[0], scope) and key not in names and resource_version(entry.body) <= at]
 
     def nodes_missing_from(self, listed: list[dict[str, Any]]) -> list[str]:
-        """The NotReady nodes kept that a LIST of nodes lacks: deleted since (and forgotten from node_names)."""
+        """The NotReady or terminating nodes kept that a LIST of nodes lacks: deleted since (and forgotten from
+        node_names)."""
         names = {n["metadata"]["name"] for n in listed}
         self.node_names &= names
-        return [name for name in self.nodes if name not in names]
+        return sorted({*self.nodes, *self.terminating} - names)
 
     def missing_from(self, listed: list[dict[str, Any]], version: str, scope: str | None = None) -> list[dict[str, Any]]:
         """The cached pods a LIST at `version` lacks though they are no newer than it: deleted since they

@@ -85,7 +85,7 @@ class JobController:
         self.api_client = api_client
         self.settings = settings
         self.clock = clock
-        self.cache = WatchCache()
+        self.cache = WatchCache(settings.termination_taints)
         self.queue: WorkQueue[Key] = WorkQueue(fair_by=namespace_of)
         self.applier = Applier(Apis.of(api_client), self.cache, settings.create_parallelism, clock,
                                patch_failed=self.queue.add,  # planned again from the pod as it is
@@ -204,6 +204,7 @@ class JobController:
             self.pods_listed(pods)
         for name in self.cache.nodes_missing_from(snapshot.nodes):
             self.cache.nodes.pop(name, None)
+            self.cache.terminating.pop(name, None)
         for node in snapshot.nodes:
             self.node_event(None, node)
         for scope in self.settings.scopes():
@@ -258,7 +259,7 @@ class JobController:
             status_written=cache.status_written(key), claim_phase=claim_phase,
             gone=cache.disrupted(key),
             progress_refused=cache.progress_refused(key), create_refused=cache.create_refused(key),
-            foreign=cache.foreign(key), queue=queue, node_count=len(cache.node_names))
+            foreign=cache.foreign(key), queue=queue, node_count=len(cache.node_names), terminating=cache.terminating)
         p = plan(seen, self.settings.builders)
         self.paces[key] = pace(time.perf_counter() - t0)
         return p

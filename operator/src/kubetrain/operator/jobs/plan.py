@@ -91,10 +91,12 @@ def _pod_labels(pod: dict[str, Any]) -> dict[str, str]:
     return pod.get("metadata", {}).get("labels") or {}
 
 
-def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime | None]) -> WorkerState:
+def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime | None],
+                 terminating: Mapping[str, str] | None = None) -> WorkerState:
     """A Pod as the lifecycle sees it (pod_facts)."""
     f = facts(pod)
     node_not_ready_since = nodes.get(f.node or "") if nodes else None
+    taint = terminating.get(f.node or "") if terminating else None
     where = {"pod": pod["metadata"]["name"], "node": f.node, "hang": f.hang, "said": f.said, "failed_in": f.failed_in}
     if f.restartable:
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, in_place=f.in_place,
@@ -102,20 +104,21 @@ def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime |
     if f.phase not in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, **where)
     return WorkerState(index, f.phase, node_not_ready_since=node_not_ready_since, in_place=f.in_place, held=f.held,
-                       fetching=f.fetching, node=f.node)
+                       fetching=f.fetching, node=f.node, node_terminating=taint)
 
 
 def observe(
     spec: TrainingJobSpec, status: TrainingJobStatus, pods: list[dict[str, Any]],
     nodes: Mapping[str, datetime | None], progress: Progress | None, gone: Sequence[dict[str, Any]] = (),
     progress_refused: bool = False, progress_seen: datetime | None = None, disruption: str | None = None,
+    terminating: Mapping[str, str] | None = None,
 ) -> Observed:
     """`gone`: the last copies of this job's deleted pods that were disrupted (the cache keeps them), so a
     preempted worker whose pod vanished before this reconcile still counts as disrupted, not deleted.
-    `progress_seen` and `disruption`: as Observed has them."""
+    `progress_seen` and `disruption`: as Observed has them; `terminating`: node -> its termination taint."""
     gen = status.restart_generation
     current = {facts(p).index: p for p in pods if facts(p).generation == gen}
-    workers = [worker_state(i, pod, nodes) for i, pod in sorted(current.items()) if 0 <= i < spec.workers]
+    workers = [worker_state(i, pod, nodes, terminating) for i, pod in sorted(current.items()) if 0 <= i < spec.workers]
     gone_now = {facts(p).index for p in gone if facts(p).generation == gen and disrupted(p)}
     workers += [WorkerState(i, WorkerPhase.MISSING, reason="Disrupted") for i in sorted(gone_now - current.keys())
                 if 0 <= i < spec.workers]
@@ -212,6 +215,8 @@ class Observation:
     """A child's name held by an object this job does not own."""
     queue: kueue.QueueView = field(default_factory=kueue.QueueView)
     """Kueue's view of a job with a LocalQueue (its Workload, flavors, priority)."""
+    terminating: Mapping[str, str] = field(default_factory=dict)
+    """Node name -> the termination taint it carries: it is about to go."""
 
 
 def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
@@ -244,7 +249,7 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
         job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": True})})
     disruption = cluster_disruption(sum(1 for v in seen.nodes.values() if v is not None), seen.node_count)
     observed = observe(job.spec, old, ours, seen.nodes, seen.progress, seen.gone, seen.progress_refused,
-                       seen.progress_seen, disruption)
+                       seen.progress_seen, disruption, seen.terminating)
     t = step(job.spec, old, observed, now)
     if t.status.phase in FINISHED_PHASES and old.phase not in FINISHED_PHASES:
         # The job ends in this plan: its Workload is finished with it, not on whatever event comes next

@@ -43,6 +43,18 @@ ENV_WORKER_NETWORK_POLICY = "KUBETRAIN_WORKER_NETWORK_POLICY"
 """JSON: the chart's workerNetworkPolicy values ({"enabled": bool, "metricsFrom": [NetworkPolicyPeer, ...]})."""
 NETWORK_POLICY_PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")
 """The fields of a networking.k8s.io/v1 NetworkPolicyPeer."""
+ENV_TERMINATION_TAINTS = "KUBETRAIN_TERMINATION_TAINTS"
+"""Comma-separated taint keys that announce a node's end (the chart's nodeTermination.taints); empty: none."""
+TERMINATION_TAINTS = (
+    "aws-node-termination-handler/spot-itn",
+    "aws-node-termination-handler/asg-lifecycle-termination",
+    "aws-node-termination-handler/scheduled-maintenance",
+    "cloud.google.com/impending-node-termination",
+    "karpenter.sh/disrupted",
+    "ToBeDeletedByClusterAutoscaler",
+)
+"""Taints that termination handlers and autoscalers put on a node about to go (AWS Node Termination Handler,
+GKE, Karpenter, Cluster Autoscaler): a gang with a worker there restarts elsewhere at once, after a checkpoint."""
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 """The operator pod's own namespace (Downward API): where its Lease lives by default."""
 NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -128,6 +140,8 @@ class OperatorSettings:
     api_burst: int = 1000
     """API calls the reconciles may make at once above api_qps (KUBETRAIN_API_BURST): a gang of 1024 pods is
     created without waiting."""
+    termination_taints: tuple[str, ...] = TERMINATION_TAINTS
+    """Taint keys that announce a node's end (KUBETRAIN_TERMINATION_TAINTS, comma-separated)."""
     liveness: str = "http://0.0.0.0:8081/healthz"
     """kopf's health endpoint (--liveness, KUBETRAIN_LIVENESS)."""
     leader_election: LeaderElection | None = None
@@ -269,6 +283,8 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operat
             reconcile_workers=_env_number(p, env, ENV_RECONCILE_WORKERS, DEFAULTS.reconcile_workers),
             api_qps=_env_number(p, env, ENV_API_QPS, DEFAULTS.api_qps),
             api_burst=_env_number(p, env, ENV_API_BURST, DEFAULTS.api_burst),
+            termination_taints=(names([env[ENV_TERMINATION_TAINTS]]) if ENV_TERMINATION_TAINTS in env
+                                else DEFAULTS.termination_taints),
             liveness=args.liveness,
             leader_election=_leader_election(args, env, namespaces),
             verbose=args.verbose,
