@@ -172,3 +172,15 @@ def test_the_example_manifest_is_valid(capsys):
     job = Path(__file__).resolve().parents[2] / "examples" / "hf-trainer" / "job.yaml"
     assert main(["validate", str(job)]) == 0
     assert "valid TrainingJob 'hf-trainer'" in capsys.readouterr().out
+
+
+def test_a_job_whose_checkpoints_go_to_an_object_store_is_refused_naming_the_field(monkeypatch, tmp_path):
+    (tmp_path / "termination-log").write_text("")  # the kubelet makes it in a pod
+    monkeypatch.setattr(contract, "TERMINATION_LOG", str(tmp_path / "termination-log"))
+    with pytest.raises(SystemExit) as stopped:
+        kt.refuse_object_store({contract.CHECKPOINT_URI: "s3://bkt/run"})
+    assert stopped.value.code == contract.CONFIG_ERROR_EXIT_CODE
+    said = (tmp_path / "termination-log").read_text()
+    assert said.startswith(f"{contract.CONFIG_ERROR_PREFIX}checkpoint.uri: s3://bkt/run: a Hugging Face Trainer") \
+        and "checkpoint.claimName" in said, said
+    kt.refuse_object_store({})  # a volume, or a local run: nothing to refuse

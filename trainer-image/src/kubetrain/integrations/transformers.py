@@ -53,7 +53,7 @@ from kubetrain.core.progress import (
 from kubetrain.integrations.leave import leave_at_exit, register_leave
 from kubetrain.trainer.observe.progress import make_progress, report_progress
 
-__all__ = ["KubetrainCallback", "commit_checkpoint", "progress_fields", "resume_checkpoint"]
+__all__ = ["KubetrainCallback", "commit_checkpoint", "progress_fields", "refuse_object_store", "resume_checkpoint"]
 
 log = logging.getLogger("kubetrain.integrations.transformers")
 
@@ -121,10 +121,26 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def refuse_object_store(env: Mapping[str, str]) -> None:
+    """Exit 2 naming checkpoint.uri where the job keeps its checkpoints in an object store: the Trainer saves to
+    $KUBETRAIN_CHECKPOINT_DIR, which is then the pod's own scratch directory, and every checkpoint would go
+    with the pod. The job fails at once with the message instead of training without a checkpoint that lasts."""
+    uri = env.get(contract.CHECKPOINT_URI)
+    if not uri:
+        return
+    from kubetrain.trainer.config import ConfigError, config_error  # noqa: PLC0415
+
+    raise SystemExit(config_error(ConfigError(
+        "checkpoint.uri", f"{uri}: a Hugging Face Trainer script saves to KUBETRAIN_CHECKPOINT_DIR, which with "
+        "checkpoint.uri is the pod's scratch directory and goes with the pod: keep its checkpoints on a volume "
+        "(checkpoint.claimName, a ReadWriteMany claim shared by the workers)")))
+
+
 class KubetrainCallback(TrainerCallback):
     """Progress, heartbeats, committed checkpoints, SIGTERM -> checkpoint + exit 143 (see the module)."""
 
     def __init__(self, *, handle_signals: bool = True) -> None:
+        refuse_object_store(os.environ)
         self.handle_signals = handle_signals
         self.fail_at = parse_fail_at(os.environ)
         self.signalled = False
