@@ -150,6 +150,20 @@ def test_a_succeeded_job_completes_its_trial_with_its_final_or_best_loss(objecti
     assert (t.status.trials[0].state, t.status.trials[0].value) == (TrialState.COMPLETE, value)
 
 
+def test_an_eval_loss_objective_picks_the_best_trial_by_its_eval_loss():
+    spec = sweep_spec(max_trials=2, parallelism=2, objective={"metric": "evalLoss"}, pruner={"type": "none"})
+    status, _ = running(spec, 2)
+    ends = {0: TrialObservation(Phase.SUCCEEDED, step=100, loss=0.5, eval_loss=2.0),  # the lower training loss
+            1: TrialObservation(Phase.SUCCEEDED, step=100, loss=0.9, eval_loss=1.5)}
+    t = step(spec, status, ends)
+    assert [tr.value for tr in t.status.trials] == [2.0, 1.5] and t.status.best_trial == 1
+    assert t.status.message.startswith("best evalLoss 1.5 by trial 1") and "final evalLoss 1.5" in \
+        t.status.trials[1].message
+    noeval = step(spec, status, {0: job(Phase.SUCCEEDED, 100, 0.5), 1: job()}).status.trials[0]
+    assert noeval.state == TrialState.FAILED and "finite evalLoss" in noeval.message and "evalEverySteps" in \
+        noeval.message
+
+
 def test_a_succeeded_job_that_reported_no_loss_fails_its_trial():
     spec = sweep_spec(max_trials=1)
     status, _ = running(spec, 1)

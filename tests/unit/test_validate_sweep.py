@@ -68,6 +68,9 @@ BROKEN = [
     ({"spec__parameters__0": {"path": "suspend", "type": "categorical", "values": [True, False]}},
      ["spec.parameters[0].path: suspend pauses and resumes a job, not a hyperparameter: the sweep decides when "
       "each trial runs"]),
+    ({"spec__objective": {"metric": "evalLoss"}},
+     ["spec.objective.metric: evalLoss needs an evaluation in every trial: set template.spec.evalEverySteps (a "
+      "custom command reports its own eval_loss)"]),
     ({"spec__maxTrials": 501}, ["spec.maxTrials: must be <= 500"]),
     ({"metadata__name": "s" * 47}, ["metadata.name: must have at most 46 characters"]),
     ({"spec": None}, ["spec: required"]),

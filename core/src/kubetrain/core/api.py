@@ -1685,8 +1685,8 @@ PARAMETER_RULES: list[Rule] = [
 class SweepObjective(_Model):
     """What the sweep minimises."""
 
-    metric: Literal["loss"] = "loss"
-    """The training loss that rank 0 reports (status.loss of the trial's TrainingJob)."""
+    metric: Literal["loss", "evalLoss"] = "loss"
+    """`loss`: the training loss that rank 0 reports (status.loss of the trial's TrainingJob); `evalLoss`: the loss on held-out data at rank 0's newest evaluation (status.evalLoss: the template needs evalEverySteps, or a custom command that reports eval_loss)."""
     goal: Literal["minimize"] = "minimize"
     """Direction: losses are minimised."""
     value: Literal["final", "best"] = "final"
@@ -1772,6 +1772,15 @@ class TrainingSweepSpec(_Model):
 
 
 SWEEP_RULES: list[Rule] = [
+    Rule(
+        "objective.metric",
+        "self.objective.metric != 'evalLoss' || has(self.template.spec.evalEverySteps) || "
+        "has(self.template.spec.command) || self.parameters.exists(p, p.path == 'evalEverySteps')",
+        "evalLoss needs an evaluation in every trial: set template.spec.evalEverySteps (a custom command reports "
+        "its own eval_loss)",
+        lambda s: s.objective.metric != "evalLoss" or s.template.spec.eval_every_steps is not None
+        or s.template.spec.command is not None or any(p.path == "evalEverySteps" for p in s.parameters),
+    ),
     Rule(
         "parameters",
         "self.parameters.all(p, self.parameters.exists_one(q, q.path == p.path))",

@@ -216,7 +216,7 @@ class LocalSweep:
         spec = self.spec
         self.view.say(f"kubetrain: sweep {self.name!r} locally: {spec.max_trials} trials, {spec.parallelism} at a "
                       f"time, sampler {spec.sampler.type}, pruner {spec.pruner.type}, minimising the "
-                      f"{spec.objective.value} loss "
+                      f"{spec.objective.value} {spec.objective.metric} "
                       f"over {', '.join(p.path for p in spec.parameters)}")
         if note:
             self.view.say(note)

@@ -26,6 +26,12 @@ class TrialObservation:
     """Last loss its rank 0 reported."""
     message: str = ""
     """The job's status message (why it failed)."""
+    eval_loss: float | None = None
+    """Loss on held-out data at its rank 0's newest evaluation."""
+
+    def metric(self, name: str) -> float | None:
+        """The value of the sweep's objective metric (SweepObjective.metric)."""
+        return self.eval_loss if name == "evalLoss" else self.loss
 
 
 @dataclass(frozen=True)

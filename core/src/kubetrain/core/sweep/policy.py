@@ -119,17 +119,18 @@ def _observe(spec: TrainingSweepSpec, record: TrialRecord, obs: TrialObservation
 
 
 def _take_intermediate(spec: TrainingSweepSpec, record: TrialRecord, obs: TrialObservation) -> bool:
-    """Record the loss at the start of its interval (once per interval, from the first whole one on).
+    """Record the objective's metric at the start of its interval (once per interval, from the first whole one on).
 
     Every trial is compared at the same steps, whatever step each happened to be observed at.
     """
     every = study.interval(spec)
     at = obs.step // every * every
-    if obs.loss is None or not math.isfinite(obs.loss) or at < every:
+    value = obs.metric(spec.objective.metric)
+    if value is None or not math.isfinite(value) or at < every:
         return False
     if record.intermediate and record.intermediate[-1].step >= at:
         return False  # this interval is recorded, or the job went back to an older checkpoint
-    record.intermediate.append(TrialValue(step=at, value=obs.loss))
+    record.intermediate.append(TrialValue(step=at, value=value))
     return True
 
 
@@ -144,13 +145,16 @@ def _objective(spec: TrainingSweepSpec, record: TrialRecord, final: float | None
 
 def _complete(spec: TrainingSweepSpec, record: TrialRecord, obs: TrialObservation, now: datetime) -> list[Effect]:
     _take_intermediate(spec, record, obs)
-    value = _objective(spec, record, obs.loss)
+    metric = spec.objective.metric
+    value = _objective(spec, record, obs.metric(metric))
     if value is None:
-        why = (f"TrainingJob {record.job_name} succeeded without reporting a finite loss "
-               "(the sweep needs rank 0's progress reports: spec.progressReporting)")
+        needs = ("an evaluation: the template's evalEverySteps, or a custom command that reports eval_loss"
+                 if metric == "evalLoss" else "rank 0's progress reports: spec.progressReporting")
+        why = f"TrainingJob {record.job_name} succeeded without reporting a finite {metric} (the sweep needs {needs})"
         return _end(record, TrialState.FAILED, why, now)
     record.value = value
-    return _end(record, TrialState.COMPLETE, f"{spec.objective.value} loss {value:.6g} at step {obs.step}", now)
+    shown = "loss" if metric == "loss" else metric
+    return _end(record, TrialState.COMPLETE, f"{spec.objective.value} {shown} {value:.6g} at step {obs.step}", now)
 
 
 EVENT_REASONS = {
@@ -259,11 +263,11 @@ def _tally(spec: TrainingSweepSpec, status: TrainingSweepStatus) -> None:
         status.best_trial, status.best_value, status.best_params = best.index, best.value, dict(best.params)
 
 
-def _best(status: TrainingSweepStatus) -> str:
+def _best(spec: TrainingSweepSpec, status: TrainingSweepStatus) -> str:
     if status.best_trial is None or status.best_value is None:
         return "no trial completed yet"
     params = ", ".join(f"{k}={v}" for k, v in (status.best_params or {}).items())
-    return f"best loss {status.best_value:.6g} by trial {status.best_trial} ({params})"
+    return f"best {spec.objective.metric} {status.best_value:.6g} by trial {status.best_trial} ({params})"
 
 
 def _settle(spec: TrainingSweepSpec, was: SweepPhase, status: TrainingSweepStatus, now: datetime) -> list[Effect]:
@@ -274,9 +278,9 @@ def _settle(spec: TrainingSweepSpec, was: SweepPhase, status: TrainingSweepStatu
         phase, reason, message = SweepPhase.PENDING, SweepReason.CREATED, "no trial started yet"
     elif unfinished:
         phase, reason = SweepPhase.RUNNING, SweepReason.TRIALS_RUNNING
-        message = f"{status.trials_running} running, {status.trials_summary} finished; {_best(status)}"
+        message = f"{status.trials_running} running, {status.trials_summary} finished; {_best(spec, status)}"
     elif status.trials_complete:
-        phase, reason, message = SweepPhase.SUCCEEDED, SweepReason.COMPLETED, _best(status)
+        phase, reason, message = SweepPhase.SUCCEEDED, SweepReason.COMPLETED, _best(spec, status)
     else:
         phase, reason = SweepPhase.FAILED, SweepReason.NO_TRIAL_COMPLETED
         message = (f"no trial completed: {status.trials_pruned} pruned, {status.trials_failed} failed"

@@ -10,6 +10,7 @@ sweep never runs more trial processes than its parallelism.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -189,6 +190,14 @@ class LocalTrials:
         directory = self.directory(job_name)
         progress = read_progress(directory)
         step, loss = (progress.step, progress.loss) if progress is not None else (0, None)
+        seen = dataclasses.replace(self._observe(index, directory, step, loss),
+                                   eval_loss=progress.eval_loss if progress is not None else None)
+        summary = read_summary(directory) if seen.phase == Phase.SUCCEEDED else None
+        if summary is not None and summary.get("eval_loss") is not None:
+            seen = dataclasses.replace(seen, eval_loss=float(summary["eval_loss"]))
+        return seen
+
+    def _observe(self, index: int, directory: Path, step: int, loss: float | None) -> TrialObservation:
         proc = self.procs.get(index)
         if proc is None:
             return from_disk(directory, step, loss)

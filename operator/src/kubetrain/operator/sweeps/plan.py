@@ -116,7 +116,7 @@ def observation(job: Mapping[str, Any] | None) -> TrialObservation:
     except (TypeError, ValueError):
         step = 0
     return TrialObservation(phase=phase, step=step, loss=parse_loss(status.get("loss")),
-                            message=str(status.get("message") or ""))
+                            message=str(status.get("message") or ""), eval_loss=parse_loss(status.get("evalLoss")))
 
 
 def observe(status: TrainingSweepStatus, owned: Mapping[str, Mapping[str, Any]]) -> dict[int, TrialObservation]:
