@@ -31,6 +31,7 @@ from support.waiting import wait_for
 
 from kubetrain.client import ClusterClient, Forbidden, JobFailed, NotFound, ProgressUpdate
 from kubetrain.core import contract
+from kubetrain.core.cli import main
 from kubetrain.core.client.describe import describe_text
 from kubetrain.core.progress import Progress
 
@@ -155,7 +156,7 @@ def test_describe_of_a_blocked_job_says_what_to_do(kt: ClusterClient, ns: str) -
 
 
 def test_a_sweep_waited_for_and_its_best_trial(kt: ClusterClient, admin_api: client.ApiClient, ns: str,
-                                               operator: OperatorProcess) -> None:
+                                               operator: OperatorProcess, capsys: pytest.CaptureFixture[str]) -> None:
     kt.submit(kwok_sweep("tune", maxTrials=1, parallelism=1))
     finish_trial(TrainingJobs(admin_api, ns, operator), "tune-0", loss=1.5)
     sweep = kt.wait_sweep("tune", timeout=90)
@@ -164,4 +165,8 @@ def test_a_sweep_waited_for_and_its_best_trial(kt: ClusterClient, admin_api: cli
     best = kt.best_trial("tune")
     assert best is not None and (best.index, best.value) == (0, 1.5), best
     assert best.manifest["metadata"]["name"] == "tune-best" and "optimizer.lr" in best.params
+    assert main(["describe", "sweep/tune", "-n", ns, "--kubeconfig", str(kubeconfig_path())]) == 0
+    said = capsys.readouterr().out
+    print(said)
+    assert "Phase:       Succeeded" in said and "Best:        trial 0, job tune-0" in said, said
     kt.delete_sweep("tune")

@@ -27,10 +27,20 @@ from kubetrain.core.api import (
     TrainingJob,
     TrainingJobStatus,
     TrainingSweep,
+    TrainingSweepStatus,
 )
-from kubetrain.core.client import ClientError, ClusterClient, InvalidManifest, JobFailed, LocalClient, WaitTimeout
+from kubetrain.core.client import (
+    ClientError,
+    ClusterClient,
+    InvalidManifest,
+    JobFailed,
+    LocalClient,
+    NotFound,
+    WaitTimeout,
+)
 from kubetrain.core.client.describe import age, describe_text, status_lines, table
 from kubetrain.core.client.model import ProgressUpdate, TrainingClient
+from kubetrain.core.sweep import report as sweep_report
 
 CliError = ClientError
 """A problem printed as one line (exit 1): every error of the client."""
@@ -97,9 +107,46 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+SWEEP_PREFIXES = ("sweep/", "trainingsweep/", "trainingsweeps/")
+"""`kubetrain status sweep/NAME`: a TrainingSweep, kubectl's TYPE/NAME way (a plain NAME that no job has is
+looked up as a sweep too)."""
+
+
+def _sweep_or_job(client: TrainingClient, name: str) -> TrainingSweep | TrainingJob:
+    if name.startswith(SWEEP_PREFIXES):
+        return client.get_sweep(name.split("/", 1)[1])
+    try:
+        return client.get(name)
+    except NotFound:
+        try:
+            return client.get_sweep(name)
+        except NotFound:
+            pass
+        raise
+
+
+def sweep_lines(sweep: TrainingSweep, describe: bool = False) -> list[str]:
+    """`kubetrain status` of a sweep: its phase and message, then the trials table (the best marked `*`);
+    `describe` adds each finished trial's message and the best trial's job."""
+    st, name = sweep.status or TrainingSweepStatus(), sweep.metadata.name
+    lines = [f"Name:        {name}", f"Namespace:   {sweep.metadata.namespace or '-'}",
+             f"Phase:       {st.phase} ({st.reason or '-'})", f"Message:     {st.message or '-'}",
+             *sweep_report.table(name, sweep.spec, st)]
+    if describe:
+        lines += [f"  trial {t.index} ({t.job_name}): {t.message}" for t in st.trials if t.message]
+        best = next((t for t in st.trials if t.index == st.best_trial), None)
+        if best is not None:
+            lines.append(f"Best:        trial {best.index}, job {best.job_name} "
+                         f"(`kubetrain describe {best.job_name}`)")
+    return lines
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     client = _client(args)
-    job = client.get(args.name)
+    found = _sweep_or_job(client, args.name)
+    if isinstance(found, TrainingSweep):
+        return _show_sweep(found, args.output, describe=False)
+    job = found
     ns = job.metadata.namespace or "-"
     st = job.status.dump() if job.status else {}
     if args.output in ("json", "yaml"):
@@ -109,9 +156,20 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_sweep(sweep: TrainingSweep, output: str, describe: bool) -> int:
+    if output in ("json", "yaml"):
+        _dump(_wire(sweep), output)
+    else:
+        print("\n".join(sweep_lines(sweep, describe)))
+    return 0
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
     client = _client(args)
-    job = client.get(args.name)
+    found = _sweep_or_job(client, args.name)
+    if isinstance(found, TrainingSweep):
+        return _show_sweep(found, args.output, describe=True)
+    job = found
     events, workers = client.events(args.name), client.workers(args.name)
     if args.output in ("json", "yaml"):
         _dump({**_wire(job), "events": [e.__dict__ for e in events], "workers": [w.__dict__ for w in workers]},
@@ -248,8 +306,10 @@ def register(subparsers: Any) -> None:
     ls.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
     ls.add_argument("-l", "--selector", help="label selector (e.g. team=nlp,tier!=dev)")
     output(ls, "table")
-    verbs: tuple[tuple[str, Callable[[argparse.Namespace], int], str], ...] = (("status", cmd_status, "a TrainingJob's phase, progress, restarts and conditions"),
-                             ("describe", cmd_describe, "status, workers, goodput, recent Events and what to do next"))
+    verbs: tuple[tuple[str, Callable[[argparse.Namespace], int], str], ...] = (("status", cmd_status, "a TrainingJob's phase, progress, restarts and conditions (sweep/NAME: a "
+                                       "TrainingSweep's trials and best)"),
+                             ("describe", cmd_describe, "status, workers, goodput, recent Events and what to do next "
+                                                        "(sweep/NAME: its trials' outcomes and best job)"))
     for name, func, text in verbs:
         p = add(name, func, text)
         p.add_argument("name", metavar="NAME")

@@ -67,7 +67,7 @@ def table(name: str, spec: TrainingSweepSpec, status: TrainingSweepStatus,
     rows = [(str(t.index), _cut(format_params(t.params), PARAMS_WIDTH), f"{t.step}/{max_steps}",
              _loss(trial_loss(t, live)), t.state.value + (" *" if t.index == status.best_trial else ""))
             for t in status.trials]
-    titles = ("#", "params", "step", "loss", "state")
+    titles = ("#", "params", "step", spec.objective.metric, "state")
     widths = [max([len(titles[i])] + [len(r[i]) for r in rows]) for i in range(len(titles))]
     lines = [header(name, spec, status), "  ".join(t.ljust(w) for t, w in zip(titles, widths, strict=True)).rstrip()]
     for r in rows:
