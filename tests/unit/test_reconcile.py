@@ -138,6 +138,22 @@ def test_node_not_ready_past_grace_restarts():
     assert p.status["phase"] == "Restarting" and p.status["failures"] == {"NodeLost": 1}
 
 
+@pytest.mark.parametrize(("finished", "restarted"), [("2026-03-01T11:59:00Z", True), ("2026-03-01T11:59:40Z", False)])
+def test_a_kept_worker_that_had_already_finished_is_not_waited_for(finished, restarted):
+    """Worker 1 was kept in place for generation 1 (restarted at 11:59:30) as its trainer exited 0 at 11:59:00:
+    it never runs generation 1, and the gang restarts at once, uncounted. Finished after the restart, it ran
+    generation 1 and simply finished before worker 0."""
+    st = {"phase": "Running", "gangCreated": True, "restartGeneration": 1, "restartCount": 1,
+          "lastRestartTime": "2026-03-01T11:59:30Z"}
+    done = pod(1, gen=1, phase="Succeeded", exit_code=0)
+    done["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = finished
+    p = plan(Observation(body(status=st), [pod(0, gen=1), done], {}, T0), S)
+    assert (p.status["phase"] == "Restarting") == restarted, p.status
+    if restarted:
+        assert p.status["ignoredRestarts"] == 1 and "worker 1 had finished before this generation began" in \
+            p.status["message"]
+
+
 def test_a_worker_on_a_node_about_to_go_restarts_the_gang_uncounted():
     st = {"phase": "Running", "gangCreated": True}
     p = plan(Observation(body(status=st), [pod(0), pod(1, node="n2")], {}, T0,

@@ -100,6 +100,9 @@ class WorkerState:
     node: str | None = None
     node_terminating: str | None = None
     """The termination taint on its node (a spot reclaim, a scale-down): the node is about to go."""
+    ended_before: bool = False
+    """Succeeded before its generation began: a worker kept in place that had already finished (it will never
+    run this generation)."""
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,8 @@ def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime,
         return FailureKind.EXIT_CODE
     if w.phase == WorkerPhase.MISSING and w.created:
         return FailureKind.DELETED
+    if w.phase == WorkerPhase.SUCCEEDED and w.ended_before:
+        return FailureKind.DISRUPTED  # kept in place after it had finished: it would never join this generation
     if w.phase == WorkerPhase.RUNNING and w.node_terminating is not None:
         return FailureKind.DISRUPTED  # restarted elsewhere now, with a checkpoint, before the node goes
     if not disrupted and node_lost(spec, w, now, last_progress):
@@ -206,6 +208,8 @@ def describe(w: WorkerState, kind: FailureKind) -> str:
         return f"{who} exited with code {w.exit_code}" + (f" ({w.said})" if w.said else "")
     if kind == FailureKind.NODE_LOST:
         return f"worker {w.index}'s node is NotReady"
+    if kind == FailureKind.DISRUPTED and w.ended_before:
+        return f"worker {w.index} had finished before this generation began (it was kept in place as it ended)"
     if kind == FailureKind.DISRUPTED and w.node_terminating is not None:
         return f"worker {w.index}'s node {w.node} is about to go (taint {w.node_terminating})"
     if kind == FailureKind.NO_PROGRESS and w.hang is not None:

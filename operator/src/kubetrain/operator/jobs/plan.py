@@ -92,8 +92,9 @@ def _pod_labels(pod: dict[str, Any]) -> dict[str, str]:
 
 
 def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime | None],
-                 terminating: Mapping[str, str] | None = None) -> WorkerState:
-    """A Pod as the lifecycle sees it (pod_facts)."""
+                 terminating: Mapping[str, str] | None = None, began: datetime | None = None) -> WorkerState:
+    """A Pod as the lifecycle sees it (pod_facts); `began`: when the current generation was started (its
+    restart), None for the first."""
     f = facts(pod)
     node_not_ready_since = nodes.get(f.node or "") if nodes else None
     taint = terminating.get(f.node or "") if terminating else None
@@ -102,7 +103,8 @@ def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime |
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, in_place=f.in_place,
                            restartable=True, node_not_ready_since=node_not_ready_since, **where)
     if f.phase not in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
-        return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, **where)
+        early = began is not None and f.ended_at is not None and f.ended_at < began
+        return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, ended_before=early, **where)
     return WorkerState(index, f.phase, node_not_ready_since=node_not_ready_since, in_place=f.in_place, held=f.held,
                        fetching=f.fetching, node=f.node, node_terminating=taint)
 
@@ -118,7 +120,9 @@ def observe(
     `progress_seen` and `disruption`: as Observed has them; `terminating`: node -> its termination taint."""
     gen = status.restart_generation
     current = {facts(p).index: p for p in pods if facts(p).generation == gen}
-    workers = [worker_state(i, pod, nodes, terminating) for i, pod in sorted(current.items()) if 0 <= i < spec.workers]
+    began = contract.parse_time(status.last_restart_time) if gen > 0 else None
+    workers = [worker_state(i, pod, nodes, terminating, began) for i, pod in sorted(current.items())
+               if 0 <= i < spec.workers]
     gone_now = {facts(p).index for p in gone if facts(p).generation == gen and disrupted(p)}
     workers += [WorkerState(i, WorkerPhase.MISSING, reason="Disrupted") for i in sorted(gone_now - current.keys())
                 if 0 <= i < spec.workers]

@@ -56,6 +56,8 @@ class PodFacts:
     """When the scheduler last said it found no node for the pod (None: it did not)."""
     hang: HangReport | None = None
     """A hung worker's report: its launcher's termination message (exit code contract.HUNG_EXIT_CODE)."""
+    ended_at: datetime | None = None
+    """When the trainer container of a Succeeded worker ended."""
     said: str | None = None
     """The configuration error of the container that failed (exit contract.CONFIG_ERROR_EXIT_CODE), from its
     termination message: the trainer's, or the fetch's (failed_in)."""
@@ -108,6 +110,7 @@ def _read(pod: dict[str, Any]) -> PodFacts:
         running=failures > 0 or _still_running(status), ready=_ready(status), pending=pending,
         unschedulable_since=_unschedulable_since(status), hang=hang, said=said,
         failed_in=init[0] if init is not None else None, fetching=pending and _fetching(status),
+        ended_at=contract.parse_time((ended or {}).get("finishedAt")) if phase == WorkerPhase.SUCCEEDED else None,
     )
 
 
