@@ -117,7 +117,7 @@ def test_quota_for_one_gang_admits_one_job_and_the_next_when_it_finishes(
         "second", lambda st: (c := admitted(st)) and "insufficient" in c["message"], 60, "second queued")
     print(f"first: {first['phase']}, Admitted={admitted(first)}\nsecond: {second['phase']}, "
           f"Admitted={admitted(second)}")
-    assert second["phase"] == "Suspended" and "suspend" not in jobs.get("second")["spec"]  # held, not suspended
+    assert second["phase"] == "Suspended" and jobs.get("second")["spec"]["suspend"] is False  # held, not suspended
     assert live_pods(jobs, "second") == [] and len(live_pods(jobs, "first")) == 2
     wl = gpu_queue.workload("first")
     assert wl["spec"]["podSets"][0]["count"] == 2 and wl["status"]["admission"]["clusterQueue"] == gpu_queue.cq
@@ -142,7 +142,7 @@ def test_a_job_managed_by_multikueue_gets_its_workload_and_no_pods(
         and w, 60, what="mk's Workload admitted")
     assert wl["spec"]["queueName"] == "q"
     assert jobs.pods("mk") == [] and jobs.status("mk") == {}  # MultiKueue's worker cluster runs it
-    assert "suspend" not in jobs.get("mk")["spec"]
+    assert jobs.get("mk")["spec"]["suspend"] is False  # the user's: never written for Kueue
 
 
 def test_a_queued_job_suspended_and_resumed_through_the_cli_deactivates_and_reactivates_its_workload(
