@@ -32,6 +32,7 @@ from kubetrain.operator.jobs.apply import (
 )
 from kubetrain.operator.jobs.cache import WatchCache
 from kubetrain.operator.jobs.plan import Plan
+from kubetrain.operator.runtime.objects import merge_patch
 from kubetrain.operator.runtime.settings import OperatorSettings, WorkerNetworkPolicy, WorkerSettings
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
@@ -239,6 +240,13 @@ def test_a_pod_is_deleted_only_if_it_is_still_the_one_planned_for(fake: SimpleNa
     assert _deletes(fake) == [("a-worker-0", None, "u0"), ("a-worker-1", None, "uid-old")]
     assert cache.pod(KEY, "a-worker-1")["metadata"]["uid"] == "uid-new"  # kept: not the pod the delete was for
     assert "deletionTimestamp" not in cache.pod(KEY, "a-worker-1")["metadata"]
+
+
+def test_a_field_dropped_inside_an_object_is_nulled_too() -> None:
+    old = {"phase": "Running", "goodput": {"restartedAt": "t", "lostSeconds": 1.0}, "conditions": [{"type": "A"}]}
+    new = {"phase": "Running", "goodput": {"lostSeconds": 2.0}, "conditions": []}
+    assert merge_patch(old, new) == {"phase": "Running", "goodput": {"restartedAt": None, "lostSeconds": 2.0},
+                                     "conditions": []}
 
 
 def test_the_status_is_written_once_with_dropped_fields_nulled_and_cached(fake: SimpleNamespace) -> None:

@@ -49,6 +49,7 @@ from kubetrain.operator.runtime.objects import (
     Key,
     foreign_message,
     list_pages,
+    merge_patch,
     owned_by,
     resource_version,
     uid_of,
@@ -622,7 +623,7 @@ class Applier:
 
     async def _patch_status(self, key: Key, body: dict[str, Any], status: dict[str, Any]) -> None:
         old = body.get("status") or {}
-        patch: dict[str, Any] = {"status": {**{k: None for k in old if k not in status}, **status}}
+        patch: dict[str, Any] = {"status": merge_patch(old, status)}
         if rv := (body.get("metadata") or {}).get("resourceVersion"):
             patch["metadata"] = {"resourceVersion": rv}
         new = await self.io(self.apis.custom.patch_namespaced_custom_object_status,

@@ -109,3 +109,13 @@ def list_pages(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[lis
         token = meta.get("continue")
         if not token:
             return items, str(meta.get("resourceVersion") or "0")
+
+
+def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: a key `new` lacks is set to null, in nested
+    objects too (goodput.restartedAt once the new generation stepped), where a merge would keep the old one."""
+    out: dict[str, Any] = {k: None for k in old if k not in new}
+    for k, v in new.items():
+        was = old.get(k)
+        out[k] = merge_patch(was, v) if isinstance(v, dict) and isinstance(was, dict) else v
+    return out

@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 
 from kubetrain.core import api, contract
 from kubetrain.operator.jobs.apply import Applier, api_message, create_refused, namespace_terminating
-from kubetrain.operator.runtime.objects import Key, owned_by, resource_version, uid_of
+from kubetrain.operator.runtime.objects import Key, merge_patch, owned_by, resource_version, uid_of
 from kubetrain.operator.sweeps.cache import SweepCache
 from kubetrain.operator.sweeps.plan import CREATE_REJECTED_REASON, FOREIGN_REASON, SweepPlan, foreign_message
 
@@ -100,7 +100,7 @@ class SweepApplier:
         the sweep is still the `body` it was planned from (its resourceVersion: 409 otherwise). False on a
         conflict (the fresh sweep is cached) or when the sweep is gone."""
         old = body.get("status") or {}
-        patch: dict[str, Any] = {"status": {**{k: None for k in old if k not in status}, **status}}
+        patch: dict[str, Any] = {"status": merge_patch(old, status)}
         if rv := (body.get("metadata") or {}).get("resourceVersion"):
             patch["metadata"] = {"resourceVersion": rv}
         try:
