@@ -160,6 +160,10 @@ def test_a_worker_on_a_node_about_to_go_restarts_the_gang_uncounted():
                          terminating={"n2": "karpenter.sh/disrupted"}), S)
     assert (p.status["phase"], p.status["failures"], p.status["ignoredRestarts"]) == ("Restarting", {"Disrupted": 1}, 1)
     assert "node n2 is about to go (taint karpenter.sh/disrupted)" in p.status["message"]
+    tolerant = pod(1, node="n2")
+    tolerant["spec"]["tolerations"] = [{"key": "karpenter.sh/disrupted", "operator": "Exists"}]
+    stays = plan(Observation(body(status=st), [pod(0), tolerant], {}, T0, terminating={"n2": "karpenter.sh/disrupted"}), S)
+    assert stays.status is None or stays.status["phase"] == "Running"  # its podTemplate tolerates the taint
 
 
 NOT_READY_AT = T0 - timedelta(seconds=61)

@@ -54,11 +54,11 @@ def _node_of(pod: dict[str, Any]) -> str | None:
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """A pod as the operator reads it: metadata, status, its node and restart policy. The containers,
+    """A pod as the operator reads it: metadata, status, its node, restart policy and tolerations. The containers,
     volumes and scheduling of the spec the operator wrote itself were most of each cached pod's memory.
     In place."""
     spec = pod.get("spec") or {}
-    pod["spec"] = {k: spec[k] for k in ("nodeName", "restartPolicy") if spec.get(k)}
+    pod["spec"] = {k: spec[k] for k in ("nodeName", "restartPolicy", "tolerations") if spec.get(k)}
     return slim(pod)
 
 

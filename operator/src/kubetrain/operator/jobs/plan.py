@@ -91,6 +91,12 @@ def _pod_labels(pod: dict[str, Any]) -> dict[str, str]:
     return pod.get("metadata", {}).get("labels") or {}
 
 
+def tolerates(pod: dict[str, Any], key: str) -> bool:
+    """The pod tolerates a taint with this key (any effect)."""
+    return any((t.get("key") == key) or (not t.get("key") and t.get("operator") == "Exists")
+               for t in (pod.get("spec") or {}).get("tolerations") or [])
+
+
 def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime | None],
                  terminating: Mapping[str, str] | None = None, began: datetime | None = None) -> WorkerState:
     """A Pod as the lifecycle sees it (pod_facts); `began`: when the current generation was started (its
@@ -98,6 +104,8 @@ def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime |
     f = facts(pod)
     node_not_ready_since = nodes.get(f.node or "") if nodes else None
     taint = terminating.get(f.node or "") if terminating else None
+    if taint is not None and tolerates(pod, taint):
+        taint = None  # the job chose to stay on such a node: its end is a drain or a NotReady node
     where = {"pod": pod["metadata"]["name"], "node": f.node, "hang": f.hang, "said": f.said, "failed_in": f.failed_in}
     if f.restartable:
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, in_place=f.in_place,
