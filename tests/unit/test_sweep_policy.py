@@ -151,7 +151,8 @@ def test_a_succeeded_job_completes_its_trial_with_its_final_or_best_loss(objecti
 
 
 def test_an_eval_loss_objective_picks_the_best_trial_by_its_eval_loss():
-    spec = sweep_spec(max_trials=2, parallelism=2, objective={"metric": "evalLoss"}, pruner={"type": "none"})
+    spec = sweep_spec(max_trials=2, parallelism=2, objective={"metric": "evalLoss"}, pruner={"type": "none"},
+                      template={"spec": {"maxSteps": 100, "optimizer": {"minLr": 0}, "evalEverySteps": 10}})
     status, _ = running(spec, 2)
     ends = {0: TrialObservation(Phase.SUCCEEDED, step=100, loss=0.5, eval_loss=2.0),  # the lower training loss
             1: TrialObservation(Phase.SUCCEEDED, step=100, loss=0.9, eval_loss=1.5)}
