@@ -313,6 +313,7 @@ class ModelSpec(_Model):
 
 
 TokenDtype = Literal["uint16", "uint32"]
+DataFormat = Literal["text", "chat", "instruction"]
 
 
 class DataSpec(_Model):
@@ -332,6 +333,28 @@ class DataSpec(_Model):
     """Integer type of `.bin` token shards in data.uri: `uint16` (vocabularies up to 65536) or `uint32`."""
     tokenizer_uri: str | None = Field(None, max_length=1024, pattern=S3_URI_PATTERN)
     """A Hugging Face tokenizer directory in object storage (its tokenizer.json), used instead of tokenizer: every worker pod fetches it once before training, like model.hfUri."""
+    format: DataFormat = "text"
+    """How the files are read (docs/trainer.md#fine-tuning-data). `text` (the default): their text concatenated, and windows of seqLen+1 tokens at random offsets, every token counted. `chat`: JSONL, one conversation a line, `{"messages": [{"role": ..., "content": ...}, ...]}`, rendered with the tokenizer's own chat template (its tokenizer_config.json or chat_template.jinja; the byte tokenizer's is `<|role|>` lines); `instruction`: JSONL, `{"prompt": ..., "response": ...}`. For chat and instruction the loss counts the assistant's (response) tokens only, and each sample is one sequence, cut at seqLen+1 tokens and padded (never packed with others, so no sample attends to another's tokens); every sample is seen once an epoch, in an order drawn from the seed (resumable). data.glob defaults to `*.txt`: set `*.jsonl` for a directory of JSONL files. With data.uri the JSONL objects are fetched into the pod's cache before training, like model.hfUri."""
+
+
+class LoraSpec(_Model):
+    """LoRA adapters (the `peft` library): the model's own weights frozen, low-rank adapters trained beside its linear layers (docs/trainer.md#lora)."""
+
+    rank: int = Field(16, ge=1, le=4096)
+    """The adapters' rank r."""
+    alpha: float = Field(32.0, gt=0, le=1_000_000)
+    """Scale: each adapter's output is multiplied by alpha / rank."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapters' input (0: none, and the run is deterministic)."""
+    target_modules: list[str] | None = Field(None, min_length=1, max_length=256)
+    """Names (or name suffixes) of the linear layers that get adapters, e.g. `[q_proj, v_proj]`. Unset: every linear layer of the transformer blocks (peft's `all-linear`: not the output head)."""
+
+
+class ExportSpec(_Model):
+    """What the trainer writes when the job succeeds, beside its checkpoints (docs/trainer.md#exporting-the-model)."""
+
+    hugging_face: bool = False
+    """`<checkpoint dir>/export/`: the trained model as a Hugging Face directory that `from_pretrained` loads: config, safetensors weights (LoRA merged into the base; the adapter alone in `export/adapter/`), the tokenizer and its chat template. With checkpoint.uri it is uploaded to `<checkpoint.uri>/export/` too. status.export and summary.json's export_dir say where."""
 
 
 class OptimizerSpec(_Model):
@@ -946,6 +969,35 @@ SPEC_RULES: list[Rule] = [
         lambda s: s.parallelism.pipeline == 1 or s.precision != "fp16",
     ),
     Rule(
+        "lora",
+        "!has(self.lora) || has(self.model.hfPath) || has(self.model.hfUri)",
+        "lora trains adapters on a Hugging Face model: set model.hfPath or model.hfUri (the built-in model trains "
+        "all its weights)",
+        lambda s: s.lora is None or s.model.is_hf(),
+    ),
+    Rule(
+        "lora",
+        "!has(self.lora) || (self.parallelism.tensor == 1 && self.parallelism.pipeline == 1)",
+        "lora runs with data parallelism (ddp, fsdp, HSDP, deepspeed): set parallelism.tensor and "
+        "parallelism.pipeline to 1",
+        lambda s: s.lora is None or (s.parallelism.tensor == 1 and s.parallelism.pipeline == 1),
+    ),
+    Rule(
+        "export.huggingFace",
+        "!has(self.export) || !self.export.huggingFace || has(self.model.hfPath) || has(self.model.hfUri)",
+        "export.huggingFace writes a Hugging Face model: set model.hfPath or model.hfUri (the built-in model has "
+        "no Hugging Face form)",
+        lambda s: s.export is None or not s.export.hugging_face or s.model.is_hf(),
+    ),
+    Rule(
+        "command",
+        "!has(self.command) || size(self.command) == 0 || (!has(self.lora) && !has(self.export) "
+        "&& self.data.format == 'text')",
+        "lora, export and data.format chat or instruction are the built-in trainer's: a custom command trains and "
+        "reads data its own way (drop them or command)",
+        lambda s: not s.command or (s.lora is None and s.export is None and s.data.format == "text"),
+    ),
+    Rule(
         "compile",
         "!self.compile || !has(self.command) || size(self.command) == 0",
         "compile applies to the built-in trainer: a custom command compiles its own model (drop compile or command)",
@@ -1070,6 +1122,10 @@ class TrainingJobSpec(_Model):
     """Seed for initialisation and data order; the same seed gives the same run. At most 4294967295."""
     model: ModelSpec = Field(default_factory=ModelSpec)
     """The model."""
+    lora: LoraSpec | None = None
+    """Train LoRA adapters instead of every weight (a model.hfPath or hfUri model; strategies ddp, fsdp and deepspeed). Checkpoints hold the adapters, the frozen weights and the optimizer's state, and resume exactly. Unset: full fine-tuning."""
+    export: ExportSpec | None = None
+    """Export the trained model when the job succeeds (`kubetrain export` does the same from any committed checkpoint)."""
     parallelism: ParallelismSpec = Field(default_factory=ParallelismSpec)
     """Model parallelism: tensor- and pipeline-parallel degrees (data parallelism over the rest of the world)."""
     data: DataSpec = Field(default_factory=DataSpec)
@@ -1395,6 +1451,8 @@ class TrainingJobStatus(_Model):
     """Model FLOPs utilization over the current generation's steps (e.g. `41.2%`), where the device's peak FLOP/s is known (a GPU in the trainer's table, or KUBETRAIN_PEAK_FLOPS)."""
     last_checkpoint: CheckpointRef | None = None
     """Newest complete checkpoint."""
+    export: str | None = None
+    """Where the exported model is (spec.export): its directory in the checkpoint volume, or its object-store URI with checkpoint.uri. Unset until rank 0 has written it."""
     goodput: Goodput = Field(default_factory=Goodput)
     """Productive and lost time, and steps redone after restarts (metrics kubetrain_operator_job_goodput_*)."""
     gpu_hours: float = 0.0
