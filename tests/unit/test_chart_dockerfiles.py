@@ -126,7 +126,8 @@ def test_the_image_we_ship_runs_the_torch_the_tests_run() -> None:
     run), and the package's torch minimum is that release: nothing older is tested."""
     pins, args = _pins(), _arg_defaults(DOCKERFILES["trainer"])
     for arg, package in {"TORCH_VERSION": "torch", "NUMPY_VERSION": "numpy", "DEEPSPEED_VERSION": "deepspeed",
-                         "TRANSFORMERS_VERSION": "transformers", "ACCELERATE_VERSION": "accelerate"}.items():
+                         "TRANSFORMERS_VERSION": "transformers", "ACCELERATE_VERSION": "accelerate",
+                         "PEFT_VERSION": "peft"}.items():
         assert args[arg] == pins[package], f"trainer-image/Dockerfile {arg}={args[arg]}, requirements-dev.txt {pins[package]}"
     minimum = re.search(r'"torch>=([\d.]+)"', (REPO / "trainer-image" / "pyproject.toml").read_text())
     assert minimum is not None
