@@ -43,3 +43,28 @@ def bpe_tokenizer(out: Path, corpus: list[Path], vocab_size: int = 300) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     return int(tok.get_vocab_size())
+
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""A ChatML chat template (as Qwen's and many others' are): `<|im_start|>role\\ncontent<|im_end|>\\n` a message."""
+
+
+def chat_tokenizer(out: Path, corpus: list[Path], vocab_size: int = 300, template: str = CHATML_TEMPLATE) -> int:
+    """:func:`bpe_tokenizer` with ChatML's markers as special tokens and a tokenizer_config.json holding
+    ``template`` as its chat_template and `<|im_end|>` as its EOS: a directory data.format chat renders with;
+    its vocabulary size (the markers included)."""
+    import json  # noqa: PLC0415
+
+    import tokenizers  # noqa: PLC0415
+
+    bpe_tokenizer(out, corpus, vocab_size)
+    tok = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": template, "eos_token": "<|im_end|>",
+    }))
+    return int(tok.get_vocab_size())

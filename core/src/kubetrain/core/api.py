@@ -1185,8 +1185,10 @@ class TrainingJobSpec(_Model):
         return {field: uri for field, uri in uris.items() if uri is not None}
 
     def fetched_uris(self) -> dict[str, str]:
-        """What a worker pod fetches into its cache before training (the `fetch` step), by field."""
-        uris = {"model.hfUri": self.model.hf_uri, "data.tokenizerUri": self.data.tokenizer_uri}
+        """What a worker pod fetches into its cache before training (the `fetch` step), by field: data.uri too
+        when it holds chat or instruction JSONL (data.format), which is read whole, not streamed as text shards."""
+        uris = {"model.hfUri": self.model.hf_uri, "data.tokenizerUri": self.data.tokenizer_uri,
+                "data.uri": self.data.uri if self.data.format != "text" else None}
         return {field: uri for field, uri in uris.items() if uri is not None}
 
     @property

@@ -46,16 +46,20 @@ CHECKPOINT_DIR is then each worker's own staging directory."""
 OUTPUT_DIR = "KUBETRAIN_OUTPUT_DIR"
 """Where rank 0 writes progress.json and logs."""
 CACHE_DIR = "KUBETRAIN_CACHE_DIR"
-"""A worker's cache: the fetch step puts model.hfUri into MODEL_CACHE and data.tokenizerUri into
-TOKENIZER_CACHE under it (custom scripts find them there too), and data.uri's shards pass through
-DATA_CACHE. In pods the emptyDir CACHE_VOLUME at POD_CACHE_DIR; local runs: `<output dir>/cache`."""
+"""A worker's cache: the fetch step puts model.hfUri into MODEL_CACHE, data.tokenizerUri into
+TOKENIZER_CACHE and a chat or instruction data.uri into SAMPLES_CACHE under it (custom scripts find them there
+too), and data.uri's text or token shards pass through DATA_CACHE. In pods the emptyDir CACHE_VOLUME at
+POD_CACHE_DIR; local runs: `<output dir>/cache`."""
 POD_CACHE_DIR = "/cache"
 CACHE_VOLUME = "cache"
 MODEL_CACHE = "model"
 TOKENIZER_CACHE = "tokenizer"
+SAMPLES_CACHE = "samples"
+"""Where the fetch step puts data.uri's JSONL objects when data.format is chat or instruction (read whole at start,
+not streamed through DATA_CACHE)."""
 DATA_CACHE = "data"
 FETCH_CONTAINER = "fetch"
-"""The init container of worker pods whose job fetches model.hfUri or data.tokenizerUri: `python -m
+"""The init container of worker pods whose job fetches anything (TrainingJobSpec.fetched_uris): `python -m
 kubetrain.trainer.data.fetch` in the trainer's image, with its environment and mounts. Exit codes as the trainer's
 (CONFIG_ERROR_EXIT_CODE for a wrong bucket, refused credentials, ...; 1 for a transient failure)."""
 FETCH_MODULE = "kubetrain.trainer.data.fetch"

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, Any, TypeAlias
 
 import torch
 import torch.distributed as dist
@@ -28,6 +28,7 @@ from kubetrain.trainer.checkpoint.fence import Fence
 from kubetrain.trainer.checkpoint.manager import CheckpointManager
 from kubetrain.trainer.checkpoint.memory import MemoryTier
 from kubetrain.trainer.config import ConfigError, Env, checkpoint_dir
+from kubetrain.trainer.data import chat
 from kubetrain.trainer.data.stream import ShardStream, cache_dir, eval_text
 from kubetrain.trainer.data.text import Sampler, eval_batches, load_corpus, split_eval
 from kubetrain.trainer.model import build_model, flops_per_token, vocab_size
@@ -421,9 +422,17 @@ def train(env: Env, spec: TrainingJobSpec) -> int:
                 dist.destroy_process_group()
 
 
-def open_data(env: Env, spec: TrainingJobSpec) -> tuple[Sampler | ShardStream, torch.Tensor | None]:
-    """The training batches and the evaluation text: data.path's text in memory, or data.uri's shards streamed
-    through this rank's cache (listed and checked here, before the gang forms)."""
+Data: TypeAlias = Sampler | ShardStream | chat.ChatSampler
+Held: TypeAlias = torch.Tensor | chat.Samples
+"""The evaluation data: text, or chat/instruction samples (data.format)."""
+
+
+def open_data(env: Env, spec: TrainingJobSpec) -> tuple[Data, Held | None]:
+    """The training batches and the evaluation text: data.path's text in memory, data.uri's shards streamed
+    through this rank's cache (listed and checked here, before the gang forms), or data.format's samples
+    (data.uri's fetched into the cache before: fetch.resolved made it data.path)."""
+    if spec.data.format != "text":
+        return chat.open_samples(spec)
     if spec.data.uri is None:
         corpus, held = split_eval(load_corpus(spec.data, spec.model.seq_len), spec)
         return Sampler(corpus, spec.model.seq_len, spec.seed), held
@@ -458,26 +467,38 @@ def _compile_notice(env: Env, spec: TrainingJobSpec, first_step_seconds: float |
              first_step_seconds, graphs)
 
 
-def check_vocab(data: Sampler | ShardStream, held: torch.Tensor | None, vocab: int) -> None:
+def check_vocab(data: Data, held: Held | None, vocab: int) -> None:
     """Every token id must be one the model embeds (a tokenizer bigger than the model's vocabulary); data.uri's
     shards are checked batch by batch as they are read."""
     if isinstance(data, ShardStream):
         data.vocab = vocab
-    top = max(int(data.corpus.max()) if isinstance(data, Sampler) else 0, int(held.max()) if held is not None else 0)
+    top = max(_top_id(data), _top_id(held))
     if top >= vocab:
         raise ConfigError("data.tokenizer", f"the tokenizer produced id {top}, but the model's vocabulary holds "
                           f"{vocab} ids: set model.vocabSize (built-in model) or use the hfPath model's own tokenizer")
+
+
+def _top_id(data: Data | Held | None) -> int:
+    """The largest token id data holds in memory (0: none, or streamed)."""
+    if isinstance(data, Sampler):
+        return int(data.corpus.max())
+    if isinstance(data, chat.ChatSampler):
+        return data.samples.max_id()
+    if isinstance(data, chat.Samples):
+        return data.max_id()
+    return int(data.max()) if isinstance(data, torch.Tensor) else 0
 
 
 class Evaluator:
     """evalEverySteps: the loss on the fixed held-out windows, averaged over the ranks that compute one (all,
     or a pipeline's last stage; a collective)."""
 
-    def __init__(self, env: Env, spec: TrainingJobSpec, engine: Engine, held: torch.Tensor | None,
+    def __init__(self, env: Env, spec: TrainingJobSpec, engine: Engine, held: Held | None,
                  device: torch.device, metrics: Metrics) -> None:
         self.env, self.spec, self.engine, self.device, self.metrics = env, spec, engine, device, metrics
         layout = layout_of(env, spec)
-        self.batches = eval_batches(held, spec, layout.data, layout.data_rank(env.rank)) if held is not None else None
+        batches = eval_batches if isinstance(held, torch.Tensor) else chat.eval_batches
+        self.batches = batches(held, spec, layout.data, layout.data_rank(env.rank)) if held is not None else None
 
     def after_step(self, state: TrainerState, record: dict[str, Any], final: bool) -> None:
         every = self.spec.eval_every_steps
@@ -493,8 +514,8 @@ class Evaluator:
 
 
 def _train(
-    env: Env, spec: TrainingJobSpec, stop: StopFlag, ckpt_root: Path, data: Sampler | ShardStream, device: torch.device,
-    transport: str | None = None, held: torch.Tensor | None = None,
+    env: Env, spec: TrainingJobSpec, stop: StopFlag, ckpt_root: Path, data: Data, device: torch.device,
+    transport: str | None = None, held: Held | None = None,
 ) -> int:
     metrics = Metrics(env.job, env.rank, env.metrics_port, addr=env.metrics_addr)
     metrics.set_generation(env.generation)

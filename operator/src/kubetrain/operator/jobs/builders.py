@@ -517,8 +517,9 @@ def worker_pod(
 
 FETCH_MODULE = contract.FETCH_MODULE
 FETCH_IMAGE_ERROR = (f"{contract.CONFIG_ERROR_PREFIX}spec.image: the worker's image cannot run {FETCH_MODULE}, "
-                     "which fetches model.hfUri and data.tokenizerUri in the init container `fetch`: build the "
-                     "image FROM the trainer image, or pip install 'kubetrain-trainer[s3]' in it")
+                     "which fetches model.hfUri, data.tokenizerUri or a chat/instruction data.uri in the init "
+                     "container `fetch`: build the image FROM the trainer image, or pip install "
+                     "'kubetrain-trainer[s3]' in it")
 """Why the fetch failed in an image without kubetrain's trainer package (a custom spec.image)."""
 
 

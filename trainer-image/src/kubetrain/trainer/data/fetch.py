@@ -1,7 +1,8 @@
-"""The fetch step: model.hfUri and data.tokenizerUri into the worker's cache before training.
+"""The fetch step: model.hfUri, data.tokenizerUri and a chat or instruction data.uri into the worker's cache before
+training.
 
 ``python -m kubetrain.trainer.data.fetch`` reads the job's config (contract.CONFIG) and copies every object under each
-URI of ``spec.fetched_uris()`` to ``$KUBETRAIN_CACHE_DIR/<model|tokenizer>/``, keeping the keys' paths relative to
+URI of ``spec.fetched_uris()`` to ``$KUBETRAIN_CACHE_DIR/<model|tokenizer|samples>/``, keeping the keys' paths relative to
 the URI. In a pod it is the init container ``fetch`` (its cache an emptyDir the trainer mounts too); a local run
 runs it once before it starts the ranks. Each file is written under a temporary name and renamed; the marker
 ``.kubetrain-fetched.json`` (the URI and the listing's keys, sizes and ETags) is written last, so a restarted
@@ -12,7 +13,7 @@ progress.json in a local run): the job's ``status.fetch``. Exit codes as the tra
 cures (no such bucket, credentials refused, no objects, no config.json), with "configuration error: <field>: ..."
 in the termination message; 1 for anything else (the gang restarts).
 
-The trainer then reads the cache through :func:`resolved`: model.hfPath and data.tokenizer point into it.
+The trainer then reads the cache through :func:`resolved`: model.hfPath, data.tokenizer and data.path point into it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ log = logging.getLogger("kubetrain.trainer.data.fetch")
 
 MARKER = ".kubetrain-fetched.json"
 """In each fetched directory, written last: the URI and the listing it holds."""
-TARGETS = {"model.hfUri": contract.MODEL_CACHE, "data.tokenizerUri": contract.TOKENIZER_CACHE}
+TARGETS = {"model.hfUri": contract.MODEL_CACHE, "data.tokenizerUri": contract.TOKENIZER_CACHE,
+           "data.uri": contract.SAMPLES_CACHE}
 """Each fetched field's directory under the cache."""
 HF_CONFIG = "config.json"
 LOG_INTERVAL_SECONDS = 5.0
@@ -117,8 +119,9 @@ def should_report(environ: Mapping[str, str]) -> bool:
 
 
 def resolved(spec: TrainingJobSpec, cache_dir: Path | None) -> TrainingJobSpec:
-    """The spec the trainer runs: model.hfUri and data.tokenizerUri replaced by model.hfPath and data.tokenizer
-    in the cache, once the fetch step has put them there (its markers say so), else a ConfigError."""
+    """The spec the trainer runs: model.hfUri, data.tokenizerUri and a fetched data.uri (chat or instruction)
+    replaced by model.hfPath, data.tokenizer and data.path in the cache, once the fetch step has put them there
+    (its markers say so), else a ConfigError."""
     uris = spec.fetched_uris()
     if not uris:
         return spec
@@ -134,6 +137,8 @@ def resolved(spec: TrainingJobSpec, cache_dir: Path | None) -> TrainingJobSpec:
         model = model.model_copy(update={"hf_uri": None, "hf_path": str(cache_dir / contract.MODEL_CACHE)})
     if data.tokenizer_uri is not None:
         data = data.model_copy(update={"tokenizer_uri": None, "tokenizer": str(cache_dir / contract.TOKENIZER_CACHE)})
+    if "data.uri" in uris:  # the JSONL files, read whole: data.glob picks them there as under any data.path
+        data = data.model_copy(update={"uri": None, "path": str(cache_dir / contract.SAMPLES_CACHE)})
     return spec.model_copy(update={"model": model, "data": data})
 
 
@@ -215,7 +220,7 @@ def fetch_all(spec: TrainingJobSpec, cache_dir: Path, report: Report | None) -> 
     """Every fetched URI of the job into the cache; what the markers say is there already is skipped."""
 
     if not spec.fetched_uris():
-        log.info("the job sets neither model.hfUri nor data.tokenizerUri: nothing to fetch")
+        log.info("the job sets no model.hfUri, data.tokenizerUri or chat/instruction data.uri: nothing to fetch")
         return
     stores = {name: s3.file_system(spec.s3, name) for name in spec.fetched_uris()}  # one client each
     listings = [list_uri(stores[name], name, uri) for name, uri in spec.fetched_uris().items()]
