@@ -519,6 +519,41 @@ def test_custom_command_two_by_two_on_real_pods(jobs: RealJobs, real_namespace: 
     assert "snapshot epoch=4" in logs and logs.count("done rank=") == 4, logs[-3000:]
 
 
+def test_a_script_shipped_with_workdir_changes_without_an_image_build(jobs: RealJobs, real_namespace: str,
+                                                                      tmp_path: Path) -> None:
+    """`kubetrain submit FILE --workdir DIR`: the pod runs DIR's script in a copy of DIR (a relative command, a
+    relative file and a local module); the script edited and the job submitted again runs the new one."""
+    from support.trainer_harness import run_cli  # noqa: PLC0415
+
+    work = tmp_path / "work"
+    (work / "helpers").mkdir(parents=True)
+    (work / "helpers" / "__init__.py").write_text("")
+    (work / "helpers" / "say.py").write_text("def say(text):\n    print('shipped:', text, flush=True)\n")
+    (work / "train.py").write_text("from helpers.say import say\nsay(open('message.txt').read().strip())\n")
+    manifest = tmp_path / "job.yaml"
+    body = quickstart(workers=1, command=["python", "train.py"])
+    body["metadata"]["name"] = "shipped"
+    manifest.write_text(yaml.safe_dump(body))
+    seen = []
+    for version in ("v1", "v2"):
+        (work / "message.txt").write_text(f"script {version}\n")
+        done = run_cli(["submit", str(manifest), "--workdir", str(work), "-n", real_namespace],
+                       env={"KUBECONFIG": str(kubeconfig_path())})
+        assert done.returncode == 0, done.stderr
+        jobs.wait_phase("shipped", "Succeeded", timeout=300)
+        shipped = jobs.get("shipped")["spec"]["workdir"]["configMap"]
+        owners = jobs.core.read_namespaced_config_map(shipped, real_namespace).metadata.owner_references
+        assert [o.uid for o in owners] == [jobs.get("shipped")["metadata"]["uid"]]
+        assert f"shipped: script {version}" in jobs.log("shipped-worker-0"), jobs.describe("shipped")
+        seen.append(shipped)
+        jobs.custom.delete_namespaced_custom_object("kubetrain.io", "v1alpha1", real_namespace, "trainingjobs",
+                                                    "shipped")
+        wait_for(lambda: not jobs.pods("shipped") and "shipped" not in [
+            o["metadata"]["name"] for o in jobs.custom.list_namespaced_custom_object(
+                "kubetrain.io", "v1alpha1", real_namespace, "trainingjobs")["items"]], 120, what="the job and its pods gone")
+    assert seen[0] != seen[1]  # a new tree is a new ConfigMap; the running job's is never edited
+
+
 @pytest.mark.parametrize("procs", [1, 2])
 def test_a_command_that_cannot_be_found_fails_at_once_with_127(jobs: RealJobs, procs: int) -> None:
     """procsPerWorker 1: runc cannot exec it (StartError); 2: the launcher cannot. Both are exit 127,

@@ -412,6 +412,13 @@ class MemoryTierSpec(_Model):
 S3AddressingStyle = Literal["path", "virtual"]
 
 
+class WorkdirSpec(_Model):
+    """A directory shipped with the job (`kubetrain submit --workdir DIR`, docs/operator.md#shipping-a-working-directory)."""
+
+    config_map: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    """A ConfigMap in the job's namespace whose binaryData `workdir.tar.gz` is the directory as a gzipped tar. Every worker pod's init container `workdir` unpacks it into the trainer container's working directory (/var/run/kubetrain-workdir), so a relative command or data.path resolves there. `kubetrain submit --workdir DIR` creates it (immutable, named by its content, owned by the job)."""
+
+
 class S3Spec(_Model):
     """How workers reach the S3 API of the job's `s3://` URIs: checkpoint.uri, data.uri, model.hfUri, data.tokenizerUri (docs/trainer.md#object-storage). Credentials come from the environment: the Secret named here, else the pod's cloud identity (EKS IRSA or Pod Identity through the job's serviceAccountName) or the AWS SDK's default chain."""
 
@@ -1092,6 +1099,8 @@ class TrainingJobSpec(_Model):
     """Custom script mode: run this command in every worker instead of the built-in trainer. It receives the same environment contract (MASTER_ADDR, RANK, KUBETRAIN_CHECKPOINT_DIR, ...)."""
     args: list[str] | None = None
     """Arguments for command."""
+    workdir: WorkdirSpec | None = None
+    """A directory shipped with the job and unpacked into every worker's working directory before the command runs (`kubetrain submit FILE --workdir DIR` sets it): scripts change without an image build."""
     env: list[EnvVar] | None = Field(None, max_length=MAX_ENV_VARS)
     """Extra environment variables for every worker container (core/v1 EnvVar objects; at most 1000). They override the fabric's and kubetrain's defaults (OMP_NUM_THREADS, NCCL_*, ...), but not the worker contract's variables (MASTER_ADDR, RANK, WORLD_SIZE, PET_*, KUBETRAIN_JOB, KUBETRAIN_CHECKPOINT_DIR, ...), which kubetrain sets itself."""
     strategy: Strategy = "ddp"

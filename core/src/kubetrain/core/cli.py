@@ -113,9 +113,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         fresh=args.fresh,
         summary_json=Path(args.summary_json) if args.summary_json else None,
         quiet=args.quiet,
+        workdir=Path(args.workdir).resolve() if args.workdir else None,
     )
+    if opts.workdir is not None and not opts.workdir.is_dir():
+        print(f"--workdir: {args.workdir} is not a directory", file=sys.stderr)
+        return 2
     try:
-        summary = LocalRun(job, Path(args.base_dir or manifest.parent).resolve(), opts).run()
+        summary = LocalRun(job, Path(args.base_dir or args.workdir or manifest.parent).resolve(), opts).run()
     except LocalRunError as exc:
         print(f"kubetrain run: {exc}", file=sys.stderr)
         return 2
@@ -281,6 +285,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="no live progress line")
     r.add_argument("--base-dir", metavar="DIR",
                    help="resolve the manifest's relative paths (spec.data.path) against DIR, not its own directory")
+    r.add_argument("--workdir", metavar="DIR", help="run every process in DIR, as pods run in the directory "
+                   "`kubetrain submit --workdir DIR` ships (relative command and data.path resolve there)")
     r.set_defaults(func=cmd_run)
 
     _add_sweep(sub)

@@ -314,6 +314,13 @@ CHECKPOINT_MOUNT = "/checkpoints"
 CONFIG_MOUNT = "/etc/kubetrain"
 OUTPUT_MOUNT = "/var/run/kubetrain"
 GENERATION_MOUNT = "/etc/kubetrain-generation"
+WORKDIR_MOUNT = "/var/run/kubetrain-workdir"
+"""spec.workdir: the trainer container's working directory, an emptyDir the init container WORKDIR_CONTAINER
+fills from the ConfigMap's archive (kubetrain.core.workdir)."""
+WORKDIR_ARCHIVE_MOUNT = "/etc/kubetrain-workdir"
+WORKDIR_ARCHIVE = "workdir.tar.gz"
+"""The archive's key in the ConfigMap spec.workdir.configMap names."""
+WORKDIR_CONTAINER = "workdir"
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")

@@ -72,8 +72,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     client = _client(args)
     try:
         # -n overrides the manifest's namespace on a cluster, as it always has
-        created = (client.submit(args.file, namespace=args.namespace) if isinstance(client, ClusterClient)
-                   else client.submit(args.file))
+        created = (client.submit(args.file, namespace=args.namespace, workdir=args.workdir)
+                   if isinstance(client, ClusterClient) else client.submit(args.file, workdir=args.workdir))
     except InvalidManifest as exc:
         for problem in exc.problems:
             print(f"{exc.source}: {problem}", file=sys.stderr)
@@ -300,8 +300,10 @@ def register(subparsers: Any) -> None:
     def output(p: argparse.ArgumentParser, default: str) -> None:
         p.add_argument("-o", "--output", choices=[default, "json", "yaml"], default=default)
 
-    add("submit", cmd_submit, "validate a TrainingJob (or TrainingSweep) manifest and create it").add_argument(
-        "file", metavar="FILE")
+    submit = add("submit", cmd_submit, "validate a TrainingJob (or TrainingSweep) manifest and create it")
+    submit.add_argument("file", metavar="FILE")
+    submit.add_argument("--workdir", metavar="DIR", help="ship DIR with the job (at most 900 KiB packed): every "
+                        "worker runs in a copy of it, where a relative command and data.path resolve")
     ls = add("list", cmd_list, "list TrainingJobs with phase, workers, step and restarts")
     ls.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
     ls.add_argument("-l", "--selector", help="label selector (e.g. team=nlp,tier!=dev)")

@@ -88,6 +88,8 @@ class RunOptions:
     summary_json: Path | None = None
     poll_seconds: float = 0.25
     quiet: bool = False
+    workdir: Path | None = None
+    """--workdir: every process runs in this directory (a pod's spec.workdir), where a relative command resolves."""
 
 
 @dataclass
@@ -353,6 +355,7 @@ class LocalRun:
                 popen = launcher.start(  # a command that cannot start: exit 127/126 and one line in the log
                     command, child_env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     start_new_session=True,  # Ctrl-C reaches the supervisor only; it stops workers in order
+                    cwd=self.opts.workdir,
                 )
                 procs.append(Proc(rank, node_rank, popen, log))
         self.gen = Generation(number, procs, now, time.monotonic(), base_step)

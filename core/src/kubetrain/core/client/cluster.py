@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from kubetrain.core import workdir
 from kubetrain.core.api import (
     API_VERSION,
     GROUP,
@@ -27,7 +28,7 @@ from kubetrain.core.api import (
     TrainingJob,
     TrainingSweep,
 )
-from kubetrain.core.client.errors import ClientError, api_error
+from kubetrain.core.client.errors import ApiError, ClientError, InvalidManifest, api_error
 from kubetrain.core.client.model import Event, Manifest, TrainingClient, Worker, load_manifest, selector_text
 from kubetrain.core.contract import CONTAINER, LABEL_GENERATION, LABEL_INDEX, LABEL_JOB
 
@@ -166,15 +167,53 @@ class ClusterClient(TrainingClient):
 
     # ------------------------------------------------------------------ TrainingJobs
 
-    def submit(self, obj: Manifest, namespace: str | None = None) -> TrainingJob | TrainingSweep:
+    def submit(self, obj: Manifest, namespace: str | None = None,
+               workdir: str | Path | None = None) -> TrainingJob | TrainingSweep:
+        """Create the job (or sweep). ``workdir``: a TrainingJob's directory to ship (kubetrain.core.workdir): packed
+        into a ConfigMap first, named in spec.workdir, and owned by the job once it exists."""
         body, model = load_manifest(obj)
         ns = namespace or model.metadata.namespace or self.namespace
         body["apiVersion"], body["metadata"]["namespace"] = API_VERSION, ns
         name = body["metadata"].get("name") or f"{body['metadata'].get('generateName', '')}*"
         sweep = body.get("kind") == SWEEP_KIND
+        shipped = self._ship_workdir(body, ns, Path(workdir)) if workdir is not None else None
         created = self._call(f"submitting {ns}/{name}", self.custom.create_namespaced_custom_object,
                              GROUP, VERSION, ns, SWEEP_PLURAL if sweep else PLURAL, body)
+        if shipped is not None:
+            self._own(shipped, ns, created)
         return parse(TrainingSweep, created) if sweep else parse(TrainingJob, created)
+
+    def _ship_workdir(self, body: dict[str, Any], ns: str, directory: Path) -> dict[str, Any]:
+        """The ConfigMap of ``directory``, created (or found: the same tree has the same name), and spec.workdir
+        naming it in ``body``."""
+        name = body["metadata"].get("name")
+        if body.get("kind") == SWEEP_KIND or not name:
+            raise InvalidManifest(str(directory), ["--workdir ships a TrainingJob's directory: the manifest must be "
+                                                   "a TrainingJob with metadata.name"])
+        try:
+            archive = workdir.pack(directory)
+        except workdir.WorkdirError as exc:
+            raise InvalidManifest(str(directory), [str(exc)]) from None
+        cm = workdir.config_map(workdir.config_map_name(name, archive), ns, name, archive)
+        try:
+            found = self._call(f"creating ConfigMap {ns}/{cm['metadata']['name']}",
+                               self.core.create_namespaced_config_map, ns, cm)
+        except ApiError as exc:
+            if exc.reason != "AlreadyExists":
+                raise
+            found = self._call("reading the ConfigMap", self.core.read_namespaced_config_map,
+                               cm["metadata"]["name"], ns)
+        body["spec"]["workdir"] = {"configMap": cm["metadata"]["name"]}
+        return dict(self._json(found))
+
+    def _own(self, cm: dict[str, Any], ns: str, job: dict[str, Any]) -> None:
+        """The job becomes an owner of its workdir ConfigMap (deleted with the last job that ships it). An owner
+        added, never replacing one: a job of the same name deleted a moment ago may still be listed there."""
+        meta = job["metadata"]
+        owners = [o for o in cm["metadata"].get("ownerReferences") or [] if o.get("uid") != meta["uid"]]
+        owners.append({"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"]})
+        self._call(f"owning ConfigMap {ns}/{cm['metadata']['name']}", self.core.patch_namespaced_config_map,
+                   cm["metadata"]["name"], ns, {"metadata": {"ownerReferences": owners}})
 
     def get(self, name: str) -> TrainingJob:
         return parse(TrainingJob, self._object(PLURAL, name, KIND))

@@ -192,8 +192,10 @@ class LocalClient(TrainingClient):
         (control / "run.json").write_text(json.dumps(record.__dict__, indent=1))
         return record
 
-    def submit(self, obj: Manifest) -> TrainingJob | TrainingSweep:
+    def submit(self, obj: Manifest, workdir: str | Path | None = None) -> TrainingJob | TrainingSweep:
         body, model = load_manifest(obj)
+        if workdir is not None and (model.kind == SWEEP_KIND or not Path(workdir).is_dir()):
+            raise InvalidManifest(str(workdir), ["--workdir: a directory a TrainingJob's workers run in"])
         name, kind = model.metadata.name, model.kind
         control = self._control(name)
         if control.exists():
@@ -204,7 +206,11 @@ class LocalClient(TrainingClient):
             _absolute_data_path(body["spec"].get("template", {}).get("spec", {}), base)
         control.mkdir(parents=True)
         (control / "manifest.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
-        self._start(name, kind, self._runner_command(kind, name, control / "manifest.yaml", base))
+        command = self._runner_command(kind, name, control / "manifest.yaml",
+                                       Path(workdir).resolve() if workdir is not None else base)
+        if workdir is not None:
+            command += ["--workdir", str(Path(workdir).resolve())]
+        self._start(name, kind, command)
         return self.get_sweep(name) if kind == SWEEP_KIND else self.get(name)
 
     # ------------------------------------------------------------------ TrainingJobs

@@ -193,8 +193,9 @@ class TrainingClient(abc.ABC):
     poll_seconds: float = 2.0
 
     @abc.abstractmethod
-    def submit(self, obj: Manifest) -> TrainingJob | TrainingSweep:
-        """Validate (as `kubetrain validate` does) and start a TrainingJob or TrainingSweep; returns it as created."""
+    def submit(self, obj: Manifest, workdir: str | Path | None = None) -> TrainingJob | TrainingSweep:
+        """Validate (as `kubetrain validate` does) and start a TrainingJob or TrainingSweep; returns it as created.
+        ``workdir``: a directory every worker of a TrainingJob runs in (a cluster ships it: kubetrain.core.workdir)."""
 
     @abc.abstractmethod
     def get(self, name: str) -> TrainingJob:

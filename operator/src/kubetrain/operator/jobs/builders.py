@@ -27,7 +27,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from kubetrain.core import contract, hangs, launcher, pod_template
+from kubetrain.core import contract, hangs, launcher, pod_template, workdir
 from kubetrain.core.api import GPU_RESOURCE, TrainingJob, TrainingJobSpec
 from kubetrain.core.contract import (  # also read as builders.LABEL_JOB etc. by the operator's other modules
     CONTAINER,
@@ -512,6 +512,8 @@ def worker_pod(
         pod["metadata"]["name"] = worker_name(name, index)
     if spec.fetched_uris():
         _add_fetch(pod["spec"])
+    if spec.workdir is not None:
+        _add_workdir(pod["spec"], spec.workdir.config_map)
     return pod
 
 
@@ -571,6 +573,29 @@ def _add_fetch(pod_spec: dict[str, Any]) -> None:
         fetch = merge(fetch, theirs)
     at = next((i for i, c in enumerate(inits) if c.get("restartPolicy") != "Always"), len(inits))
     pod_spec["initContainers"] = [*inits[:at], fetch, *inits[at:]]
+
+
+_WORKDIR_ARCHIVE_VOLUME = "workdir-archive"
+_WORKDIR_SHARES = ("image", "imagePullPolicy", "resources", "securityContext")
+
+
+def _add_workdir(pod_spec: dict[str, Any], config_map: str) -> None:
+    """spec.workdir: the ConfigMap's archive unpacked by the first init container (kubetrain.core.workdir) into an
+    emptyDir that the trainer container mounts and works in. It runs the trainer container's image (any image
+    with a python3) under the same securityContext and resources."""
+    trainer = next(c for c in pod_spec["containers"] if c.get("name") == CONTAINER)
+    mounts = [{"name": contract.WORKDIR_CONTAINER, "mountPath": contract.WORKDIR_MOUNT}]
+    unpack = {"name": contract.WORKDIR_CONTAINER, **{k: copy.deepcopy(trainer[k]) for k in _WORKDIR_SHARES if k in trainer},
+              "command": ["python3", "-c", workdir.UNPACK_SOURCE],
+              "volumeMounts": [*mounts, {"name": _WORKDIR_ARCHIVE_VOLUME, "mountPath": contract.WORKDIR_ARCHIVE_MOUNT,
+                                         "readOnly": True}]}
+    pod_spec["initContainers"] = [unpack, *(pod_spec.get("initContainers") or [])]
+    pod_spec.setdefault("volumes", []).extend([
+        {"name": contract.WORKDIR_CONTAINER, "emptyDir": {}},
+        {"name": _WORKDIR_ARCHIVE_VOLUME, "configMap": {"name": config_map}},
+    ])
+    trainer.setdefault("volumeMounts", []).extend(mounts)
+    trainer["workingDir"] = contract.WORKDIR_MOUNT
 
 
 def scheduler_name(spec: TrainingJobSpec, settings: WorkerSettings) -> str | None:
