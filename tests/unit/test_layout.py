@@ -54,7 +54,7 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
 
 TRAINER = TESTS.parent / "trainer-image" / "src" / "kubetrain" / "trainer"
 TRAINER_LAYERS = {
-    "config": 0, "model": 1, "schedule": 1, "observe": 2, "data": 3, "checkpoint": 4, "parallel": 5,
+    "config": 0, "lora": 1, "model": 1, "schedule": 1, "observe": 2, "data": 3, "checkpoint": 4, "parallel": 5,
     "preflight": 6, "loop": 7, "main": 8, "__main__": 9,
 }
 """The trainer's packages and top-level modules, lowest first: a module imports only its own layer or lower."""

@@ -21,7 +21,7 @@ from kubetrain.core import contract, hangs, hardware
 from kubetrain.core.api import MemoryReport, ResumeTier, TrainingJobSpec
 from kubetrain.core.contract import SIGTERM_EXIT_CODE
 from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
-from kubetrain.trainer import parallel, preflight
+from kubetrain.trainer import lora, parallel, preflight
 from kubetrain.trainer.checkpoint.background import writes_running
 from kubetrain.trainer.checkpoint.directory import TrainerState, now_rfc3339
 from kubetrain.trainer.checkpoint.fence import Fence
@@ -521,6 +521,7 @@ def _train(
     metrics.set_generation(env.generation)
     checked = preflight.run(env, spec, device, metrics)  # collective, before the model: no step yet
     model = build_model(spec.model, spec.activation_checkpointing, spec.seed, meta=True)  # storage once sharded
+    lora.add_adapters(model, spec.lora, announce=env.rank == 0)  # spec.lora's, before the engine shards
     check_vocab(data, held, vocab_size(model))
     fpt = flops_per_token(model, spec.model)
     engine = make_engine(spec, model, device, env.world_size)

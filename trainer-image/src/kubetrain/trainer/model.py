@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from kubetrain.core.api import ModelSpec
+from kubetrain.trainer import lora
 from kubetrain.trainer.config import ConfigError
 
 log = logging.getLogger("kubetrain.trainer")
@@ -169,6 +170,20 @@ def init_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
             keep_local(p, initial_value(name, p.shape, spec.n_layers, generator, local.device))
 
 
+def init_adapters(model: HFCausalLM, seed: int) -> None:
+    """Fill every LoRA adapter parameter ``model`` holds (spec.lora: lora.py), whole or sharded, with its initial
+    value as :func:`init_weights` does: drawn whole from the (seed, name) generator (lora.adapter_initial_value:
+    peft's defaults) and this rank's part kept, so the same whatever the world size, strategy or layout. Nothing
+    to do without adapters."""
+    with torch.no_grad():
+        for name, p in model.inner.named_parameters():
+            if not lora.is_adapter(name):
+                continue
+            local = p.to_local() if hasattr(p, "to_local") else p
+            generator = param_generator(seed, name, local.device)
+            keep_local(p, lora.adapter_initial_value(name, p.shape, generator, local.device))
+
+
 def keep_local(target: torch.Tensor, whole: torch.Tensor) -> None:
     """Copy into ``target`` (a plain tensor, or a DTensor: this rank's part) its part of ``whole``, which every
     rank holds alike: each cuts its own part, no communication; dtype and device converted."""
@@ -185,9 +200,11 @@ def keep_local(target: torch.Tensor, whole: torch.Tensor) -> None:
 def materialize_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
     """Values for a model that was built on the meta device and has just been given storage (``to_empty``),
     split and sharded or not: the built-in model's seeded initial weights, or a Hugging Face model's weights
-    read from model.hfPath, each rank only what it holds (:func:`load_hf_weights`)."""
+    read from model.hfPath, each rank only what it holds (:func:`load_hf_weights`), and its LoRA adapters', if it
+    has any, seeded (:func:`init_adapters`)."""
     if isinstance(module, HFCausalLM):
         load_hf_weights(module, hf_dir(spec))
+        init_adapters(module, seed)
     else:
         init_weights(module, spec, seed)
 
@@ -195,11 +212,15 @@ def materialize_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
 def flops_per_token(model: nn.Module, spec: ModelSpec) -> float:
     """Training FLOPs per token (PaLM appendix B): 6·N_non-embedding + 12·L·d·T (attention), with the model's own
     N, L and d (an hfPath model's from its config, not the built-in model's spec sizes) and T the trained
-    sequence length (model.seqLen)."""
+    sequence length (model.seqLen). A frozen weight (spec.lora's base model) costs 4 per token, not 6: forward and
+    the gradient of its input, none of its own."""
     if isinstance(model, HFCausalLM):
-        inner: Any = model.inner
+        inner: Any = hf_module(model)
         layers, width = hf_sizes(inner.config)
-        n = sum(p.numel() for p in model.parameters()) - int(inner.get_input_embeddings().weight.numel())
+        embed = inner.get_input_embeddings().weight
+        weights = [p for p in model.parameters() if p is not embed]
+        frozen = sum(p.numel() for p in weights if not p.requires_grad)
+        n = sum(p.numel() for p in weights) - frozen / 3  # 6·n = 6·N - 2·frozen
     elif isinstance(model, Transformer):
         n, layers, width = model.num_params(exclude_embeddings=True), model.n_layers, model.d_model
     else:
@@ -217,7 +238,9 @@ def hf_sizes(config: Any) -> tuple[int, int]:
 
 
 class HFCausalLM(nn.Module):
-    """A Hugging Face causal LM from a local directory, with the same ``forward(tokens, targets)``."""
+    """A Hugging Face causal LM from a local directory, with the same ``forward(tokens, targets)``. ``inner`` is the
+    transformers model, or peft's wrapper around it once spec.lora's adapters are added (lora.py; the transformers
+    model itself: :func:`hf_module`)."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
@@ -225,6 +248,13 @@ class HFCausalLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return lm_loss(self.inner(input_ids=tokens).logits, targets)
+
+
+def hf_module(model: HFCausalLM) -> Any:
+    """The transformers model: ``model.inner``, or the one inside peft's wrapper (lora.apply_lora), whose own
+    submodules (``model.layers``, ``model.norm``) are where the families below keep them."""
+    inner: Any = model.inner
+    return inner.get_base_model() if lora.is_wrapped(model) else inner
 
 
 def vocab_size(model: nn.Module) -> int:
@@ -240,7 +270,7 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks to shard / checkpoint one by one."""
     if isinstance(model, Transformer):
         return own_blocks(model)
-    root = model.inner if isinstance(model, HFCausalLM) else model
+    root = hf_module(model) if isinstance(model, HFCausalLM) else model
     for name in ("model.layers", "transformer.h", "gpt_neox.layers", "model.decoder.layers"):
         mod = _submodule(root, name)
         if isinstance(mod, nn.ModuleList):
@@ -259,7 +289,7 @@ def edge_modules(model: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
         return [m for m in (model.tok, model.pos) if m is not None], [m for m in (model.ln_f, model.head) if m is not None]
     if not isinstance(model, HFCausalLM):
         return [], []
-    inner: Any = model.inner
+    inner: Any = hf_module(model)
     embed, head = inner.get_input_embeddings(), inner.get_output_embeddings()
     if embed is None or head is None or embed.weight is head.weight:
         return [], []
@@ -336,13 +366,13 @@ def empty_hf_model(spec: ModelSpec, activation_checkpointing: bool,
 
 
 def hf_targets(model: HFCausalLM) -> dict[str, torch.Tensor]:
-    """What a checkpoint fills, by its names in model.hfPath's files (``inner.`` dropped): every parameter (a tied
-    one once, under its first name) and every persistent buffer."""
+    """What a checkpoint fills, by its names in model.hfPath's files (``inner.`` dropped; with LoRA adapters, the
+    base weights under their names before peft wrapped them: lora.checkpoint_name): every parameter (a tied one
+    once, under its first name) and every persistent buffer; no adapter (:func:`init_adapters` fills those)."""
     inner = model.inner
     persistent = set(inner.state_dict(keep_vars=True))
-    targets: dict[str, torch.Tensor] = dict(inner.named_parameters())
-    targets.update((name, b) for name, b in inner.named_buffers() if name in persistent)
-    return targets
+    held = [*inner.named_parameters(), *((n, b) for n, b in inner.named_buffers() if n in persistent)]
+    return {target: t for name, t in held if (target := lora.checkpoint_name(name)) is not None}
 
 
 def hf_files(model: HFCausalLM, path: Path) -> dict[str, Path] | None:
@@ -397,7 +427,7 @@ def load_hf_weights(model: HFCausalLM, path: Path) -> None:
     if not any(isinstance(p, DTensor) for p in model.parameters()):
         # Whole (DDP, ZeRO 0-2): to_empty gave each module a parameter of its own, so tie again what the config
         # ties (FSDP2's to_empty keeps a shared parameter shared).
-        model.inner.tie_weights()  # type: ignore[operator]
+        hf_module(model).tie_weights()
     files = hf_files(model, path)
     with torch.no_grad():
         if files is not None:
@@ -418,9 +448,10 @@ def recompute_buffers(model: HFCausalLM) -> None:
     from transformers import initialization as hf_init  # noqa: PLC0415
 
     owner: dict[str, Any] = {}
+    base = hf_module(model)
     with torch.no_grad(), hf_init.guard_torch_init_functions():
-        for name, module in model.inner.named_modules():
-            parent = owner.get(name.rpartition(".")[0], model.inner)
+        for name, module in base.named_modules():
+            parent = owner.get(name.rpartition(".")[0], base)
             owner[name] = module if isinstance(module, PreTrainedModel) else parent
             if not module._non_persistent_buffers_set:
                 continue

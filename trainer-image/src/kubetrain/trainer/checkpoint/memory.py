@@ -230,14 +230,15 @@ def load_engine_state(engine: LocalState, saved: dict[str, Any]) -> None:
 
 
 def estimate_bytes(engine: LocalState) -> int:
-    """This rank's state in bytes before any is saved: its parameters (shards), AdamW's two states of each,
-    PowerSGD's error feedback (a gradient's size), and some slack."""
-    params = 0
+    """This rank's state in bytes before any is saved: its parameters (shards), AdamW's two states of each that
+    trains (spec.lora: the adapters only), PowerSGD's error feedback (a gradient's size), and some slack."""
+    params = trained = 0
     for p in engine.model.parameters():
         t = p.to_local() if hasattr(p, "to_local") else p
         params += t.numel() * t.element_size()
-    per_param = 1 + OPTIMIZER_STATES_PER_PARAM + (1 if engine.compression is not None else 0)
-    return params * per_param + SLACK_BYTES
+        trained += t.numel() * t.element_size() if p.requires_grad else 0
+    per_trained = OPTIMIZER_STATES_PER_PARAM + (1 if engine.compression is not None else 0)
+    return params + trained * per_trained + SLACK_BYTES
 
 
 def free_bytes(path: Path) -> int:

@@ -30,14 +30,17 @@ from kubetrain.trainer import parallel
 from kubetrain.trainer.checkpoint import legacy
 from kubetrain.trainer.checkpoint.safe_load import safe_load
 from kubetrain.trainer.config import ConfigError
+from kubetrain.trainer.lora import apply_lora
 from kubetrain.trainer.model import (
     HFCausalLM,
     Transformer,
     empty_hf_model,
     hf_dir,
     hf_files,
+    hf_module,
     hf_reader,
     hf_targets,
+    init_adapters,
     initial_value,
     param_generator,
     recompute_buffers,
@@ -86,8 +89,10 @@ def fused_adamw(device_types: Iterable[str], dtypes: Iterable[torch.dtype], offl
 
 
 def make_optimizer(params: Any, spec: TrainingJobSpec) -> torch.optim.Optimizer:
+    """AdamW over those of ``params`` that train (requires_grad): with spec.lora the adapters alone, so no state is
+    kept for the frozen base weights (and the checkpoints' optimizer state holds the adapters' only)."""
     o = spec.optimizer
-    params = list(params)
+    params = [p for p in params if p.requires_grad]
     offloaded = spec.strategy == "deepspeed" and bool(spec.deepspeed and spec.deepspeed.offload_optimizer)
     fused = fused_adamw([p.device.type for p in params], [p.dtype for p in params], offloaded)
     return torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=1e-8, weight_decay=o.weight_decay,
@@ -464,10 +469,18 @@ def _deepspeed_model(model: nn.Module, spec: TrainingJobSpec, device: torch.devi
 def _zero3_hf_model(spec: TrainingJobSpec, init: contextlib.AbstractContextManager[Any]) -> nn.Module:
     """model.hfPath's model built under ``init`` (zero.Init) and loaded one parameter at a time: gathered whole
     on every rank, filled on rank 0 from the checkpoint (read one tensor at a time, in its dtype), and broadcast
-    and partitioned again by DeepSpeed on leaving; persistent buffers (whole on every rank) are broadcast."""
+    and partitioned again by DeepSpeed on leaving; persistent buffers (whole on every rank) are broadcast.
+    spec.lora's adapters are added after the build, whole on every rank (small), seeded alike everywhere with no
+    gather, and partitioned by ``deepspeed.initialize`` like any parameter zero.Init did not build (lora.py)."""
     import deepspeed  # noqa: PLC0415
 
     built = empty_hf_model(spec.model, spec.activation_checkpointing, init=init)
+    if spec.lora is not None:
+        apply_lora(built, spec.lora)
+        # ZeRO-3 reduces the gradients of a block fetched as one unit (zero3.py) in the block's backward hook, which
+        # fires after them only where the block's input requires grad (else backward failed: the frozen embeddings'
+        # output does not): make it (peft does the same under activation checkpointing).
+        hf_module(built).enable_input_require_grads()
     path = hf_dir(spec.model)
     read = hf_reader(path, hf_files(built, path)) if dist.get_rank() == 0 else None
     with torch.no_grad():
@@ -481,6 +494,7 @@ def _zero3_hf_model(spec: TrainingJobSpec, init: contextlib.AbstractContextManag
                 if read is not None:
                     t.copy_(read(name))
     recompute_buffers(built)
+    init_adapters(built, spec.seed)
     return built
 
 
