@@ -357,6 +357,42 @@ def test_data_model_and_tokenizer_from_the_object_store_train_and_resume_exactly
         _ends_on_the_reference_loss(jobs, name, reference, "from the object store")
 
 
+def test_a_lora_fine_tune_reads_and_writes_the_object_store_and_exports_there(
+        jobs: RealJobs, real_namespace: str, tmp_path: Path) -> None:
+    """The fine-tuning route end to end on real pods: a tiny Llama with a ChatML tokenizer (model.hfUri), chat JSONL
+    (data.uri, data.format chat), LoRA rank 8 under FSDP2 on 2 workers, checkpoints in checkpoint.uri and
+    export.huggingFace: status.export names `<checkpoint.uri>/export`, and what is there loads with from_pretrained
+    and differs from the base in the adapted projections only."""
+    import transformers  # noqa: PLC0415
+    from support.hf_models import chat_tokenizer  # noqa: PLC0415
+
+    start = time.monotonic()
+    endpoint, fs = cluster_object_store(real_namespace)
+    with cluster_bucket(fs, "tune") as bucket:
+        model = tmp_path / "model"
+        vocab = chat_tokenizer(model, sorted(EXAMPLE_DATA.glob("*.txt")))
+        tiny_causal_lm(model, vocab_size=vocab, max_position_embeddings=128)
+        fs.put(str(model), f"{bucket}/model", recursive=True)
+        fs.put(str(REPO_ROOT / "examples" / "data-chat" / "chat.jsonl"), f"{bucket}/chat/chat.jsonl")
+        body = quickstart(precision="fp32", maxSteps=6, activationCheckpointing=False, microBatchSize=2,
+                          checkpoint={"everySteps": 3, "keep": 2, "uri": f"s3://{bucket}/ckpt"},
+                          model={"hfUri": f"s3://{bucket}/model", "seqLen": 96},
+                          data={"uri": f"s3://{bucket}/chat", "glob": "*.jsonl", "format": "chat",
+                                "tokenizerUri": f"s3://{bucket}/model"},
+                          lora={"rank": 8, "alpha": 16}, export={"huggingFace": True},
+                          s3={"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"})
+        name = jobs.create(body, name="lora-store")
+        st = jobs.wait_phase(name, "Succeeded", timeout=900)
+        print(f"LoRA fine-tune from and to the object store: Succeeded in {elapsed(start)} s, export {st.get('export')}")
+        assert st.get("export") == f"s3://{bucket}/ckpt/export", jobs.describe(name)
+        fs.get(f"{bucket}/ckpt/export", str(tmp_path / "export"), recursive=True)
+        base = transformers.AutoModelForCausalLM.from_pretrained(str(model)).state_dict()
+        tuned = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "export")).state_dict()
+        changed = {n for n in base if not (tuned[n] == base[n]).all()}
+        assert changed and all(n.endswith("proj.weight") for n in changed), sorted(changed)
+        assert (tmp_path / "export" / "adapter" / "adapter_model.safetensors").is_file()
+
+
 @pytest.mark.parametrize("fault", ["checkpoint-bucket", "model-credentials", "image-without-trainer"])
 def test_what_no_restart_cures_fails_the_job_once_naming_the_field(jobs: RealJobs, real_namespace: str,
                                                                    fault: str) -> None:

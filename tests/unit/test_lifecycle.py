@@ -257,3 +257,17 @@ def test_goodput_counts_productive_time_and_what_a_restart_costs():
     assert (g.steps_lost, g.lost_seconds, g.productive_seconds) == (5, 15.0, 34.0)  # 10 s down + 5 steps redone
     take_progress(st, Seen(progress=Progress(step=32, generation=1, step_seconds=1.0)), t0 + timedelta(seconds=51))
     assert st.goodput.productive_seconds == 35.0 and st.goodput.restarted_at is None
+
+
+def test_status_says_where_rank_0_exported_the_model():
+    from kubetrain.core.api import TrainingJobStatus  # noqa: PLC0415
+    from kubetrain.core.lifecycle import Observed as Seen  # noqa: PLC0415
+    from kubetrain.core.lifecycle.status import take_progress  # noqa: PLC0415
+    from kubetrain.core.progress import Progress  # noqa: PLC0415
+
+    now = datetime(2026, 3, 1, tzinfo=UTC)
+    status = TrainingJobStatus(max_steps=10)
+    take_progress(status, Seen(progress=Progress(step=10)), now)
+    assert status.export is None
+    take_progress(status, Seen(progress=Progress(step=10, finished=True, export="s3://b/job/export")), now)
+    assert status.export == "s3://b/job/export"

@@ -997,6 +997,13 @@ SPEC_RULES: list[Rule] = [
         lambda s: s.export is None or not s.export.hugging_face or s.model.is_hf(),
     ),
     Rule(
+        "export.huggingFace",
+        "!has(self.export) || !self.export.huggingFace || !self.checkpoint.ephemeral || self.workers == 1",
+        "export.huggingFace reads the final checkpoint whole, which checkpoint.ephemeral scatters over the worker "
+        "pods: use a shared checkpoint volume or checkpoint.uri (or one worker)",
+        lambda s: s.export is None or not s.export.hugging_face or not s.checkpoint.ephemeral or s.workers == 1,
+    ),
+    Rule(
         "command",
         "!has(self.command) || size(self.command) == 0 || (!has(self.lora) && !has(self.export) "
         "&& self.data.format == 'text')",

@@ -7,8 +7,10 @@ Exit codes: 0 success, 1 the job failed, 2 bad input (with one line per problem)
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -17,10 +19,11 @@ from typing import Any, TypeVar
 
 from kubetrain.core import __version__, hardware, kube_cli
 from kubetrain.core.api import KIND, Phase, SweepPhase, TrialState
-from kubetrain.core.contract import PROFILE_REQUEST_FILE, PROFILES_DIR, TENSORBOARD_DIR
+from kubetrain.core.contract import EXPORT_MODULE, PROFILE_REQUEST_FILE, PROFILES_DIR, TENSORBOARD_DIR
 from kubetrain.core.crd import CRDS, crd_yaml
 from kubetrain.core.lifecycle import Reason
 from kubetrain.core.local import LocalRun, LocalRunError, RunOptions
+from kubetrain.core.progress import COMMIT_MARKER, complete_checkpoints
 from kubetrain.core.sweep import report
 from kubetrain.core.sweep.local import (
     STATUS_FILE,
@@ -181,6 +184,46 @@ def run_dir(run: str) -> Path:
     return Path(run) if Path(run).is_dir() else Path("runs") / run
 
 
+def export_source(run: str, step: int | None) -> tuple[Path, Path | None]:
+    """(checkpoint directory, the committed step to export) of RUN: a local run's output directory (or runs/RUN),
+    a checkpoint directory, or one committed step-N directory; None: no such step committed there."""
+    base = run_dir(run)
+    if (base / COMMIT_MARKER).is_file():
+        return base.parent, base
+    root = base / "checkpoints" if (base / "checkpoints").is_dir() else base
+    done = dict(complete_checkpoints(root))
+    pick = step if step is not None else max(done, default=None)
+    return root, done.get(pick) if pick is not None else None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    root, step_dir = export_source(args.run, args.step)
+    if step_dir is None:
+        which = f"step {args.step}" if args.step is not None else "any step"
+        print(f"kubetrain export: no committed checkpoint of {which} in {root}", file=sys.stderr)
+        return 2
+    config = Path(args.file) if args.file else next(
+        (c for c in (root.parent / "config.json", root / "config.json") if c.is_file()), None)
+    if config is None:
+        print(f"kubetrain export: the job's manifest is needed (-f FILE): no config.json beside {root}", file=sys.stderr)
+        return 2
+    if config.suffix in (".yaml", ".yml"):
+        job = _load(load_job, config)
+        if job is None:
+            return 2
+        spec_file = root.parent / f".export-{os.getpid()}.json"
+        spec_file.write_text(json.dumps(job.spec.dump()))
+    else:
+        spec_file = config
+    out = Path(args.output) if args.output else root / "export"
+    try:
+        return subprocess.call([sys.executable, "-m", EXPORT_MODULE, "--config", str(spec_file),
+                                "--step-dir", str(step_dir), "--out", str(out)])
+    finally:
+        if spec_file != config:
+            spec_file.unlink(missing_ok=True)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     out = run_dir(args.run)
     if not (out / "progress.json").exists():
@@ -295,6 +338,14 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("run", metavar="RUN", help="a local run: its job name (runs/RUN) or its output directory")
     f.add_argument("--steps", type=int, default=3, help="how many steps to profile (default 3)")
     f.set_defaults(func=cmd_profile)
+
+    e = sub.add_parser("export", help="write a committed checkpoint as a Hugging Face model directory")
+    e.add_argument("run", metavar="RUN|DIR", help="a local run (its job name, runs/RUN, or its output directory), a "
+                   "checkpoint directory, or one committed step-N directory")
+    e.add_argument("-f", "--file", help="the job's manifest (default: the local run's config.json)")
+    e.add_argument("--step", type=int, help="the committed step to export (default: the newest)")
+    e.add_argument("-o", "--output", help="where to write it (default: <checkpoint directory>/export)")
+    e.set_defaults(func=cmd_export)
 
     t = sub.add_parser("tensorboard", help="open TensorBoard on a local run's scalars (rank 0's event files)")
     t.add_argument("run", metavar="RUN", help="a local run: its job name (runs/RUN) or its output directory")

@@ -63,6 +63,9 @@ FETCH_CONTAINER = "fetch"
 kubetrain.trainer.data.fetch` in the trainer's image, with its environment and mounts. Exit codes as the trainer's
 (CONFIG_ERROR_EXIT_CODE for a wrong bucket, refused credentials, ...; 1 for a transient failure)."""
 FETCH_MODULE = "kubetrain.trainer.data.fetch"
+EXPORT_MODULE = "kubetrain.trainer.export"
+"""`python -m` of `kubetrain export`: a committed checkpoint as a Hugging Face model directory (the trainer's image or
+package: torch and transformers)."""
 """The fetch step's module, run with `python -m` by the init container and by the local backend."""
 RESTART_GENERATION = "KUBETRAIN_RESTART_GENERATION"
 RUN_ID = "KUBETRAIN_RUN_ID"

@@ -122,6 +122,8 @@ class Summary:
     """Loss on the held-out text at the last evaluation (spec.evalEverySteps)."""
     best_eval_step: int | None = None
     """Step of the checkpoint with the lowest eval loss (kept; recorded in best-eval.json)."""
+    export_dir: str | None = None
+    """Where the exported model is (spec.export): a directory, or an s3:// URI with checkpoint.uri."""
     bf16_slowdown: float | None = None
     """A CPU run with precision bf16: the bf16/fp32 matrix-product time ratio (one core) measured before it started."""
     bf16_emulated: bool | None = None
@@ -668,6 +670,7 @@ class LocalRun:
             goodput=st.goodput.model_dump(exclude={"generation", "restarted_at"}),
             eval_loss=p.eval_loss,
             best_eval_step=p.best_eval_step,
+            export_dir=p.export,
             bf16_slowdown=self.bf16_slowdown,
             bf16_emulated=self.bf16_emulated,
             preflight=st.preflight.dump() if st.preflight else None,

@@ -63,6 +63,8 @@ class Progress(_Model):
     """Loss on the held-out text at the newest evaluation (spec.evalEverySteps)."""
     best_eval_step: int | None = None
     """Step of the checkpoint taken at the lowest eval loss so far (best-eval.json in the checkpoint directory)."""
+    export: str | None = None
+    """Where rank 0 wrote the exported model (spec.export): a directory, or an s3:// URI."""
     world_size: int = 0
     resumed_from: int | None = None
     """Step of the checkpoint this generation resumed from."""

@@ -580,5 +580,10 @@ def _train(
                 if env.rank == 0:
                     log.info("stopping at step %d after a termination signal", state.step)
                 return SIGTERM_EXIT_CODE
+        if spec.export is not None and spec.export.hugging_face and env.rank == 0:
+            hangs.write_beat(state.step, hangs.CHECKPOINT, force=True)  # judged as a checkpoint: it may take minutes
+            from kubetrain.trainer.export import export_at_success  # noqa: PLC0415
+
+            reporter.progress.export = export_at_success(spec, ckpt_root, state.step)
         reporter.finish(state.step)
         return 0

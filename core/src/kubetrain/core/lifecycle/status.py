@@ -142,6 +142,8 @@ def _take_rates(status: TrainingJobStatus, progress: Progress) -> None:
         status.mfu = f"{progress.mfu * 100:.1f}%"
     if progress.eval_loss is not None:
         status.eval_loss = f"{progress.eval_loss:.4f}"
+    if progress.export is not None:
+        status.export = progress.export
 
 
 def set_condition(
