@@ -357,12 +357,27 @@ def test_data_model_and_tokenizer_from_the_object_store_train_and_resume_exactly
         _ends_on_the_reference_loss(jobs, name, reference, "from the object store")
 
 
-def test_a_lora_fine_tune_reads_and_writes_the_object_store_and_exports_there(
+def finetune_guide(bucket: str, endpoint: str) -> dict[str, Any]:
+    """examples/finetune/job.yaml (docs/guide-finetune.md) at this machine's scale: its bucket here, 2 CPU workers
+    without a fabric, a tiny model's sequence length and a few steps. Its strategy, HSDP, chat data, LoRA, evaluation,
+    checkpoints and export stay as the guide has them."""
+    body = yaml.safe_load((REPO_ROOT / "examples" / "finetune" / "job.yaml").read_text())
+    spec = body["spec"]
+    spec.update(workers=2, resources={}, fabric="none", precision="fp32", microBatchSize=2, maxSteps=6,
+                evalEverySteps=3, s3={"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"})
+    spec["parallelism"]["replicate"] = 2  # one group a worker, as the guide's 4
+    spec["model"].update(hfUri=f"s3://{bucket}/model", seqLen=96)
+    spec["data"].update(uri=f"s3://{bucket}/chat", tokenizerUri=f"s3://{bucket}/model")
+    spec["checkpoint"].update(uri=f"s3://{bucket}/ckpt", everySteps=3)
+    return body
+
+
+def test_the_fine_tuning_guide_reads_and_writes_the_object_store_and_exports_there(
         jobs: RealJobs, real_namespace: str, tmp_path: Path) -> None:
-    """The fine-tuning route end to end on real pods: a tiny Llama with a ChatML tokenizer (model.hfUri), chat JSONL
-    (data.uri, data.format chat), LoRA rank 8 under FSDP2 on 2 workers, checkpoints in checkpoint.uri and
-    export.huggingFace: status.export names `<checkpoint.uri>/export`, and what is there loads with from_pretrained
-    and differs from the base in the adapted projections only."""
+    """The guide's manifest on real pods: a tiny Llama with a ChatML tokenizer (model.hfUri), chat JSONL (data.uri),
+    LoRA under HSDP on 2 workers, checkpoints in checkpoint.uri and export.huggingFace: status.export names
+    `<checkpoint.uri>/export`, and what is there loads with from_pretrained and differs from the base in the adapted
+    projections only."""
     import transformers  # noqa: PLC0415
     from support.hf_models import chat_tokenizer  # noqa: PLC0415
 
@@ -374,23 +389,19 @@ def test_a_lora_fine_tune_reads_and_writes_the_object_store_and_exports_there(
         tiny_causal_lm(model, vocab_size=vocab, max_position_embeddings=128)
         fs.put(str(model), f"{bucket}/model", recursive=True)
         fs.put(str(REPO_ROOT / "examples" / "data-chat" / "chat.jsonl"), f"{bucket}/chat/chat.jsonl")
-        body = quickstart(precision="fp32", maxSteps=6, activationCheckpointing=False, microBatchSize=2,
-                          checkpoint={"everySteps": 3, "keep": 2, "uri": f"s3://{bucket}/ckpt"},
-                          model={"hfUri": f"s3://{bucket}/model", "seqLen": 96},
-                          data={"uri": f"s3://{bucket}/chat", "glob": "*.jsonl", "format": "chat",
-                                "tokenizerUri": f"s3://{bucket}/model"},
-                          lora={"rank": 8, "alpha": 16}, export={"huggingFace": True},
-                          s3={"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"})
-        name = jobs.create(body, name="lora-store")
+        name = jobs.create(finetune_guide(bucket, endpoint))
         st = jobs.wait_phase(name, "Succeeded", timeout=900)
-        print(f"LoRA fine-tune from and to the object store: Succeeded in {elapsed(start)} s, export {st.get('export')}")
+        print(f"the fine-tuning guide at small scale: Succeeded in {elapsed(start)} s, eval loss {st.get('evalLoss')}, "
+              f"export {st.get('export')}")
         assert st.get("export") == f"s3://{bucket}/ckpt/export", jobs.describe(name)
+        assert st.get("evalLoss") is not None
         fs.get(f"{bucket}/ckpt/export", str(tmp_path / "export"), recursive=True)
         base = transformers.AutoModelForCausalLM.from_pretrained(str(model)).state_dict()
         tuned = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "export")).state_dict()
         changed = {n for n in base if not (tuned[n] == base[n]).all()}
         assert changed and all(n.endswith("proj.weight") for n in changed), sorted(changed)
         assert (tmp_path / "export" / "adapter" / "adapter_model.safetensors").is_file()
+        assert (tmp_path / "export" / "tokenizer_config.json").is_file()
 
 
 @pytest.mark.parametrize("fault", ["checkpoint-bucket", "model-credentials", "image-without-trainer"])

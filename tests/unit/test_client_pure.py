@@ -272,3 +272,14 @@ def test_describe_counts_gpu_hours_up_to_now():
         "gpusHeld": 16, "gpusCountedAt": "2026-03-01T11:30:00Z", "lostGpuHours": 1.5}})
     assert gpu_line(st, now) == "GPU-hours:   18.00 allocated, 1.50 lost to restarts (16 GPU(s) held now)"
     assert gpu_line(TrainingJobStatus(), now) is None
+
+
+def test_status_shows_the_eval_loss_and_where_the_export_is() -> None:
+    from kubetrain.core.client.describe import status_lines  # noqa: PLC0415
+
+    st = TrainingJobStatus(phase=Phase.SUCCEEDED, current_step=6, max_steps=6, loss="2.1000", eval_loss="2.3000",
+                           export="s3://ml/runs/llama-lora/export")
+    lines = status_lines("llama-lora", "ml", st)
+    assert "Step:        6/6  loss 2.1000  eval loss 2.3000" in lines
+    assert "Export:      s3://ml/runs/llama-lora/export" in lines
+    assert not any(line.startswith("Export:") for line in status_lines("q", "ml", TrainingJobStatus()))

@@ -824,10 +824,11 @@ SPEC_RULES: list[Rule] = [
     ),
     Rule(
         "data.evalPath",
-        "!has(self.data.uri) || !has(self.evalEverySteps) || has(self.data.evalPath)",
-        "evalEverySteps with data.uri reads its held-out text from data.evalPath: set it (the shards are all "
-        "trained on)",
-        lambda s: s.data.uri is None or s.eval_every_steps is None or s.data.eval_path is not None,
+        "!has(self.data.uri) || !has(self.evalEverySteps) || has(self.data.evalPath) || self.data.format != 'text'",
+        "evalEverySteps with data.uri text or token shards reads its held-out text from data.evalPath: set it (the "
+        "shards are all trained on; chat and instruction samples, fetched whole, hold out their last 5%)",
+        lambda s: s.data.uri is None or s.eval_every_steps is None or s.data.eval_path is not None
+        or s.data.format != "text",
     ),
     Rule(
         "restartPolicy.inPlace",

@@ -77,7 +77,7 @@ def hang_lines(hang: LastHang | None) -> list[str]:
 
 def _progress_line(st: TrainingJobStatus) -> str:
     return (f"Step:        {st.current_step}" + (f"/{st.max_steps}" if st.max_steps else "")
-            + (f"  loss {st.loss}" if st.loss else "")
+            + (f"  loss {st.loss}" if st.loss else "") + (f"  eval loss {st.eval_loss}" if st.eval_loss else "")
             + (f"  ({st.percent_complete}, ETA {st.eta or '-'})" if st.percent_complete else ""))
 
 
@@ -94,6 +94,8 @@ def status_lines(name: str, namespace: str, st: TrainingJobStatus) -> list[str]:
     if st.last_checkpoint is not None:
         ck = st.last_checkpoint
         lines.append(f"Checkpoint:  step {ck.step} at {ck.path} ({ck.time or ''})")
+    if st.export:
+        lines.append(f"Export:      {st.export}")
     if st.resumed_from_step or st.resumed_from:
         tier = f" ({st.resumed_from} tier)" if st.resumed_from else ""
         lines.append(f"Resumed:     from step {st.resumed_from_step}{tier}")
