@@ -60,6 +60,8 @@ def test_the_killed_run_succeeds_after_one_restart_and_trains_as_the_straight_on
     assert (killed["phase"], killed["restarts"], killed["resumed_from"]) == ("Succeeded", 1, [4])
     after = {s: v for s, v in losses(Path(killed["output_dir"])).items() if s > 4}
     reference = losses(Path(straight["output_dir"]))
+    print(f"killed at step 5, resumed from 4: losses 5-8 {after}, uninterrupted {reference}, "
+          f"largest relative difference {rel_diff(after, reference):.2e}")
     assert sorted(after) == [5, 6, 7, 8] and reference[8] < reference[1]
     assert rel_diff(after, reference) <= 1e-5, (after, reference)
 
@@ -72,6 +74,7 @@ def test_the_export_is_the_base_with_the_adapters_merged_into_their_projections_
     tuned = transformers.AutoModelForCausalLM.from_pretrained(str(export)).state_dict()
     assert set(tuned) == set(base)
     changed = sorted(n for n in base if not (tuned[n] == base[n]).all())
+    print(f"export {export}: {len(changed)} of {len(base)} tensors differ from the base: {changed}")
     assert changed == sorted(n for n in base if n.endswith(tuple(f"{t}.weight" for t in TARGETS)))
     assert "model.embed_tokens.weight" not in changed and "lm_head.weight" not in changed
     assert json.loads((export / "adapter" / "adapter_config.json").read_text())["r"] == 8
