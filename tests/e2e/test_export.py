@@ -3,7 +3,8 @@
 A tiny Llama (fp32, built here) is fine-tuned on 2 gloo processes under DeepSpeed ZeRO-3 (its partitions are
 consolidated, the hardest of the formats to read back) with export.huggingFace: the export's weights are those the
 gang trained (their global norm equals the one rank 0 logged at the last step), and `kubetrain export` writes an
-earlier committed step on demand."""
+earlier committed step on demand. LoRA under ZeRO-1, whose checkpoints keep the frozen weights apart from the
+partitioned trained ones, exports the base with the adapters merged."""
 
 from __future__ import annotations
 
@@ -63,3 +64,23 @@ def test_kubetrain_export_names_what_is_missing(trained: tuple[Path, Run], tmp_p
     assert missing.returncode == 2 and f"no committed checkpoint of step 3 in {run.ckpt_dir}" in missing.stderr
     no_manifest = run_cli(["export", str(run.ckpt_dir)])
     assert no_manifest.returncode == 2 and "the job's manifest is needed (-f FILE)" in no_manifest.stderr
+
+
+def test_a_lora_job_under_zero_1_exports_its_frozen_base_with_the_adapters_merged(tmp_path: Path) -> None:
+    model = tiny_causal_lm(tmp_path / "model")
+    spec = tiny_spec(strategy="deepspeed", deepspeed={"zeroStage": 1}, maxSteps=2, export={"huggingFace": True},
+                     model={"hfPath": str(model), "seqLen": 32}, lora={"rank": 4, "targetModules": ["q_proj"]})
+    run = run_trainer(tmp_path / "out", spec)
+    assert run.exit_codes == [0, 0], run.log()
+    base, got = weights(model), weights(run.progress["export"])
+    changed = sorted(name for name in base if not torch.equal(got[name], base[name]))
+    assert changed == ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.q_proj.weight"]
+
+
+def test_kubetrain_export_never_replaces_what_is_not_an_export(trained: tuple[Path, Run], tmp_path: Path) -> None:
+    _, run = trained
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    refused = run_cli(["export", str(run.ckpt_dir), "-f", str(run.out / "config-0.json"), "-o", str(tmp_path / "mine")])
+    assert refused.returncode == 2 and "exists and is not an export (no EXPORTED.json)" in refused.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"

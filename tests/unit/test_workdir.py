@@ -21,7 +21,8 @@ def tree(root: Path) -> Path:
     (root / "pkg" / "util.py").write_text("X = 1\n")
     (root / "run.sh").write_text("#!/bin/sh\n")
     (root / "run.sh").chmod(0o755)
-    for skipped in (".git/HEAD", "__pycache__/train.cpython-311.pyc", "runs/job/progress.json", ".venv/pyvenv.cfg"):
+    for skipped in (".git/HEAD", "__pycache__/train.cpython-311.pyc", "runs/job/progress.json", ".venv/pyvenv.cfg",
+                    ".env", ".aws/credentials"):
         (root / skipped).parent.mkdir(parents=True, exist_ok=True)
         (root / skipped).write_text("x")
     return root
@@ -32,7 +33,7 @@ def names(archive: bytes) -> list[str]:
         return tar.getnames()
 
 
-def test_a_tree_packs_to_the_same_bytes_without_caches_or_version_control(tmp_path):
+def test_a_tree_packs_to_the_same_bytes_without_hidden_files_caches_or_runs(tmp_path):
     root = tree(tmp_path / "a")
     first = workdir.pack(root)
     os.utime(root / "train.py", (1, 1))  # times are not shipped: the same tree is the same ConfigMap
@@ -90,10 +91,10 @@ def test_a_worker_pod_works_in_the_unpacked_tree():
     pod = b.worker_pod(job, 0, 0, b.WorkerSettings(), None)["spec"]
     trainer, first = pod["containers"][0], pod["initContainers"][0]
     assert trainer["workingDir"] == contract.WORKDIR_MOUNT
-    assert {"name": "workdir", "mountPath": contract.WORKDIR_MOUNT} in trainer["volumeMounts"]
+    assert {"name": "kubetrain-workdir", "mountPath": contract.WORKDIR_MOUNT} in trainer["volumeMounts"]
     assert first["name"] == contract.WORKDIR_CONTAINER and first["image"] == trainer["image"]
     assert first["command"] == ["python3", "-c", workdir.UNPACK_SOURCE]
     assert first["securityContext"] == trainer["securityContext"]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["workdir-archive"]["configMap"] == {"name": "llm-wd"} and volumes["workdir"] == {
-        "name": "workdir", "emptyDir": {}}
+    assert volumes["kubetrain-workdir-archive"]["configMap"] == {"name": "llm-wd"}
+    assert volumes["kubetrain-workdir"] == {"name": "kubetrain-workdir", "emptyDir": {}}

@@ -416,7 +416,7 @@ class WorkdirSpec(_Model):
     """A directory shipped with the job (`kubetrain submit --workdir DIR`, docs/operator.md#shipping-a-working-directory)."""
 
     config_map: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-    """A ConfigMap in the job's namespace whose binaryData `workdir.tar.gz` is the directory as a gzipped tar. Every worker pod's init container `workdir` unpacks it into the trainer container's working directory (/var/run/kubetrain-workdir), so a relative command or data.path resolves there. `kubetrain submit --workdir DIR` creates it (immutable, named by its content, owned by the job)."""
+    """A ConfigMap in the job's namespace whose binaryData `workdir.tar.gz` is the directory as a gzipped tar. Every worker pod's init container `kubetrain-workdir` unpacks it into the trainer container's working directory (/var/run/kubetrain-workdir), so a relative command or data.path resolves there. `kubetrain submit --workdir DIR` creates it (immutable, named by its content, owned by the job)."""
 
 
 class S3Spec(_Model):
@@ -999,10 +999,10 @@ SPEC_RULES: list[Rule] = [
     ),
     Rule(
         "export.huggingFace",
-        "!has(self.export) || !self.export.huggingFace || !self.checkpoint.ephemeral || self.workers == 1",
-        "export.huggingFace reads the final checkpoint whole, which checkpoint.ephemeral scatters over the worker "
-        "pods: use a shared checkpoint volume or checkpoint.uri (or one worker)",
-        lambda s: s.export is None or not s.export.hugging_face or not s.checkpoint.ephemeral or s.workers == 1,
+        "!has(self.export) || !self.export.huggingFace || !self.checkpoint.ephemeral",
+        "export.huggingFace writes the model beside the checkpoints, which checkpoint.ephemeral keeps in the pods "
+        "(gone with them, and scattered over the workers): use a checkpoint volume or checkpoint.uri",
+        lambda s: s.export is None or not s.export.hugging_face or not s.checkpoint.ephemeral,
     ),
     Rule(
         "command",

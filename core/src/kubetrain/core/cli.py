@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -211,14 +212,18 @@ def cmd_export(args: argparse.Namespace) -> int:
         job = _load(load_job, config)
         if job is None:
             return 2
-        spec_file = root.parent / f".export-{os.getpid()}.json"
-        spec_file.write_text(json.dumps(job.spec.dump()))
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            f.write(json.dumps(job.spec.dump()))
+        spec_file = Path(f.name)
     else:
         spec_file = config
-    out = Path(args.output) if args.output else root / "export"
+    # An earlier step gets a directory of its own: the export at success (status.export) stays as it is.
+    out = Path(args.output) if args.output else root / ("export" if args.step is None else f"export-step-{args.step}")
+    cache = root.parent / "cache"  # a local run's fetched model.hfUri and data.tokenizerUri
     try:
         return subprocess.call([sys.executable, "-m", EXPORT_MODULE, "--config", str(spec_file),
-                                "--step-dir", str(step_dir), "--out", str(out)])
+                                "--step-dir", str(step_dir), "--out", str(out),
+                                *(["--cache", str(cache)] if cache.is_dir() else [])])
     finally:
         if spec_file != config:
             spec_file.unlink(missing_ok=True)
@@ -344,7 +349,8 @@ def parser() -> argparse.ArgumentParser:
                    "checkpoint directory, or one committed step-N directory")
     e.add_argument("-f", "--file", help="the job's manifest (default: the local run's config.json)")
     e.add_argument("--step", type=int, help="the committed step to export (default: the newest)")
-    e.add_argument("-o", "--output", help="where to write it (default: <checkpoint directory>/export)")
+    e.add_argument("-o", "--output", help="where to write it, replacing an earlier export there (default: "
+                   "<checkpoint directory>/export, or export-step-N with --step)")
     e.set_defaults(func=cmd_export)
 
     t = sub.add_parser("tensorboard", help="open TensorBoard on a local run's scalars (rank 0's event files)")

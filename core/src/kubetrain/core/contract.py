@@ -63,10 +63,10 @@ FETCH_CONTAINER = "fetch"
 kubetrain.trainer.data.fetch` in the trainer's image, with its environment and mounts. Exit codes as the trainer's
 (CONFIG_ERROR_EXIT_CODE for a wrong bucket, refused credentials, ...; 1 for a transient failure)."""
 FETCH_MODULE = "kubetrain.trainer.data.fetch"
+"""The fetch step's module, run with `python -m` by the init container and by the local backend."""
 EXPORT_MODULE = "kubetrain.trainer.export"
 """`python -m` of `kubetrain export`: a committed checkpoint as a Hugging Face model directory (the trainer's image or
 package: torch and transformers)."""
-"""The fetch step's module, run with `python -m` by the init container and by the local backend."""
 RESTART_GENERATION = "KUBETRAIN_RESTART_GENERATION"
 RUN_ID = "KUBETRAIN_RUN_ID"
 """Which run of the job this is: the TrainingJob's uid in a pod, a fresh id per `kubetrain run`. With
@@ -323,7 +323,8 @@ fills from the ConfigMap's archive (kubetrain.core.workdir)."""
 WORKDIR_ARCHIVE_MOUNT = "/etc/kubetrain-workdir"
 WORKDIR_ARCHIVE = "workdir.tar.gz"
 """The archive's key in the ConfigMap spec.workdir.configMap names."""
-WORKDIR_CONTAINER = "workdir"
+WORKDIR_CONTAINER = "kubetrain-workdir"
+"""The init container, and the emptyDir, of spec.workdir (kubetrain's names: a podTemplate's `workdir` is its own)."""
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")

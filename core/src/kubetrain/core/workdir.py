@@ -2,7 +2,7 @@
 
 `kubetrain submit FILE --workdir DIR` packs DIR into a gzipped tar (:func:`pack`: deterministic, so the same tree
 gives the same archive and name) and stores it in a ConfigMap `<job>-workdir-<digest>` (immutable, owned by the
-job once it exists); spec.workdir.configMap names it. In every worker pod the init container `workdir` unpacks
+job once it exists); spec.workdir.configMap names it. In every worker pod the init container `kubetrain-workdir` unpacks
 it into an emptyDir mounted at WORKDIR_MOUNT, the trainer container's working directory, before the command
 runs: a relative command or data.path resolves there, as `kubetrain run --workdir DIR` resolves it in DIR.
 Editing a script and submitting again ships the new tree; no image is built.
@@ -22,9 +22,9 @@ from kubetrain.core import contract
 MAX_ARCHIVE_BYTES = 900 * 1024
 """The most a packed tree may weigh: a ConfigMap holds at most 1 MiB (etcd's object limit), with room left for
 its metadata."""
-SKIPPED = frozenset({".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache", "runs",
-                     ".ipynb_checkpoints"})
-"""Directory names never shipped: version control, caches, virtualenvs, local runs' outputs."""
+SKIPPED = frozenset({"__pycache__", "venv", "runs"})
+"""Directory names never shipped besides hidden ones (.git, .venv, .env, ...): caches, virtualenvs, local runs'
+outputs."""
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
 
 
@@ -40,7 +40,8 @@ def shipped_files(root: Path) -> list[Path]:
     found: list[Path] = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
-        if any(part in SKIPPED for part in rel.parts) or path.suffix in SKIPPED_SUFFIXES:
+        hidden = any(part.startswith(".") for part in rel.parts)  # .env, .aws/: secrets have no place in a ConfigMap
+        if hidden or any(part in SKIPPED for part in rel.parts) or path.suffix in SKIPPED_SUFFIXES:
             continue
         if path.is_symlink():
             raise WorkdirError(f"--workdir {root}: {rel} is a symbolic link; ship the file itself")
@@ -97,4 +98,4 @@ with tarfile.open(archive) as tar:
     tar.extractall(dest, members=members, **safe)
 print("workdir: unpacked", len(members), "files into", dest)
 """
-"""`python3 -c` of the init container `workdir`: standard library only, so any image with a python3 runs it."""
+"""`python3 -c` of the init container `kubetrain-workdir`: standard library only, so any image with a python3 runs it."""

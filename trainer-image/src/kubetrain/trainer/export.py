@@ -45,8 +45,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 def whole_model(spec: TrainingJobSpec) -> HFCausalLM:
     """model.hfPath's model on this process's CPU, fp32, with spec.lora's adapters: the structure (and so the
     parameter names) the checkpoint was written from."""
-    if not spec.model.is_hf():
-        raise ConfigError("export.huggingFace", "needs a Hugging Face model (model.hfPath or model.hfUri)")
+    if spec.model.hf_path is None:
+        raise ConfigError("model.hfPath", "the export reads the base model from a local directory: set model.hfPath "
+                          "(kubetrain export -f: a manifest naming local copies of the model and its tokenizer)")
     model = build_model(spec.model, activation_checkpointing=False, seed=spec.seed)
     assert isinstance(model, HFCausalLM)
     if spec.lora is not None:
@@ -56,32 +57,37 @@ def whole_model(spec: TrainingJobSpec) -> HFCausalLM:
     return model
 
 
-def saved_model_state(step_dir: Path, model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model state of committed checkpoint ``step_dir``, by ``model``'s own state-dict names, read in this
-    one process whatever the world size that wrote it: DCP's (ddp, fsdp) resharded into whole tensors, or
-    DeepSpeed's ZeRO partitions consolidated."""
+def load_saved_model(step_dir: Path, model: nn.Module) -> None:
+    """Fill ``model`` with the model state of committed checkpoint ``step_dir``, read in this one process whatever
+    the world size that wrote it: DCP's (ddp, fsdp) resharded into whole tensors, loaded in place (one copy of
+    the model in memory), or DeepSpeed's ZeRO partitions consolidated."""
     if (step_dir / "dcp").is_dir():
         import torch.distributed.checkpoint as dcp  # noqa: PLC0415
 
-        state = {"model": {name: t.detach().clone() for name, t in model.state_dict().items()}}
-        dcp.load(state, checkpoint_id=str(step_dir / "dcp"), no_dist=True)
-        return state["model"]
-    if (step_dir / DeepSpeedEngine.TAG).is_dir():
-        return deepspeed_model_state(step_dir)
-    raise ConfigError("export", f"{step_dir} holds no model state this trainer wrote (no dcp/ or {DeepSpeedEngine.TAG}/)")
+        dcp.load({"model": model.state_dict()}, checkpoint_id=str(step_dir / "dcp"), no_dist=True)
+    elif (step_dir / DeepSpeedEngine.TAG).is_dir():
+        model.load_state_dict(deepspeed_model_state(step_dir))
+    else:
+        raise ConfigError("export", f"{step_dir} holds no model state this trainer wrote (no dcp/ or "
+                          f"{DeepSpeedEngine.TAG}/)")
 
 
 def deepspeed_model_state(step_dir: Path) -> dict[str, torch.Tensor]:
-    """A DeepSpeed checkpoint's whole fp32 model state: ZeRO 1-3 partitions consolidated by DeepSpeed's
-    zero_to_fp32; ZeRO 0 keeps the whole module state in its model-states file."""
+    """A DeepSpeed checkpoint's whole model state. ZeRO 0 keeps it in its model-states file; ZeRO 1-3 keep the
+    trained parameters' fp32 values partitioned (zero_to_fp32 consolidates them). ZeRO 3 also lists the frozen
+    parameters (LoRA's base weights); ZeRO 1 and 2 keep those whole in the model-states file only."""
     info = json.loads((step_dir / "deepspeed.json").read_text()) if (step_dir / "deepspeed.json").is_file() else {}
-    if int(info.get("zero_stage", 1)) == 0:
+    stage = int(info.get("zero_stage", 1))
+    state: dict[str, torch.Tensor] = {}
+    if stage < 3:
         files = sorted((step_dir / DeepSpeedEngine.TAG).glob("mp_rank_*_model_states.pt"))
         # DeepSpeed pickles more than tensors here (its own config objects): read like its own loader does.
-        return dict(torch.load(files[0], map_location="cpu", weights_only=False)["module"])
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # noqa: PLC0415
+        state.update(torch.load(files[0], map_location="cpu", weights_only=False)["module"])
+    if stage > 0:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint  # noqa: PLC0415
 
-    return dict(get_fp32_state_dict_from_zero_checkpoint(str(step_dir), tag=DeepSpeedEngine.TAG))
+        state.update(get_fp32_state_dict_from_zero_checkpoint(str(step_dir), tag=DeepSpeedEngine.TAG))
+    return state
 
 
 def base_dtype(spec: TrainingJobSpec) -> torch.dtype:
@@ -118,10 +124,13 @@ def write_hf(model: HFCausalLM, spec: TrainingJobSpec, out: Path, step: int) -> 
 
 
 def export_checkpoint(step_dir: Path, spec: TrainingJobSpec, out: Path) -> Path:
-    """Export committed checkpoint ``step_dir`` of a job with ``spec`` to ``out`` (replaced whole when there)."""
+    """Export committed checkpoint ``step_dir`` of a job with ``spec`` to ``out``: written beside it, then renamed
+    into place. An ``out`` that exists is replaced only when it is an export (its EXPORTED.json) or empty."""
+    if out.exists() and not (out / MARKER).is_file() and any(out.iterdir()):
+        raise ConfigError("export", f"{out} exists and is not an export (no {MARKER}): name another directory")
     t0 = time.perf_counter()
     model = whole_model(spec)
-    model.load_state_dict(saved_model_state(step_dir, model))
+    load_saved_model(step_dir, model)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -152,9 +161,11 @@ def export_at_success(spec: TrainingJobSpec, root: Path, step: int) -> str:
     target = f"{bucket.uri}/{EXPORT_DIR}"
     if bucket.call("listing", bucket.fs.exists, target):
         bucket.call("delete", bucket.fs.rm, target, recursive=True)
-    local = files_under(out)
+    # The marker last: a reader that finds EXPORTED.json finds every file (a cut-off upload has none).
+    local = [p for p in files_under(out) if p.name != MARKER]
     bucket.call("upload", bucket.fs.put, [str(p) for p in local],
                 [f"{target}/{p.relative_to(out).as_posix()}" for p in local])
+    bucket.call("upload", bucket.fs.put_file, str(out / MARKER), f"{target}/{MARKER}")
     log.info("uploaded the export to %s", target)
     return target
 
@@ -169,11 +180,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kubetrain.trainer.export", description=main.__doc__)
     parser.add_argument("--config", type=Path, required=True, help="the job's spec (JSON, wire form)")
     parser.add_argument("--step-dir", type=Path, required=True, help="a committed step-N checkpoint directory")
-    parser.add_argument("--out", type=Path, required=True, help="the directory to write (replaced)")
+    parser.add_argument("--out", type=Path, required=True, help="the directory to write (an earlier export replaced)")
+    parser.add_argument("--cache", type=Path, help="a local run's cache: where its model.hfUri was fetched")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        out = export_checkpoint(args.step_dir, load_spec(args.config), args.out)
+        spec = load_spec(args.config)
+        if args.cache is not None and spec.model.hf_uri is not None:
+            from kubetrain.trainer.data.fetch import resolved  # noqa: PLC0415
+
+            spec = resolved(spec, args.cache)
+        out = export_checkpoint(args.step_dir, spec, args.out)
     except ConfigError as exc:
         print(f"kubetrain export: {exc}", file=sys.stderr)
         return 2

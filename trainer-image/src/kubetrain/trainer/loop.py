@@ -513,6 +513,18 @@ class Evaluator:
             log.info("step %d eval loss %.4f", state.step, state.eval_loss)
 
 
+def export_if_asked(env: Env, spec: TrainingJobSpec, ckpt_root: Path, step: int, reporter: Reporter) -> None:
+    """spec.export, on rank 0 once the final checkpoint is committed (the other ranks exit meanwhile): where it
+    went goes into the last progress record."""
+    if spec.export is None or not spec.export.hugging_face or env.rank != 0:
+        return
+    # Judged as a start, not as a step: the export (minutes for a large model) may take up to startSeconds.
+    hangs.write_beat(step, hangs.START, force=True)
+    from kubetrain.trainer.export import export_at_success  # noqa: PLC0415 - transformers, peft: export jobs only
+
+    reporter.progress.export = export_at_success(spec, ckpt_root, step)
+
+
 def _train(
     env: Env, spec: TrainingJobSpec, stop: StopFlag, ckpt_root: Path, data: Data, device: torch.device,
     transport: str | None = None, held: Held | None = None,
@@ -580,10 +592,6 @@ def _train(
                 if env.rank == 0:
                     log.info("stopping at step %d after a termination signal", state.step)
                 return SIGTERM_EXIT_CODE
-        if spec.export is not None and spec.export.hugging_face and env.rank == 0:
-            hangs.write_beat(state.step, hangs.CHECKPOINT, force=True)  # judged as a checkpoint: it may take minutes
-            from kubetrain.trainer.export import export_at_success  # noqa: PLC0415
-
-            reporter.progress.export = export_at_success(spec, ckpt_root, state.step)
+        export_if_asked(env, spec, ckpt_root, state.step, reporter)
         reporter.finish(state.step)
         return 0

@@ -9,6 +9,7 @@ kubetrain.core.client.errors, keeping the API server's message.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -177,11 +178,22 @@ class ClusterClient(TrainingClient):
         name = body["metadata"].get("name") or f"{body['metadata'].get('generateName', '')}*"
         sweep = body.get("kind") == SWEEP_KIND
         shipped = self._ship_workdir(body, ns, Path(workdir)) if workdir is not None else None
-        created = self._call(f"submitting {ns}/{name}", self.custom.create_namespaced_custom_object,
-                             GROUP, VERSION, ns, SWEEP_PLURAL if sweep else PLURAL, body)
+        try:
+            created = self._call(f"submitting {ns}/{name}", self.custom.create_namespaced_custom_object,
+                                 GROUP, VERSION, ns, SWEEP_PLURAL if sweep else PLURAL, body)
+        except ClientError:
+            if shipped is not None and not shipped["metadata"].get("ownerReferences"):
+                self._drop(shipped, ns)  # no job will own it: nothing would ever delete it
+            raise
         if shipped is not None:
             self._own(shipped, ns, created)
         return parse(TrainingSweep, created) if sweep else parse(TrainingJob, created)
+
+    def _drop(self, cm: dict[str, Any], ns: str) -> None:
+        """Delete a workdir ConfigMap no job owns; best effort (the submit's own error is the one to report)."""
+        with contextlib.suppress(ClientError):
+            self._call(f"deleting ConfigMap {ns}/{cm['metadata']['name']}", self.core.delete_namespaced_config_map,
+                       cm["metadata"]["name"], ns)
 
     def _ship_workdir(self, body: dict[str, Any], ns: str, directory: Path) -> dict[str, Any]:
         """The ConfigMap of ``directory``, created (or found: the same tree has the same name), and spec.workdir

@@ -575,7 +575,7 @@ def _add_fetch(pod_spec: dict[str, Any]) -> None:
     pod_spec["initContainers"] = [*inits[:at], fetch, *inits[at:]]
 
 
-_WORKDIR_ARCHIVE_VOLUME = "workdir-archive"
+_WORKDIR_ARCHIVE_VOLUME = f"{contract.WORKDIR_CONTAINER}-archive"
 _WORKDIR_SHARES = ("image", "imagePullPolicy", "resources", "securityContext")
 
 

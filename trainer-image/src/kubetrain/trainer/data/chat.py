@@ -51,6 +51,9 @@ TEMPLATE_ROLES = (*BYTE_ROLES, "tool")
 """A Hugging Face chat template may render tool results too (it refuses them, with its own message, if not)."""
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+TEMPLATE_DATE = "26 Jul 2024"
+"""What a chat template that prints the date (Llama 3.x's `date_string`) is given: one fixed day, so that samples
+do not depend on the day they are rendered (the date Llama 3.1's own template falls back to)."""
 
 Render = Callable[[list[dict[str, Any]], bool], str]
 """A chat template: (messages, add_generation_prompt) -> text."""
@@ -224,8 +227,10 @@ def chat_template(directory: str) -> Render:
                                             "conversations with it (or use data.format instruction)")
 
     def render(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return str(tokenizer.apply_chat_template(messages, tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt))
+        # A fixed date_string: templates that stamp today's date (Llama 3.x's) would otherwise tokenise the same
+        # conversation differently on another day, and a resume would not see what the first run saw.
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                 date_string=TEMPLATE_DATE))
 
     return render
 
