@@ -221,3 +221,30 @@ def test_export_template_is_the_template_as_a_job_of_its_own(sweep, tmp_path):
     assert not job.metadata.labels
     assert job.spec.optimizer.lr == 1e-4 and job.spec.max_steps == 300
     assert Path(job.spec.data.path) == EXAMPLE_DATA.resolve()
+
+
+def test_an_eval_loss_sweep_picks_its_best_trial_by_the_eval_loss(tmp_path):
+    """objective.metric evalLoss: each Complete trial's value is its final eval loss (not its training loss), and
+    the best trial is the one with the lowest."""
+    spec = tiny_spec(maxSteps=20, evalEverySteps=10, evalBatches=2, metricsPort=free_port(2),
+                     checkpoint={"everySteps": 10, "keep": 1}, optimizer={"lr": 1e-3, "minLr": 0.0, "warmupSteps": 2})
+    manifest = tmp_path / "eval-sweep.yaml"
+    manifest.write_text(yaml.safe_dump({
+        "apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingSweep", "metadata": {"name": "eval-sweep"},
+        "spec": {"maxTrials": 3, "parallelism": 1, "sampler": {"type": "grid"}, "pruner": {"type": "none"},
+                 "objective": {"metric": "evalLoss"}, "template": {"spec": spec},
+                 "parameters": [{"path": "optimizer.lr", "type": "categorical", "values": [1e-2, 1e-3, 1e-5]}]},
+    }))
+    out = tmp_path / "out"
+    done = run_cli(["sweep", str(manifest), "--output-dir", str(out)], timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    status = read_status(out)
+    summaries = {t["index"]: json.loads((out / "trials" / t["jobName"] / "summary.json").read_text())
+                 for t in status["trials"]}
+    values = {t["index"]: t["value"] for t in status["trials"]}
+    print(f"evalLoss sweep: values {values}; eval losses "
+          f"{ {i: s['eval_loss'] for i, s in summaries.items()} }; training losses "
+          f"{ {i: s['final_loss'] for i, s in summaries.items()} }; best trial {status['bestTrial']}")
+    assert len(values) == 3 and all(t["state"] == "Complete" for t in status["trials"])
+    assert all(values[i] == summaries[i]["eval_loss"] != summaries[i]["final_loss"] for i in values)
+    assert status["bestTrial"] == min(values, key=values.__getitem__) and status["bestValue"] == min(values.values())

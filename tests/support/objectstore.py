@@ -178,11 +178,21 @@ class WeedServer:
         stop_process(self.proc, grace=STOP_GRACE_S, group=True)
 
     def new_bucket(self) -> ObjectStore:
-        """A fresh, empty bucket (retried while the filer and volume servers are still joining)."""
+        """A fresh, empty bucket that takes writes (retried while the filer and volume servers are still joining,
+        and while the bucket's first volume grows: a put before that is an InternalError)."""
         store = ObjectStore(self.endpoint_url, ACCESS_KEY, SECRET_KEY, f"t-{uuid.uuid4().hex[:16]}")
         fs = store.filesystem()
         wait_for(lambda: fs.mkdir(store.bucket) or True, START_TIMEOUT_S, interval=0.5,
                  what=f"bucket {store.bucket} created", ignore=(OSError,))
+        probe = store.url(".kubetrain-probe")
+        try:
+            wait_for(lambda: fs.pipe(probe, b"") or True, START_TIMEOUT_S, interval=0.5,
+                     what=f"a first object written to bucket {store.bucket}", ignore=(OSError,))
+        except WaitTimeout as exc:
+            free = shutil.disk_usage(self.dir).free / 2**30
+            raise AssertionError(f"{exc} ({free:.1f} GiB free under {self.dir}: SeaweedFS grows no volume on a "
+                                 f"nearly full disk)\n{self.log_tail()}") from None
+        fs.rm(probe)
         return store
 
     def log_tail(self, lines: int = 30) -> str:
