@@ -19,7 +19,8 @@
 # Volumes: each bucket is a SeaweedFS collection, which by default grows 7 volumes at its first write; on
 # a test machine's disk the automatic volume limit then ran out after a few buckets (PutObject answers
 # InternalError). Here a bucket starts with one volume of at most 256 MB, grown as it fills, and the
-# server may hold MAX_VOLUMES volumes (files that grow with their data, not preallocated).
+# server may hold MAX_VOLUMES volumes (files that grow with their data, not preallocated), read-only
+# only below 256 MiB free (the default, 1% of the disk, is gigabytes on a CI machine).
 # `start` returns when the gateway answers; writes wait about 10 s more, until its filer has joined
 # the master's lock ring.
 set -euo pipefail
@@ -76,7 +77,7 @@ start() {
       -filer -filer.port=$((PORT + 6)) -filer.port.grpc=$((PORT + 7)) \
       -filer.localSocket="${D}/filer.sock" -s3.localSocket="${D}/s3.sock" \
       -s3.port.iceberg=0 -s3.port.lance=0 -master.telemetry=false \
-      -master.volumeSizeLimitMB=256 -volume.max="$MAX_VOLUMES" -volume.preStopSeconds=0
+      -master.volumeSizeLimitMB=256 -volume.max="$MAX_VOLUMES" -volume.minFreeSpace=256MiB -volume.preStopSeconds=0
     log "started weed server (pid $(cat "$(svc_pidfile "$S" weed)")), log ${D}/weed.log"
   fi
   started="$(svc_wait 120 "http://127.0.0.1:${PORT}/healthz" "${D}/weed.log")"

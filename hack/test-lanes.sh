@@ -18,12 +18,13 @@ lane() {  # lane NAME NICENESS TESTS... -- ARGS...: pytest on TESTS, each line p
   local tests=()
   while [[ $1 != -- ]]; do tests+=("$1"); shift; done
   shift
-  nice -n "$niceness" "$BIN/python" -m pytest "${tests[@]}" "$@" 2>&1 | sed -u "s/^/${name}| /"
+  nice -n "$niceness" "$BIN/python" -m pytest "${tests[@]}" "$@" 2>&1 | sed -u "s/^/${name}| /" | tee -a "$lanes_log"
   return "${PIPESTATUS[0]}"
 }
 
 mypy_log=$(mktemp)
-trap 'rm -f "$mypy_log"' EXIT
+lanes_log=$(mktemp)
+trap 'rm -f "$mypy_log" "$lanes_log"' EXIT
 "$BIN/mypy" core/src operator/src trainer-image/src >"$mypy_log" 2>&1 &
 mypy_pid=$!
 
@@ -35,6 +36,8 @@ else
   lane unit+e2e "$NICENESS" tests/unit tests/e2e -- "$@"; first=$?
   wait "$integration_pid"; second=$?
   echo "test lanes: unit+e2e exit ${first}, integration exit ${second}"
+  # A CI page often shows only the end of the log: repeat each lane's failures there.
+  grep -E '^[^|]+\| (FAILED|ERROR) ' "$lanes_log" | sed 's/^/failed in lane /' || true
   # 5 is pytest's "no tests selected": fine for one lane (a -k that picks tests of one tier), not for both
   if (( first == 5 && second != 5 )); then first=0; fi
   if (( second == 5 && first != 5 )); then second=0; fi

@@ -129,8 +129,11 @@ def server_args(workdir: Path, config: Path, base_port: int) -> list[str]:
             *(f"-{name}={port}" for name, port in ports.items()),
             "-filer", "-s3", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
             f"-filer.localSocket={workdir / 'filer.sock'}", f"-s3.localSocket={workdir / 's3.sock'}",
-            # no reports to seaweedfs.com; small volumes, as many as the disk holds (each bucket grows its own)
-            "-master.telemetry=false", "-master.volumeSizeLimitMB=256", "-volume.max=0",
+            # No reports to seaweedfs.com. Each bucket grows volumes of its own; with -volume.max=0 their count is
+            # free disk / volume size, so on a busy CI disk a session's later buckets found none left. Volumes are
+            # sparse files and a test writes megabytes: small ones, a fixed count, read-only only below 256 MiB free.
+            "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=400",
+            "-volume.minFreeSpace=256MiB",
             "-volume.preStopSeconds=0"]  # it waits that long for clients to move to other volume servers
 
 
@@ -190,8 +193,8 @@ class WeedServer:
                      what=f"a first object written to bucket {store.bucket}", ignore=(OSError,))
         except WaitTimeout as exc:
             free = shutil.disk_usage(self.dir).free / 2**30
-            raise AssertionError(f"{exc} ({free:.1f} GiB free under {self.dir}: SeaweedFS grows no volume on a "
-                                 f"nearly full disk)\n{self.log_tail()}") from None
+            raise AssertionError(f"{exc} ({free:.1f} GiB free under {self.dir}: SeaweedFS marks its volumes "
+                                 f"read-only below 256 MiB free)\n{self.log_tail()}") from None
         fs.rm(probe)
         return store
 
