@@ -47,18 +47,19 @@ from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 if __package__:
-    from kubetrain.core import contract, hangs
-else:  # run as a file from the job's ConfigMap: contract.py and hangs.py lie beside it
+    from kubetrain.core import contract, hangs, rendezvous
+else:  # run as a file from the job's ConfigMap: contract.py, hangs.py and rendezvous.py lie beside it
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import contract
     import hangs
+    import rendezvous
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from types import FrameType
 
 SCRIPT = "launcher.py"
-FILES = (SCRIPT, "contract.py", "hangs.py")
+FILES = (SCRIPT, "contract.py", "hangs.py", "rendezvous.py")
 """What a pod needs to run this file without kubetrain installed (kubetrain.core modules)."""
 TERMINATE_GRACE_SECONDS = 30.0
 PEER_LOST_GRACE_SECONDS = 5.0
@@ -336,6 +337,9 @@ def _in_place(command: Sequence[str], envs: list[dict[str, str]], where: InPlace
         if code is not None:
             return code
     while True:
+        if _await_rendezvous(envs[0], where, stop):
+            _drop(where)
+            return 128 + stop[0]
         where.note_started()
         if where.watch is not None:
             where.watch.arm(where.generation)
@@ -352,6 +356,18 @@ def _in_place(command: Sequence[str], envs: list[dict[str, str]], where: InPlace
         else:
             _say(f"starting generation {outcome.newer} in place (was {where.generation})")
             where.generation = outcome.newer
+
+
+def _await_rendezvous(env: Mapping[str, str], where: InPlace, stop: list[int]) -> bool:
+    """Before a generation starts here, wait until the name of the gang's rendezvous on another worker resolves
+    (rendezvous.await_master): a kept worker gets its generation while worker 0's pod is being recreated, and a
+    command's torch would back off for up to a minute on the missing name. kubetrain's trainer also waits for
+    the port itself, just before it joins. A newer generation meanwhile becomes where.generation. True when a
+    stop signal came instead."""
+    rendezvous.await_master(env, connect=False, give_up=lambda: bool(stop) or where.newer() is not None)
+    if (newer := where.newer()) is not None:
+        where.generation = newer
+    return bool(stop)
 
 
 def _rank_env(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:

@@ -17,7 +17,7 @@ from typing import IO, Any, TypeAlias
 import torch
 import torch.distributed as dist
 
-from kubetrain.core import contract, hangs, hardware
+from kubetrain.core import contract, hangs, hardware, rendezvous
 from kubetrain.core.api import MemoryReport, ResumeTier, TrainingJobSpec
 from kubetrain.core.contract import SIGTERM_EXIT_CODE
 from kubetrain.core.progress import CheckpointRecord, Progress, read_progress, write_progress
@@ -95,6 +95,7 @@ def init_distributed(env: Env, device: torch.device) -> Path | None:
             log.info("NCCL fabric env: %s", fabric)
         nccl_log = nccl_transport.prepare(env.rank, env.output_dir, os.environ)
     flight_recorder.prepare_env(os.environ)
+    rendezvous.await_master(os.environ)  # on another worker: polled, not left to torch's growing backoff
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{env.master_addr}:{env.master_port}",

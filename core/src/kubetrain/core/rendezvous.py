@@ -1,0 +1,98 @@
+"""Wait for the gang's rendezvous before joining it, polling, instead of leaving it to torch's backoff.
+
+A rank that is not on worker 0 reaches the gang through MASTER_ADDR:MASTER_PORT: worker 0's name under the
+job's headless Service, where rank 0 serves torch's TCPStore. torch's client tries again after each failure,
+a failed name lookup included, with a delay that grows by 1.5x up to 60 s (c10d's ExponentialBackoffWithJitter:
+0.5 s, then about 10 tries in the first minute). A worker kept by an in-place restart starts its ranks at once,
+while worker 0's pod is still being recreated: its name does not resolve until that pod has an address, and its
+port does not answer until its rank 0 has started; by then torch may be waiting out a delay of 10-30 s. Polling
+here every MASTER_POLL_SECONDS and starting the rendezvous once the store answers makes a restart cost what
+worker 0's start costs.
+
+Standard library only, Python 3.8+: it runs in a custom command's pod beside launcher.py (launcher.FILES).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if __package__:
+    from kubetrain.core import contract
+else:  # beside launcher.py in the job's ConfigMap
+    import contract
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+MASTER_POLL_SECONDS = 0.25
+MASTER_SAY_SECONDS = 15.0
+"""While waiting, a line this often says what is missing."""
+MASTER_WAIT_SECONDS = 300.0
+"""After this long the ranks rendezvous anyway: torch's own timeout then names the failure."""
+CONNECT_TIMEOUT_SECONDS = 1.0
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def remote_master(env: Mapping[str, str]) -> tuple[str, int] | None:
+    """(MASTER_ADDR, MASTER_PORT) where the store is another worker's: this worker's node rank is not 0 and
+    the address is not loopback (a local run). None otherwise."""
+    node_rank = env.get(contract.NODE_RANK) or env.get(contract.PET_NODE_RANK) or "0"
+    addr = env.get(contract.MASTER_ADDR) or env.get(contract.PET_MASTER_ADDR)
+    if node_rank == "0" or not addr or addr in LOOPBACK:
+        return None
+    port = env.get(contract.MASTER_PORT) or env.get(contract.PET_MASTER_PORT) or str(contract.DEFAULT_MASTER_PORT)
+    return addr, int(port)
+
+
+def not_ready(addr: str, port: int, connect: bool = True) -> str | None:
+    """None once `addr` resolves and (``connect``) takes a TCP connection on `port`; else why not, in words.
+    A connection opened and closed is nothing to torch's TCPStore (it waits for a request)."""
+    try:
+        found = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"{addr} does not resolve yet ({exc.strerror})"
+    if not connect:
+        return None
+    why = "no address"
+    for family, kind, proto, _name, sockaddr in found:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.settimeout(CONNECT_TIMEOUT_SECONDS)
+                s.connect(sockaddr)
+                return None
+        except OSError as exc:
+            why = exc.strerror or str(exc) or type(exc).__name__
+    return f"{addr}:{port} takes no connection yet ({why})"
+
+
+def await_master(
+    env: Mapping[str, str], connect: bool = True, give_up: Callable[[], bool] = lambda: False,
+    limit_s: float = MASTER_WAIT_SECONDS, probe: Callable[[str, int, bool], str | None] = not_ready,
+    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Block until the remote master answers (:func:`not_ready`), `give_up()` says stop (a stop signal, a newer
+    generation) or `limit_s` has passed; a line on stderr when it had to wait. Returns the seconds waited."""
+    where = remote_master(env)
+    if where is None:
+        return 0.0
+    start = said = clock()
+    why = probe(where[0], where[1], connect)
+    while why is not None and not give_up() and clock() - start < limit_s:
+        if clock() - said >= MASTER_SAY_SECONDS:
+            said = clock()
+            _say(f"waiting for the gang's rendezvous {where[0]}:{where[1]} ({clock() - start:.0f}s): {why}")
+        sleep(MASTER_POLL_SECONDS)
+        why = probe(where[0], where[1], connect)
+    waited = clock() - start
+    if why is not None and not give_up():
+        _say(f"the gang's rendezvous {where[0]}:{where[1]} did not answer within {limit_s:g}s ({why}); joining anyway")
+    elif waited >= MASTER_POLL_SECONDS:
+        _say(f"the gang's rendezvous {where[0]}:{where[1]} answered after {waited:.1f}s")
+    return waited
+
+
+def _say(message: str) -> None:
+    print(f"kubetrain: {message}", file=sys.stderr, flush=True)
