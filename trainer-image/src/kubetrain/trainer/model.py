@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import importlib.util
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -161,27 +161,28 @@ def initial_value(name: str, shape: torch.Size, n_layers: int, generator: torch.
 
 def init_weights(module: nn.Module, spec: ModelSpec, seed: int) -> None:
     """Fill every parameter ``module`` holds (the whole built-in model, a pipeline stage, split and sharded
-    or not) with its initial value, each rank its own part: the whole tensor is drawn on this rank's device,
-    one parameter at a time, and cut as the parameter's DTensor placements say."""
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p
-            generator = param_generator(seed, name, local.device)
-            keep_local(p, initial_value(name, p.shape, spec.n_layers, generator, local.device))
+    or not) with its initial value, each rank its own part (:func:`seed_parameters`)."""
+    seed_parameters(module.named_parameters(), seed,
+                    lambda name, shape, gen, device: initial_value(name, shape, spec.n_layers, gen, device))
 
 
 def init_adapters(model: HFCausalLM, seed: int) -> None:
     """Fill every LoRA adapter parameter ``model`` holds (spec.lora: lora.py), whole or sharded, with its initial
-    value as :func:`init_weights` does: drawn whole from the (seed, name) generator (lora.adapter_initial_value:
-    peft's defaults) and this rank's part kept, so the same whatever the world size, strategy or layout. Nothing
-    to do without adapters."""
+    value (lora.adapter_initial_value: peft's defaults) as :func:`init_weights` does. Nothing to do without
+    adapters."""
+    adapters = ((name, p) for name, p in model.inner.named_parameters() if lora.is_adapter(name))
+    seed_parameters(adapters, seed, lora.adapter_initial_value)
+
+
+def seed_parameters(params: Iterable[tuple[str, nn.Parameter]], seed: int,
+                    value: Callable[[str, torch.Size, torch.Generator, torch.device], torch.Tensor]) -> None:
+    """Each parameter's whole initial value drawn on this rank's device from its own (seed, name) generator, one
+    parameter at a time, and this rank's part kept as its DTensor placements say: the same values whatever the
+    world size, strategy or layout."""
     with torch.no_grad():
-        for name, p in model.inner.named_parameters():
-            if not lora.is_adapter(name):
-                continue
+        for name, p in params:
             local = p.to_local() if hasattr(p, "to_local") else p
-            generator = param_generator(seed, name, local.device)
-            keep_local(p, lora.adapter_initial_value(name, p.shape, generator, local.device))
+            keep_local(p, value(name, p.shape, param_generator(seed, name, local.device), local.device))
 
 
 def keep_local(target: torch.Tensor, whole: torch.Tensor) -> None:
