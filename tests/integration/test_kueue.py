@@ -129,8 +129,9 @@ def test_quota_for_one_gang_admits_one_job_and_the_next_when_it_finishes(
                          for c in gpu_queue.workload("first")["status"]["conditions"]), 30, what="Workload Finished")
     st = jobs.wait_status("second", lambda st: st.get("phase") in ("Created", "Running"), 60, "second admitted")
     assert (c := admitted(st)) is not None and c["status"] == "True"
-    reasons = [e.reason for e in jobs.events("second")]
-    assert "Queued" in reasons and "QuotaReserved" in reasons
+    # The Event is recorded after the status that says the same: wait for it, as a user's `kubectl get events` would.
+    wait_for(lambda: {"Queued", "QuotaReserved"} <= {e.reason for e in jobs.events("second")}, 30,
+             what="the Queued and QuotaReserved Events of the second job")
 
 
 def test_a_job_managed_by_multikueue_gets_its_workload_and_no_pods(

@@ -435,7 +435,8 @@ def test_what_no_restart_cures_fails_the_job_once_naming_the_field(jobs: RealJob
     print(f"{fault}: {st.get('reason')}: {st.get('message')}")
     assert (st["reason"], st.get("restartCount", 0)) == ("PermanentError", 0), jobs.describe(name)
     assert f"exited with code 2 (configuration error: {said}" in st["message"], st["message"]
-    assert [e for e in jobs.events(name) if e.type == "Warning" and named in (e.message or "")]
+    wait_for(lambda: [e for e in jobs.events(name) if e.type == "Warning" and named in (e.message or "")], 30,
+             what=f"a Warning Event naming {named}")  # recorded after the status that says it
 
 
 def test_sigterm_checkpoints_and_the_next_generation_resumes_there(jobs: RealJobs, real_namespace: str) -> None:
@@ -726,7 +727,8 @@ def test_a_rank_stopped_from_the_host_is_named_with_its_stacks_and_the_gang_resu
         (1, 1, f"{name}-worker-1", NODE_NAME, "stopped (SIGSTOP)")]
     assert hang["message"].startswith(f"rank 1 on worker 1 (pod {name}-worker-1, node {NODE_NAME}) is stopped")
     assert "rank 0 waits in" in hang["message"] and hang["dumps"].startswith("/checkpoints/hangs/gen-0")
-    [event] = [e for e in jobs.events(name) if e.reason == "NoProgress"]
+    # The Event is recorded after the status that names the hang.
+    [event] = wait_for(lambda: [e for e in jobs.events(name) if e.reason == "NoProgress"], 30, what="the Event")
     print(f"Event {event.type} {event.reason}: {event.message}")
     assert event.type == "Warning" and event.message.startswith(f"hung: {hang['message']}")
     st = jobs.wait_phase(name, "Succeeded", timeout=600)
