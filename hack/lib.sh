@@ -178,6 +178,7 @@ KUBETRAIN_NODE_RUN="${KUBETRAIN_NODE_RUN:-/run/kubetrain-node}"
 CONTAINERD_SOCK="${KUBETRAIN_NODE_RUN}/containerd/containerd.sock"
 # Pods live on this bridge; the API server, kubelet and DNS answer on its address.
 NODE_BRIDGE="${KUBETRAIN_NODE_BRIDGE:-ktbr0}"
+NODE_BRIDGE_MAC="${KUBETRAIN_NODE_BRIDGE_MAC:-02:6b:74:00:00:01}"  # locally administered (02:), "kt"
 NODE_POD_CIDR="10.88.0.0/16"
 NODE_IP="10.88.0.1"
 SERVICE_CIDR="10.96.0.0/16"

@@ -54,6 +54,11 @@ net_up() {
     for s in "${SYSCTLS[@]}"; do printf '%s=%s\n' "$s" "$(sysctl -n "$s" 2>/dev/null || echo)"; done > "${N}/sysctl.saved"
   fi
   ip link show "$NODE_BRIDGE" >/dev/null 2>&1 || ip link add "$NODE_BRIDGE" type bridge
+  # A bridge whose address was never set takes the lowest of its ports' (the pods' veths): when that pod
+  # goes, the node's address moves to another MAC and every other pod's ARP entry for NODE_IP is stale
+  # until it expires (30-60 s). Their DNS queries to CoreDNS here timed out that long after each pod
+  # deletion or eviction. A fixed, locally administered address stays.
+  ip link set "$NODE_BRIDGE" address "$NODE_BRIDGE_MAC"
   ip addr replace "${NODE_IP}/16" dev "$NODE_BRIDGE"
   ip link set "$NODE_BRIDGE" up
   # Service traffic between two pods on one bridge must pass the host's nftables.
