@@ -7,10 +7,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from support.ports import free_port
+from support.waiting import wait_for
 
 from kubetrain.core import contract, rendezvous
 
@@ -118,7 +118,8 @@ def test_a_kept_worker_starts_its_next_generation_once_worker_0s_name_resolves(t
     p = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path), IN_PLACE_RANK], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: (tmp_path / "ran-0-0").exists() and (tmp_path / "ran-0-1").exists())
+        wait_for(lambda: (tmp_path / "ran-0-0").exists() and (tmp_path / "ran-0-1").exists(), 60,
+                 what="generation 0's ranks")
         (tmp_path / "resolvable").unlink()
         gen.write_text("1")
         with pytest.raises(subprocess.TimeoutExpired):
@@ -132,9 +133,3 @@ def test_a_kept_worker_starts_its_next_generation_once_worker_0s_name_resolves(t
     assert (tmp_path / "ran-1-0").exists() and (tmp_path / "ran-1-1").exists()
     assert "kubetrain: the gang's rendezvous w-0.s:29500 answered after" in err
 
-
-def wait_for(done, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
