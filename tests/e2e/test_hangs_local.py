@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support.paths import EXAMPLE_DATA, QUICKSTART
+from support.processes import rank_pid
 from support.trainer_harness import run_cli
 from support.waiting import wait_for
 
@@ -25,18 +26,6 @@ def manifest(tmp_path: Path, spec: dict) -> Path:
     f.write_text(json.dumps({"apiVersion": "kubetrain.io/v1alpha1", "kind": "TrainingJob",
                              "metadata": {"name": "hang"}, "spec": spec}))
     return f
-
-
-def rank_pid(out: Path, rank: int) -> int | None:
-    """The rank's process, from the stack-dump files the supervisor's sitecustomize made (`<pid>.stack`)."""
-    for f in (out / "hang-watch" / "beats").glob("*.stack"):
-        try:
-            env = Path(f"/proc/{f.stem}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in env:
-            return int(f.stem)
-    return None
 
 
 def test_a_stopped_rank_of_the_trainer_is_named_and_the_run_resumes(tmp_path):
@@ -54,7 +43,7 @@ def test_a_stopped_rank_of_the_trainer_is_named_and_the_run_resumes(tmp_path):
 
         wait_for(between_checkpoints, 120, interval=0.05, what="rank 1 between two checkpoints",
                  ignore=(OSError, ValueError))
-        os.kill(rank_pid(out, 1), signal.SIGSTOP)
+        os.kill(rank_pid(out / "hang-watch" / "beats", 1), signal.SIGSTOP)
         stopped = time.monotonic()
         text, _ = proc.communicate(timeout=400)
     finally:

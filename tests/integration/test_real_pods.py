@@ -54,7 +54,7 @@ from support.real_pods import (
 )
 from support.waiting import wait_for
 
-from kubetrain.core import contract
+from kubetrain.core import contract, hangs
 
 pytestmark = pytest.mark.integration
 
@@ -696,8 +696,9 @@ def test_preflight_names_a_worker_throttled_to_a_quarter_cpu(jobs: RealJobs, rea
 def test_a_rank_stopped_from_the_host_is_named_with_its_stacks_and_the_gang_resumes(
         jobs: RealJobs, real_namespace: str) -> None:
     """Worker 1's rank is SIGSTOPped from the host mid-run, defaults only (hangDetection on, in-place
-    restarts): both workers' launchers find the gang silent, save every rank's stacks on the claim and end
-    their ranks; the operator names rank 1 of worker 1 in status.lastHang and a Warning Event and restarts the
+    restarts): worker 1's launcher sees its rank stopped and silent for hangs.STOPPED_SECONDS (not the 30 s
+    minSeconds), saves its stacks on the claim and ends; the operator names rank 1 of worker 1 in
+    status.lastHang and a Warning Event without waiting for worker 0 (still within its limit) and restarts the
     gang in place from the last checkpoint; the job succeeds."""
     # Checkpoints every 20 steps and the rank stopped between two, as its own heartbeat says (read from the
     # host through the process's root): a hang inside a checkpoint is given hangDetection.phaseSeconds instead.
@@ -722,11 +723,11 @@ def test_a_rank_stopped_from_the_host_is_named_with_its_stacks_and_the_gang_resu
     detected = elapsed(stopped)
     hang = st["lastHang"]
     print(f"hang found {detected} s after SIGSTOP at step {hang['step']}: {json.dumps(hang, indent=1)}")
-    assert detected < 60, hang
+    assert hang["limitSeconds"] == hangs.STOPPED_SECONDS and detected < 30, hang  # before minSeconds ends
     assert [(s["rank"], s["worker"], s["pod"], s["node"], s["where"]) for s in hang["suspects"]] == [
         (1, 1, f"{name}-worker-1", NODE_NAME, "stopped (SIGSTOP)")]
     assert hang["message"].startswith(f"rank 1 on worker 1 (pod {name}-worker-1, node {NODE_NAME}) is stopped")
-    assert "rank 0 waits in" in hang["message"] and hang["dumps"].startswith("/checkpoints/hangs/gen-0")
+    assert hang["message"].endswith("; no report from rank 0") and hang["dumps"].startswith("/checkpoints/hangs/gen-0")
     # The Event is recorded after the status that names the hang.
     [event] = wait_for(lambda: [e for e in jobs.events(name) if e.reason == "NoProgress"], 30, what="the Event")
     print(f"Event {event.type} {event.reason}: {event.message}")
@@ -735,10 +736,9 @@ def test_a_rank_stopped_from_the_host_is_named_with_its_stacks_and_the_gang_resu
     assert st["restartCount"] == 1 and st["failures"] == {"NoProgress": 1} and st["resumedFromStep"] >= 20
     saved = claim_dir(jobs.core, real_namespace, f"{name}-checkpoints") / "hangs" / "gen-0"
     stacks = {f.name: f.read_text() for f in sorted(saved.glob("rank-*.txt"))}
-    assert (saved / "fr_trace_rank_0").stat().st_size > 0  # rank 0's flight recorder; the stopped rank has none
     print("\n".join(f"--- {n}\n" + "\n".join(t.splitlines()[:12]) for n, t in stacks.items()))
+    assert list(stacks) == ["rank-1.txt"] and not list(saved.glob("fr_trace_rank_*"))  # a stopped rank writes none
     assert stacks["rank-1.txt"].startswith("rank 1: stopped (SIGSTOP) (step ")
-    assert stacks["rank-0.txt"].startswith("rank 0: in ") and 'File "' in stacks["rank-0.txt"]
 
 
 KUBELET_AWAY_SECONDS = 150

@@ -52,3 +52,16 @@ def _signal(proc: subprocess.Popen[Any], sig: int, group: bool) -> None:
         os.killpg(proc.pid, sig)
     else:
         proc.send_signal(sig)
+
+
+def rank_pid(beats: Path, rank: int) -> int | None:
+    """A rank's process under a hang-watching supervisor, from the stack-dump files its sitecustomize made in
+    the heartbeat directory `beats` (`<pid>.stack`) and the rank each of those processes was given."""
+    for f in beats.glob("*.stack"):
+        try:
+            env = Path(f"/proc/{f.stem}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            return int(f.stem)
+    return None

@@ -82,6 +82,19 @@ def test_a_slow_first_step_long_checkpoint_or_eval_is_not_a_hang():
     assert w.limit(0) == 300
 
 
+def test_a_stopped_rank_is_hung_after_seconds_in_any_phase_and_a_running_one_waits_its_limit():
+    w = watch_of([(0, "start"), *((s, "train") for s in range(1, 12))], dt=0.2)
+    quiet_since = 11 * 0.2
+    assert w.quiet(quiet_since + 4.9, hangs.STOPPED_SECONDS) == []
+    assert w.quiet(quiet_since + 5.1, hangs.STOPPED_SECONDS) == [0]
+    assert w.silent(quiet_since + 5.1) == []  # running: a slow step has minSeconds (30)
+    assert w.silent(quiet_since + 5.1, stopped=[0]) == [(0, pytest.approx(5.1), hangs.STOPPED_SECONDS)]
+    saving = watch_of([(0, "start"), (1, "train"), (1, "checkpoint")])
+    assert saving.silent(2 + 5.1, stopped=[0])[0][2] == hangs.STOPPED_SECONDS  # not phaseSeconds (300)
+    quick = watch_of([(0, "start"), *((s, "train") for s in range(1, 12))], limits=Limits(1, 2, 300, 900))
+    assert quick.silent(11 + 2.5, stopped=[0])[0][2] == 2  # a shorter limit of its own stays
+
+
 def test_the_explicit_limit_replaces_the_adaptive_one_between_steps():
     w = watch_of([(0, "start"), *((s, "train") for s in range(1, 6))], limits=Limits(30, 10, 300, 900, 45))
     assert w.limit(0) == 45
@@ -152,6 +165,15 @@ def test_a_hang_waits_for_the_other_workers_reports_then_names_the_suspect():
     event = next(e for e in t.effects if isinstance(e, lc.RecordEvent))
     assert event.type == "Warning" and event.reason == "NoProgress" and event.message.startswith("hung: rank 1 on")
     assert t.status.failures == {"NoProgress": 1}
+
+
+def test_a_report_naming_a_stopped_rank_decides_without_waiting_for_the_others():
+    stopped = hung_worker(1, (r(1, state=hangs.STOPPED, where=hangs.STOPPED),), at=NOW.timestamp() - 1)
+    t = lc.step(spec().spec, running_status(), lc.Observed(workers=(lc.WorkerState(0, lc.WorkerPhase.RUNNING),
+                                                                    stopped)), NOW)
+    assert t.decision.action == lc.Action.RESTART_GANG and t.decision.failure_kind == lc.FailureKind.NO_PROGRESS
+    assert t.status.last_hang.message == "rank 1 on worker 1 (pod j-worker-1, node node-1) is stopped (SIGSTOP) " \
+                                         "at step 10; no report from rank 0"
 
 
 def test_a_lone_report_decides_once_the_gather_time_passed():

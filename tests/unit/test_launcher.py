@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from support.processes import rank_pid
+from support.waiting import wait_for
 
-from kubetrain.core import contract, launcher
+from kubetrain.core import contract, hangs, launcher
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.local import LocalRun, RunOptions, ensure_writable, worker_command
 from kubetrain.operator.jobs import builders
@@ -404,6 +406,26 @@ def test_the_configmap_launcher_finds_a_silent_rank_saves_every_stack_and_exits_
     saved = tmp_path / "hangs" / "gen-2"
     assert sorted(f.name for f in saved.iterdir()) == ["rank-0.txt", "rank-1.txt"]
     assert 'line 9 in stuck_in_the_data_loader' in (saved / "rank-1.txt").read_text()
+
+
+def test_a_rank_stopped_from_outside_is_reported_after_seconds_not_after_min_seconds(configmap_dir, tmp_path):
+    """SIGSTOP of one rank of a custom command: the kernel says it is stopped, so the launcher reports it once
+    it is STOPPED_SECONDS silent, under a minSeconds of 120, and ends without the settle time."""
+    env = {"PET_NPROC_PER_NODE": "2", contract.HANG: "min=120,factor=10,phase=120,start=120",
+           contract.OUTPUT_DIR: str(tmp_path / "out"), contract.HANG_DIR: str(tmp_path / "hangs")}
+    beats = tmp_path / "out" / "hang-watch" / "beats"
+    p = pod_launcher(configmap_dir, sys.executable, "-c", BEATING_RANK.replace('rank == "1" and step == 4', 'False'),
+                     env=env)
+    try:
+        wait_for_files(beats, "rank-0.beat", "rank-1.beat")
+        os.kill(wait_for(lambda: rank_pid(beats, 1), 30, what="rank 1's process"), signal.SIGSTOP)
+        _out, err = p.communicate(timeout=60)  # 120 s of minSeconds would time out here
+    finally:
+        p.kill()
+    assert p.returncode == contract.HUNG_EXIT_CODE, err
+    lines = [line for line in err.splitlines() if "hang:" in line]
+    assert "rank 1 is stopped (SIGSTOP) at step" in lines[0], lines
+    assert f"past a limit of {hangs.STOPPED_SECONDS:.0f}s" in lines[1], lines
 
 
 def test_a_worker_whose_gang_restarted_while_it_saved_its_stacks_runs_the_new_generation(configmap_dir, tmp_path):

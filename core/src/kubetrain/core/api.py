@@ -508,7 +508,7 @@ class HangDetectionSpec(_Model):
     enabled: bool = True
     """False turns hang detection off; progressDeadlineSeconds still applies."""
     min_seconds: int = Field(30, ge=5, le=MAX_DEADLINE_SECONDS)
-    """The shortest silence taken for a hang between two training steps."""
+    """The shortest silence taken for a hang between two training steps. A rank whose process is stopped (SIGSTOP) is hung after 5 s of silence in any phase."""
     step_time_factor: float = Field(10.0, ge=2, le=1000)
     """Between two steps a rank may be silent this many times the longest of its last 20 step times (at least minSeconds). restartPolicy.progressDeadlineSeconds, where set, is the limit instead."""
     phase_seconds: int = Field(300, ge=5, le=MAX_DEADLINE_SECONDS)

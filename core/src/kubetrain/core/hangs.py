@@ -33,7 +33,7 @@ else:  # run as a file from the job's ConfigMap
     import contract
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Collection, Mapping, Sequence
 
 START, TRAIN, CHECKPOINT, EVAL = "start", "train", "checkpoint", "eval"
 PHASES = (START, TRAIN, CHECKPOINT, EVAL)
@@ -55,6 +55,10 @@ TRACE_PREFIX = "fr_trace_rank_"
 TRACE_READY = ".fr"
 """`rank-<RANK>.fr` in the heartbeat directory: that rank answers DUMP_REQUEST (the supervisor waits for it)."""
 TRACE_WAIT_SECONDS = 10.0
+STOPPED_SECONDS = 5.0
+"""A rank whose process the kernel shows stopped (SIGSTOP, state T) and that has been silent this long is hung,
+whatever its phase and limit: a stopped process cannot advance, and no slow step, save or evaluation looks like
+one, so a gang with a stopped rank need not wait out minSeconds."""
 
 
 @dataclass(frozen=True)
@@ -186,10 +190,19 @@ class Watch:
             return max(lim.start_seconds, lim.min_seconds)
         return max(lim.min_seconds, lim.factor * max(w.intervals))
 
-    def silent(self, now: float) -> list[tuple[int, float, float]]:
-        """(rank, seconds silent, its limit) for every rank past its limit."""
-        return [(r, now - w.since, self.limit(r)) for r, w in sorted(self.ranks.items())
-                if now - w.since > self.limit(r)]
+    def quiet(self, now: float, seconds: float) -> list[int]:
+        """The ranks silent for longer than `seconds`."""
+        return [r for r, w in sorted(self.ranks.items()) if now - w.since > seconds]
+
+    def silent(self, now: float, stopped: Collection[int] = ()) -> list[tuple[int, float, float]]:
+        """(rank, seconds silent, its limit) for every rank past its limit; a rank in `stopped` (its process
+        stopped, as the supervisor read it) has at most STOPPED_SECONDS."""
+        found = []
+        for r, w in sorted(self.ranks.items()):
+            limit = min(self.limit(r), STOPPED_SECONDS) if r in stopped else self.limit(r)
+            if now - w.since > limit:
+                found.append((r, now - w.since, limit))
+        return found
 
 
 # ---------------------------------------------------------------- capture
@@ -241,7 +254,8 @@ class HangReport:
             return None
 
 
-_STATES = {"T": "stopped (SIGSTOP)", "t": "stopped (traced)", "D": "in the kernel (uninterruptible)",
+STOPPED = "stopped (SIGSTOP)"
+_STATES = {"T": STOPPED, "t": "stopped (traced)", "D": "in the kernel (uninterruptible)",
            "Z": "exited (zombie)", "X": "exited"}
 
 
@@ -444,7 +458,8 @@ class Guard:
         """A report when a live rank (`pids`: rank -> pid) is silent past its limit, after capturing
         every rank's stacks; None while all advance."""
         self.watch.observe(read_beats(self.where, list(pids)), now)
-        silent = [s for s in self.watch.silent(now) if s[0] in pids]
+        stopped = [r for r in self.watch.quiet(now, STOPPED_SECONDS) if r in pids and proc_state(pids[r]) == STOPPED]
+        silent = [s for s in self.watch.silent(now, stopped) if s[0] in pids]
         if not silent:
             return None
         _write(os.path.join(self.where, DUMP_REQUEST), self.dest)

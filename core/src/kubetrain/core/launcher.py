@@ -69,8 +69,10 @@ IN_PLACE_ONLY = (contract.GENERATION_FILE, contract.IN_PLACE_WAIT, contract.RAN_
 """The launcher's own variables, not passed on to the ranks."""
 HANG_CHECK_SECONDS = 1.0
 HANG_SETTLE_SECONDS = 5.0
-"""After saving its stacks, a hung worker waits this long before it ends its ranks: the other workers'
-launchers, which find the gang silent at about the same moment, capture theirs before peers vanish."""
+"""After saving its stacks, a worker found hung by its silence limit waits this long before it ends its ranks:
+the other workers' launchers, which find the gang silent at about the same moment, capture theirs before peers
+vanish. A worker with a stopped rank ends at once: the culprit is known, and the others are not yet past their
+limits."""
 DEFAULT_IN_PLACE_WAIT_SECONDS = 360.0
 """Without IN_PLACE_WAIT: restartPolicy's default maxBackoffSeconds + IN_PLACE_WAIT_MARGIN_SECONDS."""
 
@@ -213,7 +215,8 @@ class HangWatch:
         for line in hangs.report_lines(report, hangs.verdict(report.ranks, self.ranks)):
             _say(line)
         termination_message(report.encode())
-        time.sleep(HANG_SETTLE_SECONDS)
+        if not any(r.state == hangs.STOPPED for r in report.ranks):
+            time.sleep(HANG_SETTLE_SECONDS)
         return True
 
 

@@ -345,12 +345,15 @@ about the same moment but end a few seconds apart."""
 
 
 def gather_hang_reports(job: JobView, now: datetime) -> Decision | None:
-    """Wait while a worker of the gang still runs and the first hang report is younger than HANG_GATHER_SECONDS."""
+    """Wait while a worker of the gang still runs and the first hang report is younger than HANG_GATHER_SECONDS,
+    unless a report names a stopped rank: that worker ended without waiting out its silence limit, the others
+    are not past theirs, and the culprit is known."""
     reports = [w.hang for w in job.workers if w.hang is not None]
     running = [w.index for w in job.workers if w.phase == WorkerPhase.RUNNING]
     first = min(r.at for r in reports) if reports else 0.0
     left = HANG_GATHER_SECONDS - (now.timestamp() - first)
-    if not running or not first or left <= 0:
+    stopped = any(r.state == hangs.STOPPED for h in reports for r in h.ranks)
+    if not running or not first or left <= 0 or stopped:
         return None
     return Decision(Action.WAIT, Phase.RUNNING, Reason.HANG_FOUND,
                     f"worker(s) {', '.join(str(w.index) for w in job.workers if w.hang)} hung; waiting up to "
