@@ -221,8 +221,9 @@ class Kubetrain(System):
         return self.status().get("restartCount", 0)
 
     def cross_check(self, wall: float) -> dict[str, Any]:
-        """The job's own account: status.goodput (productive = between consecutive steps of one generation, the
-        steps later redone included), the failures it counted, the resume point."""
+        """The job's own account: status.goodput (productive = between consecutive steps of one generation, less
+        the steps redone after restarts: what this bench counts as kept step intervals), the failures it counted,
+        the resume point."""
         st = self.status()
         g = st.get("goodput") or {}
         productive = g.get("productiveSeconds", 0.0)
@@ -504,6 +505,9 @@ class Campaign:
         end = finished or time.time()
         result = gl.goodput(self.system.key, execs, self.created, end, self.spec["maxSteps"], self.applied, restarts)
         result.cross_check = self.system.cross_check(end - self.created)
+        productive = (result.cross_check.get("status.goodput") or {}).get("productiveSeconds")
+        if productive is not None and result.kept_interval_s:  # the job's own account against this bench's
+            result.cross_check["productive_over_kept_intervals"] = round(productive / result.kept_interval_s, 4)
         result.notes = self.notes
         result.raw = gl.raw(execs, self.created, end, self.applied)
         return result

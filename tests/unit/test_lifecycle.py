@@ -254,9 +254,18 @@ def test_goodput_counts_productive_time_and_what_a_restart_costs():
     first = Progress(step=31, generation=1, resumed_from=30, step_seconds=1.0)
     take_progress(st, Seen(progress=first), t0 + timedelta(seconds=50))
     g = st.goodput
-    assert (g.steps_lost, g.lost_seconds, g.productive_seconds) == (5, 15.0, 34.0)  # 10 s down + 5 steps redone
+    # 15 s from the last step (35) to the new first one, and the 5 steps redone move from productive to lost.
+    assert (g.steps_lost, g.lost_seconds, g.productive_seconds) == (5, 20.0, 29.0)
     take_progress(st, Seen(progress=Progress(step=32, generation=1, step_seconds=1.0)), t0 + timedelta(seconds=51))
-    assert st.goodput.productive_seconds == 35.0 and st.goodput.restarted_at is None
+    assert st.goodput.productive_seconds == 30.0 and st.goodput.restarted_at is None
+    # Every second from the first step on is either: 50 s, of which 30 s trained steps the job keeps (1-30,
+    # 31, 32 less the first step's own start), as bench/goodput.py counts kept step intervals.
+    assert st.goodput.productive_seconds + st.goodput.lost_seconds == 51 - 1
+    # A suspension's time is not counted: no restartedAt, only the steps redone.
+    st.restart_generation = 2
+    take_progress(st, Seen(progress=Progress(step=31, generation=2, resumed_from=30, step_seconds=1.0)),
+                  t0 + timedelta(seconds=500))
+    assert (st.goodput.steps_lost, st.goodput.lost_seconds, st.goodput.productive_seconds) == (7, 22.0, 28.0)
 
 
 def test_status_says_where_rank_0_exported_the_model():

@@ -1260,9 +1260,9 @@ class Goodput(_Model):
     """Where the job's time went: training that counted, and what restarts cost."""
 
     productive_seconds: float = 0.0
-    """Time between consecutive steps of one generation: training that moved the job forward (steps later redone after a restart included: stepsLost says how many)."""
+    """Time between consecutive steps of one generation that the job keeps: steps redone after a restart move from here to lostSeconds."""
     lost_seconds: float = 0.0
-    """What restarts cost: from each gang restart (a failure, a resize) to the new generation's first step, plus the steps redone from the checkpoint at the mean step time (after a suspension too; the suspended time itself is not counted)."""
+    """What restarts cost: from the last step before each gang restart (a failure, a resize) to the new generation's first step, which holds finding the failure, plus the steps redone from the checkpoint at the mean step time (after a suspension too; the suspended time itself is not counted). From the first step on, productiveSeconds + lostSeconds is the wall time but for suspensions."""
     steps_lost: int = 0
     """Steps trained again after restarts: the steps past the checkpoint each restarted generation resumed from."""
     step_seconds: float | None = None

@@ -87,21 +87,33 @@ def fetch_record(progress: Progress) -> bool:
 
 def _count_time(status: TrainingJobStatus, progress: Progress, now: datetime) -> None:
     """A new step of the current generation (called before currentStep takes it): the time since the
-    generation's previous step was productive. At a restarted generation's first step, the time since the
-    restart was lost, and so were the steps between the checkpoint it resumed from and the highest step
-    reached before, which it trains again (at the previous mean step time)."""
+    generation's previous step was productive. At a restarted generation's first step, the steps between the
+    checkpoint it resumed from and the highest step reached before, which it trains again, move from productive
+    to lost (at the previous mean step time), and so does the time since the last step before the restart
+    (finding the failure, the restart, the start of the new generation): productive is then what the job keeps,
+    as the wall-clock accounting of bench/goodput.py counts it."""
     g = status.goodput
     last = parse_time(status.last_progress_time)
     if g.generation == status.restart_generation and last is not None:
         g.productive_seconds = round(g.productive_seconds + (now - last).total_seconds(), 3)
     elif status.current_step > 0:  # a later generation's first step
         redone = max(0, status.current_step - (progress.resumed_from or 0))
-        restarted = parse_time(g.restarted_at)
-        down = max(0.0, (now - restarted).total_seconds()) if restarted is not None else 0.0
+        redo = min(g.productive_seconds, redone * (g.step_seconds or 0.0))  # counted productive when first trained
         g.steps_lost += redone
-        g.lost_seconds = round(g.lost_seconds + down + redone * (g.step_seconds or 0.0), 3)
+        g.productive_seconds = round(g.productive_seconds - redo, 3)
+        g.lost_seconds = round(g.lost_seconds + _restart_seconds(g, last, now) + redo, 3)
     g.generation, g.restarted_at = status.restart_generation, None
     g.step_seconds = progress.step_seconds or g.step_seconds
+
+
+def _restart_seconds(g: Goodput, last_step: datetime | None, now: datetime) -> float:
+    """What a gang restart cost in wall time: from the last step before it to the new generation's first step
+    (`now`); none after a suspension (restartedAt unset), whose time is not counted."""
+    restarted = parse_time(g.restarted_at)
+    if restarted is None:
+        return 0.0
+    since = last_step if last_step is not None and last_step <= restarted else restarted
+    return max(0.0, (now - since).total_seconds())
 
 
 def count_gpu_hours(status: TrainingJobStatus, spec: TrainingJobSpec, observed: Observed, now: datetime,
