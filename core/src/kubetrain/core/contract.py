@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
 # torch.distributed's own
 MASTER_ADDR = "MASTER_ADDR"
@@ -359,6 +359,22 @@ def format_duration(seconds: float) -> str:
     if minutes < 60:
         return f"{minutes}m{secs:02d}s"
     return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def env_value(env: Mapping[str, str], *names: str) -> str | None:
+    """The first of these variables that is set and not empty (a contract name, then torchrun's PET_ one)."""
+    return next((env[n] for n in names if env.get(n)), None)
+
+
+def env_int(env: Mapping[str, str], *names: str, default: int) -> int:
+    """:func:`env_value` as an integer, `default` where none is set; a value that is not one is named."""
+    value = env_value(env, *names)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{'/'.join(names)}={value!r}: not an integer") from None
 
 
 def torch_env(placement: WorkerPlacement, master_addr: str, master_port: int) -> dict[str, str]:

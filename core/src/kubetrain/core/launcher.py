@@ -101,28 +101,14 @@ class NotStarted:
         pass
 
 
-def _get(env: Mapping[str, str], *names: str) -> str | None:
-    return next((env[n] for n in names if env.get(n)), None)
-
-
-def _int(env: Mapping[str, str], *names: str, default: int) -> int:
-    value = _get(env, *names)
-    if value is None:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{'/'.join(names)}={value!r}: not an integer") from None
-
-
 def child_envs(env: Mapping[str, str]) -> list[dict[str, str]]:
     """The environment of every process of one worker, from the worker's (a pod's) environment."""
-    nproc = _int(env, contract.PET_NPROC_PER_NODE, contract.LOCAL_WORLD_SIZE, default=1)
-    nnodes = _int(env, contract.PET_NNODES, default=1)
-    node_rank = _int(env, contract.NODE_RANK, contract.PET_NODE_RANK, default=0)
-    addr = _get(env, contract.MASTER_ADDR, contract.PET_MASTER_ADDR) or "127.0.0.1"
-    port = _int(env, contract.MASTER_PORT, contract.PET_MASTER_PORT, default=contract.DEFAULT_MASTER_PORT)
-    base_port = _int(env, contract.METRICS_PORT, default=0)
+    nproc = contract.env_int(env, contract.PET_NPROC_PER_NODE, contract.LOCAL_WORLD_SIZE, default=1)
+    nnodes = contract.env_int(env, contract.PET_NNODES, default=1)
+    node_rank = contract.env_int(env, contract.NODE_RANK, contract.PET_NODE_RANK, default=0)
+    addr = contract.env_value(env, contract.MASTER_ADDR, contract.PET_MASTER_ADDR) or "127.0.0.1"
+    port = contract.env_int(env, contract.MASTER_PORT, contract.PET_MASTER_PORT, default=contract.DEFAULT_MASTER_PORT)
+    base_port = contract.env_int(env, contract.METRICS_PORT, default=0)
     out = []
     for local_rank in range(nproc):
         placement = contract.WorkerPlacement(node_rank, local_rank, nproc, nnodes)
@@ -187,7 +173,7 @@ class HangWatch:
         limits = hangs.Limits.decode(env.get(contract.HANG))
         if limits is None:
             return None
-        ranks = [_int(e, contract.RANK, default=i) for i, e in enumerate(envs)]
+        ranks = [contract.env_int(e, contract.RANK, default=i) for i, e in enumerate(envs)]
         return cls(limits, env, ranks)
 
     def child_env(self) -> dict[str, str]:
@@ -254,9 +240,9 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None, standby
     path = env.get(contract.GENERATION_FILE)
     if not path:
         if watch is not None:
-            watch.arm(_int(env, contract.RESTART_GENERATION, default=0))
+            watch.arm(contract.env_int(env, contract.RESTART_GENERATION, default=0))
         return _start(command, envs, children, stop) or _supervise(children, stop, watch=watch).code or 0
-    first = max(_int(env, contract.RESTART_GENERATION, default=0), read_generation(path) or 0)
+    first = max(contract.env_int(env, contract.RESTART_GENERATION, default=0), read_generation(path) or 0)
     wait_s = float(env.get(contract.IN_PLACE_WAIT) or 0) or DEFAULT_IN_PLACE_WAIT_SECONDS
     where = InPlace(path, first, wait_s, env.get(contract.RAN_FILE) or None, standby, watch=watch)
     return _in_place(command, envs, where, children, stop)

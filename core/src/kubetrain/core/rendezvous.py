@@ -39,12 +39,11 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def remote_master(env: Mapping[str, str]) -> tuple[str, int] | None:
     """(MASTER_ADDR, MASTER_PORT) where the store is another worker's: this worker's node rank is not 0 and
     the address is not loopback (a local run). None otherwise."""
-    node_rank = env.get(contract.NODE_RANK) or env.get(contract.PET_NODE_RANK) or "0"
-    addr = env.get(contract.MASTER_ADDR) or env.get(contract.PET_MASTER_ADDR)
-    if node_rank == "0" or not addr or addr in LOOPBACK:
+    node_rank = contract.env_int(env, contract.NODE_RANK, contract.PET_NODE_RANK, default=0)
+    addr = contract.env_value(env, contract.MASTER_ADDR, contract.PET_MASTER_ADDR)
+    if node_rank == 0 or not addr or addr in LOOPBACK:
         return None
-    port = env.get(contract.MASTER_PORT) or env.get(contract.PET_MASTER_PORT) or str(contract.DEFAULT_MASTER_PORT)
-    return addr, int(port)
+    return addr, contract.env_int(env, contract.MASTER_PORT, contract.PET_MASTER_PORT, default=contract.DEFAULT_MASTER_PORT)
 
 
 def not_ready(addr: str, port: int, connect: bool = True) -> str | None:
