@@ -3,6 +3,8 @@ at, rank 0's report, its way into status (and one Warning Event per memory notic
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -111,7 +113,15 @@ def test_the_run_summary_says_the_highest_peaks_and_the_notices() -> None:
     assert memory_line(report.dump()) == "memory: peak host 3.00 GiB (rank 1), GPU 2.00 GiB (rank 0) at step 4; tier off"
 
 
-def test_large_frees_are_unmapped_unless_the_environment_says_otherwise() -> None:
-    """glibc's mallopt(M_MMAP_THRESHOLD) answers 1 when set; a user's MALLOC_MMAP_THRESHOLD_ is left alone."""
-    assert memory.unmap_large_frees({}) is True
-    assert memory.unmap_large_frees({"MALLOC_MMAP_THRESHOLD_": "65536"}) is False
+def test_a_large_models_frees_are_unmapped_and_a_small_ones_keep_glibcs_own_threshold() -> None:
+    """glibc's mallopt(M_MMAP_THRESHOLD) answers 1 when set (in a child: the setting is the process's); a small
+    model and a user's MALLOC_MMAP_THRESHOLD_ leave it alone."""
+    large = memory.LARGE_MODEL_BYTES // 4
+    assert memory.mmap_threshold(large) == memory.MMAP_THRESHOLD_BYTES == 256 * 1024
+    assert memory.mmap_threshold(large - 1) is None
+    assert memory.unmap_large_frees(large - 1, {}) is False
+    assert memory.unmap_large_frees(large, {"MALLOC_MMAP_THRESHOLD_": "65536"}) is False
+    child = subprocess.run([sys.executable, "-c", "from kubetrain.trainer.observe import memory; "
+                            f"print(memory.unmap_large_frees({large}, {{}}))"], capture_output=True, text=True,
+                           check=True)
+    assert child.stdout.strip() == "True"

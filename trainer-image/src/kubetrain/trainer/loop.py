@@ -404,7 +404,6 @@ def mean_loss_and_stop(
 
 def train(env: Env, spec: TrainingJobSpec) -> int:
     stop = StopFlag()
-    unmap_large_frees()  # before any tensor: freed step buffers must not stay resident
     hangs.write_beat(0, hangs.START, force=True)  # from here its supervisor watches this rank
     ckpt_root = checkpoint_dir(spec, env)
     data, held = open_data(env, spec)  # config errors before the gang
@@ -534,6 +533,7 @@ def _train(
     metrics.set_generation(env.generation)
     checked = preflight.run(env, spec, device, metrics)  # collective, before the model: no step yet
     model = build_model(spec.model, spec.activation_checkpointing, spec.seed, meta=True)  # storage once sharded
+    unmap_large_frees(sum(p.numel() for p in model.parameters()))  # before its storage: freed buffers must go
     lora.add_adapters(model, spec.lora, announce=env.rank == 0)  # spec.lora's, before the engine shards
     check_vocab(data, held, vocab_size(model))
     fpt = flops_per_token(model, spec.model)
