@@ -268,6 +268,35 @@ def test_goodput_counts_productive_time_and_what_a_restart_costs():
     assert (st.goodput.steps_lost, st.goodput.lost_seconds, st.goodput.productive_seconds) == (7, 22.0, 28.0)
 
 
+def test_goodput_counts_a_late_record_at_the_time_rank_0_wrote_it():
+    """The last record before a fault often reaches the operator seconds late (the step it names was not 6 s
+    of training): productive time runs to the record's own time stamp, and the restart's cost from there."""
+    from kubetrain.core.api import TrainingJobStatus  # noqa: PLC0415
+    from kubetrain.core.contract import format_time  # noqa: PLC0415
+    from kubetrain.core.lifecycle import Observed as Seen  # noqa: PLC0415
+    from kubetrain.core.lifecycle.status import take_progress  # noqa: PLC0415
+    from kubetrain.core.progress import Progress  # noqa: PLC0415
+
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+
+    def record(step: int, written: float, seen: float, **kw) -> Seen:
+        return Seen(progress=Progress(step=step, step_seconds=0.25, time=format_time(t0 + timedelta(seconds=written)),
+                                      **kw), progress_seen=t0 + timedelta(seconds=seen))
+
+    st = TrainingJobStatus(max_steps=100)
+    take_progress(st, record(1, 1, 1), t0)
+    take_progress(st, record(20, 6, 6), t0)
+    take_progress(st, record(40, 11, 17), t0)  # written at 11 s, seen at 17 s
+    assert st.goodput.productive_seconds == 10.0
+    st.restart_generation, st.goodput.restarted_at = 1, format_time(t0 + timedelta(seconds=18))
+    take_progress(st, record(41, 25, 25, generation=1, resumed_from=40), t0)
+    assert (st.goodput.productive_seconds, st.goodput.lost_seconds) == (10.0, 14.0)  # 11 s -> 25 s
+    take_progress(st, record(60, 31, 40, generation=1), t0)
+    ahead = record(80, 50, 45, generation=1)  # a pod's clock ahead of the operator's: the operator's time
+    take_progress(st, ahead, t0)
+    assert st.goodput.productive_seconds == 10.0 + 6 + 14
+
+
 def test_status_says_where_rank_0_exported_the_model():
     from kubetrain.core.api import TrainingJobStatus  # noqa: PLC0415
     from kubetrain.core.lifecycle import Observed as Seen  # noqa: PLC0415

@@ -1271,6 +1271,8 @@ class Goodput(_Model):
     """The generation whose steps count as productive now (None until its first step)."""
     restarted_at: str | None = None
     """When the gang was restarted (not suspended), until the new generation's first step (RFC 3339)."""
+    step_time: str | None = None
+    """When rank 0 wrote the newest step record counted here (its own time stamp, not when the operator saw it: a record that arrives late is not productive time; RFC 3339)."""
     lost_gpu_hours: float = 0.0
     """lostSeconds in GPU-hours: the gang's GPUs (workers x resources.gpusPerWorker) for that time."""
     gpus_held: int = 0

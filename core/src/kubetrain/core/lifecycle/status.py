@@ -48,7 +48,7 @@ def take_progress(status: TrainingJobStatus, observed: Observed, now: datetime) 
         current_gen = progress.generation == status.restart_generation
         advanced = progress.step > status.current_step or (current_gen and progress.step != status.current_step)
         if current_gen and advanced:
-            _count_time(status, progress, seen)
+            _count_time(status, progress, _written(progress, seen))
         if advanced:
             status.current_step = progress.step
             status.loss = f"{progress.loss:.4f}" if progress.loss is not None else status.loss
@@ -93,17 +93,24 @@ def _count_time(status: TrainingJobStatus, progress: Progress, now: datetime) ->
     (finding the failure, the restart, the start of the new generation): productive is then what the job keeps,
     as the wall-clock accounting of bench/goodput.py counts it."""
     g = status.goodput
-    last = parse_time(status.last_progress_time)
+    last = parse_time(g.step_time) or parse_time(status.last_progress_time)
     if g.generation == status.restart_generation and last is not None:
-        g.productive_seconds = round(g.productive_seconds + (now - last).total_seconds(), 3)
+        g.productive_seconds = round(g.productive_seconds + max(0.0, (now - last).total_seconds()), 3)
     elif status.current_step > 0:  # a later generation's first step
         redone = max(0, status.current_step - (progress.resumed_from or 0))
         redo = min(g.productive_seconds, redone * (g.step_seconds or 0.0))  # counted productive when first trained
         g.steps_lost += redone
         g.productive_seconds = round(g.productive_seconds - redo, 3)
         g.lost_seconds = round(g.lost_seconds + _restart_seconds(g, last, now) + redo, 3)
-    g.generation, g.restarted_at = status.restart_generation, None
+    g.generation, g.restarted_at, g.step_time = status.restart_generation, None, format_time(now, micros=True)
     g.step_seconds = progress.step_seconds or g.step_seconds
+
+
+def _written(progress: Progress, seen: datetime) -> datetime:
+    """When rank 0 wrote the record: its own time stamp, which a record delayed on its way (the last one before a
+    fault often is, by seconds) keeps; `seen` where it has none or says later (a clock ahead of the operator's)."""
+    stamp = parse_time(progress.time)
+    return stamp if stamp is not None and stamp <= seen else seen
 
 
 def _restart_seconds(g: Goodput, last_step: datetime | None, now: datetime) -> float:
