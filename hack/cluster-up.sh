@@ -15,6 +15,9 @@
 #                          CoreDNS, a volume provisioner); 0: kwok nodes only; auto: 1 where this
 #                          machine can (root, containerd, ...), and always under CI=true. The
 #                          Debian packages (hack/node-deps.sh) are installed with 1 or under CI only
+#   KUBETRAIN_REAL_NODES (2)  how many real nodes (1 to 8): node 1 on this machine's network, the
+#                          others each in a network namespace of its own, tainted
+#                          kubetrain.io/node-pool=extra:NoSchedule (hack/real-node.sh)
 #   KUBETRAIN_AUDIT_POLICY (unset)  an audit policy file: kube-apiserver then writes JSON audit
 #                          events to $KUBETRAIN_CLUSTER_DIR/logs/audit.log (bench/compare.py counts requests with it)
 #
@@ -61,7 +64,11 @@ healthy() {
   local c
   for c in "${COMPONENTS[@]}"; do running "$c" || return 1; done
   if [[ "$REAL_NODE" == 1 ]]; then
-    [[ -f "${D}/node/kubelet.pid" ]] && pid_alive "$(cat "${D}/node/kubelet.pid")" || return 1
+    local k pidfile
+    for ((k = 1; k <= REAL_NODES; k++)); do
+      pidfile="${D}/node$(node_suffix "$k")/kubelet.pid"
+      [[ -f "$pidfile" ]] && pid_alive "$(cat "$pidfile")" || return 1
+    done
   fi
   [[ -f "$KUBECONFIG_ADMIN" ]] && kubectl_admin get --raw=/readyz >/dev/null 2>&1
 }

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The real node's container runtime: Debian's containerd (1.6) with runc, its own
-# root and socket (see lib.sh), so it never touches a system containerd.
+# A real node's container runtime: Debian's containerd (1.6) with runc, its own
+# root and socket (see lib.sh), so it never touches a system containerd. One per real node:
+# KUBETRAIN_NODE_INDEX=k picks node k's, which runs in that node's network namespace (its pods'
+# networks are made by the CNI plugins it runs, in its own namespace).
 #
 #   hack/containerd.sh start    idempotent; prints the socket path
 #   hack/containerd.sh stop
@@ -15,25 +17,26 @@ set -euo pipefail
 # shellcheck source=hack/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-CONF="${KUBETRAIN_NODE_RUN}/containerd.toml"
-LOGF="${KUBETRAIN_NODE_ROOT}/logs/containerd.log"
-PIDF="${KUBETRAIN_NODE_RUN}/containerd.pid"
-CNI_CONF_DIR="${KUBETRAIN_NODE_RUN}/cni/net.d"
+CONF="${NODE_RUN}/containerd.toml"
+LOGF="${NODE_ROOT}/logs/containerd.log"
+PIDF="${NODE_RUN}/containerd.pid"
+CNI_CONF_DIR="${NODE_RUN}/cni/net.d"
+REGISTRY_CONF="${KUBETRAIN_NODE_RUN}/registry"  # one for all nodes: hack/registry.sh adds its host there
 
 write_config() {
-  mkdir -p "$(dirname "$CONF")" "${KUBETRAIN_NODE_ROOT}/logs" "$CNI_CONF_DIR" "${KUBETRAIN_NODE_RUN}/registry/_default"
+  mkdir -p "$(dirname "$CONF")" "${NODE_ROOT}/logs" "$CNI_CONF_DIR" "${REGISTRY_CONF}/_default"
   # No registry is reachable from here, and a pull must not even resolve a registry's name through
   # the machine's resolver: every registry host is served by a loopback port nothing listens on,
   # so a missing image fails at once with "connection refused" (ErrImagePull), locally.
-  cat > "${KUBETRAIN_NODE_RUN}/registry/_default/hosts.toml" <<TOML
+  cat > "${REGISTRY_CONF}/_default/hosts.toml" <<TOML
 server = "http://127.0.0.1:1"
 [host."http://127.0.0.1:1"]
   capabilities = ["pull", "resolve"]
 TOML
   cat > "$CONF" <<TOML
 version = 2
-root = "${KUBETRAIN_NODE_ROOT}/containerd"
-state = "${KUBETRAIN_NODE_RUN}/containerd"
+root = "${NODE_ROOT}/containerd"
+state = "${NODE_RUN}/containerd"
 [grpc]
   address = "${CONTAINERD_SOCK}"
 [plugins."io.containerd.grpc.v1.cri"]
@@ -49,12 +52,12 @@ state = "${KUBETRAIN_NODE_RUN}/containerd"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "${KUBETRAIN_NODE_RUN}/registry"
+    config_path = "${REGISTRY_CONF}"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "${CNI_CONF_DIR}"
 [plugins."io.containerd.internal.v1.opt"]
-  path = "${KUBETRAIN_NODE_ROOT}/opt"
+  path = "${NODE_ROOT}/opt"
 TOML
 }
 
@@ -66,7 +69,7 @@ case "${1:-}" in
     if ! running; then
       write_config
       log "starting containerd (socket ${CONTAINERD_SOCK})"
-      setsid containerd --config "$CONF" >>"$LOGF" 2>&1 < /dev/null &
+      ${NODE_EXEC[@]+"${NODE_EXEC[@]}"} setsid containerd --config "$CONF" >>"$LOGF" 2>&1 < /dev/null &
       echo $! > "$PIDF"
       for _ in $(seq 100); do ctr_node version >/dev/null 2>&1 && break; sleep 0.1; done
       ctr_node version >/dev/null 2>&1 || { tail -n 20 "$LOGF" >&2; die "containerd did not start"; }

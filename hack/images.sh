@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the operator and trainer images with buildah and load them into the real test node's
-# containerd, so pods start from them with imagePullPolicy IfNotPresent and no registry.
+# containerd (the trainer image also into every other real node whose containerd runs), so pods
+# start from them with imagePullPolicy IfNotPresent and no registry.
 #
 #   hack/images.sh [operator] [trainer]   build what changed and load it (default: both; `make images`)
 #   hack/images.sh names                  print the two image names (the chart's defaults)
@@ -40,7 +41,6 @@ source "$(dirname "$0")/lib.sh"
 STORAGE_ROOT="${KUBETRAIN_NODE_ROOT}/buildah"
 BLD=(buildah --root "${STORAGE_ROOT}" --runroot "${KUBETRAIN_NODE_RUN}/buildah" --storage-driver overlay)
 WORK_TMP="${KUBETRAIN_NODE_ROOT}/tmp"  # next to containerd's content store: hard links need one filesystem
-CONTENT_BLOBS="${KUBETRAIN_NODE_ROOT}/containerd/io.containerd.content.v1.content/blobs/sha256"
 DEBIAN_MIRROR="${KUBETRAIN_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 BASE_IMAGE="localhost/kubetrain/base:bookworm"
 pin() { sed -n "s/^$1==//p" "${REPO_ROOT}/requirements-dev.txt"; }
@@ -168,7 +168,18 @@ node_image_id() {
   ctr_node content get "$manifest" | python3 -c 'import json, sys; print(json.load(sys.stdin).get("config", {}).get("digest", ""))'
 }
 
-blob_names() { find "$1/oci/blobs/sha256" -type f -printf '%f\n' | LC_ALL=C sort; }
+# image_blobs <oci layout>: the digests (hex) of its one image's manifest, config and layers, sorted
+image_blobs() {
+  python3 - "$1" <<'PY' | LC_ALL=C sort -u
+import json, sys
+root = sys.argv[1]
+def blob(d): return open(f"{root}/blobs/sha256/{d.split(':')[1]}", "rb").read()
+for m in json.load(open(f"{root}/index.json"))["manifests"]:
+    manifest = json.loads(blob(m["digest"]))
+    for d in [m["digest"], manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])]:
+        print(d.split(":")[1])
+PY
+}
 
 REGISTRY="${NODE_IP}:${KUBETRAIN_REGISTRY_PORT:-5000}"
 
@@ -194,30 +205,48 @@ import_blobs() {  # import_blobs <oci layout> <blob>...: the layout with only th
   tar -C "$dir" -cf - oci-layout index.json "${@/#/blobs/sha256/}" | ctr_node images import - >&2
 }
 
-# load_image <name>: put the buildah image <name> into the node's containerd unless it is there.
+# load_image <name>: put the buildah image <name> into the selected node's containerd (lib.sh node_vars)
+# unless it is there.
 load_image() {
   local name="$1" id tmp start=$SECONDS new=() bytes=0
+  local content=containerd/io.containerd.content.v1.content/blobs/sha256 src
   id="$(image_id "$name")"
   if [[ "$(node_image_id "$name")" == "$id" ]]; then
-    log "node already has ${name} ($(cut -c1-19 <<<"$id")): not loaded"
+    log "${NODE_NAME} already has ${name} ($(cut -c1-19 <<<"$id")): not loaded"
     return
   fi
   new_tmp load
   tmp="${TMPS[-1]}"
   mkdir -p "${tmp}/oci/blobs"
-  # skopeo's OCI-layout writer skips a blob whose file exists: start from links to containerd's.
-  if [[ -d "$CONTENT_BLOBS" ]]; then cp -al "$CONTENT_BLOBS" "${tmp}/oci/blobs/sha256"; fi
+  # skopeo's OCI-layout writer skips a blob whose file exists: start from links to containerd's, this
+  # node's and node 1's (which has them all once loaded: the other nodes' copy is then only links).
   mkdir -p "${tmp}/oci/blobs/sha256"
-  blob_names "$tmp" > "${tmp}/had"
-  log "loading ${name} into the node's containerd ..."
+  for src in "${NODE_ROOT}/${content}" "${KUBETRAIN_NODE_ROOT}/${content}"; do
+    if [[ -d "$src" ]]; then cp -al --no-clobber "$src/." "${tmp}/oci/blobs/sha256/" 2>/dev/null || true; fi
+  done
+  log "loading ${name} into ${NODE_NAME}'s containerd ..."
   with_progress "copying ${name} out of buildah's storage" \
     skopeo copy --dest-oci-accept-uncompressed-layers "${STORAGE_REF}${name}" "oci:${tmp}/oci:${name}" >&2
-  mapfile -t new < <(blob_names "$tmp" | comm -13 "${tmp}/had" -)
+  # What the node lacks: the image's manifest, config and layers that its own content store has not.
+  mapfile -t new < <(image_blobs "${tmp}/oci" | comm -23 - \
+    <(find "${NODE_ROOT}/${content}" -type f -printf '%f\n' 2>/dev/null | LC_ALL=C sort))
   [[ ${#new[@]} -eq 0 ]] || bytes="$(cd "${tmp}/oci/blobs/sha256" && du -cb "${new[@]}" | tail -n 1 | cut -f1)"
   log "  importing ${#new[@]} new blobs ($((bytes / 1048576)) MiB) ..."
-  with_progress "importing ${name} into the node's containerd" import_blobs "${tmp}/oci" "${new[@]}"
+  with_progress "importing ${name} into ${NODE_NAME}'s containerd" import_blobs "${tmp}/oci" "${new[@]}"
   [[ "$(node_image_id "$name")" == "$id" ]] || die "${name}: the node's image is not ${id} after the import"
   log "  loaded ${name} in $((SECONDS - start))s"
+}
+
+# load_everywhere <name>: into node 1, and into every other real node whose containerd runs (those
+# exist while the cluster is up; cluster-up's nodes get it from the next `make images`).
+load_everywhere() {
+  local k
+  load_image "$1"
+  for ((k = 2; k <= REAL_NODES; k++)); do
+    node_vars "$k"
+    if [[ -S "$CONTAINERD_SOCK" ]] && ctr_node version >/dev/null 2>&1; then load_image "$1"; fi
+  done
+  node_vars 1
 }
 
 main() {
@@ -254,7 +283,7 @@ main() {
                bud "$trainer" "${REPO_ROOT}/trainer-image/Dockerfile" "$REPO_ROOT" --build-arg "BASE_IMAGE=${BASE_IMAGE}" \
                  -v "${WHEELHOUSE}:/wheels:ro" --build-arg "TORCH_VERSION=${TORCH_VERSION}" \
                  --build-arg "NUMPY_VERSION=${NUMPY_VERSION}"
-               load_image "$trainer"
+               load_everywhere "$trainer"
                push_image "$trainer" kubetrain-trainer ;;
     esac
   done

@@ -170,17 +170,44 @@ HOST_SERVICES=(seaweedfs registry)  # the object store and the image registry (h
 # helm and kueue are built on first use otherwise (hack/helm/build.sh, hack/kueue/build.sh).
 PREBUILD_ORDER=(helm seaweedfs "${CONTROL_PLANE[@]}" "${REAL_NODE_PARTS[@]}" registry kueue)
 
-# The real node (kubelet + containerd on this machine). Its containerd keeps its
-# content and snapshots under NODE_ROOT across cluster-down, so images loaded by
-# `make images` stay until they change.
+# The real nodes (kubelet + containerd on this machine): KUBETRAIN_REAL_NODES of them (default 2).
+# Node 1, `kubetrain-node`, lives in this machine's network namespace; node k >= 2,
+# `kubetrain-node-k`, in a network namespace of its own with its own bridge, pod range and
+# kube-proxy, joined to the host by a veth pair. KUBETRAIN_NODE_INDEX (default 1) says which node
+# the node scripts (real-node.sh, containerd.sh) act on. Each node's containerd keeps its content
+# and snapshots under its root across cluster-down, so images loaded by `make images` stay until
+# they change.
+REAL_NODES="${KUBETRAIN_REAL_NODES:-2}"
+NODE_INDEX="${KUBETRAIN_NODE_INDEX:-1}"
 KUBETRAIN_NODE_ROOT="${KUBETRAIN_NODE_ROOT:-/var/lib/kubetrain-node}"
 KUBETRAIN_NODE_RUN="${KUBETRAIN_NODE_RUN:-/run/kubetrain-node}"
-CONTAINERD_SOCK="${KUBETRAIN_NODE_RUN}/containerd/containerd.sock"
-# Pods live on this bridge; the API server, kubelet and DNS answer on its address.
-NODE_BRIDGE="${KUBETRAIN_NODE_BRIDGE:-ktbr0}"
-NODE_BRIDGE_MAC="${KUBETRAIN_NODE_BRIDGE_MAC:-02:6b:74:00:00:01}"  # locally administered (02:), "kt"
-NODE_POD_CIDR="10.88.0.0/16"
-NODE_IP="10.88.0.1"
+CLUSTER_POD_RANGE="10.80.0.0/12"  # every node's pod range and the host-node links: pods route it via their node
+node_suffix() { ((${1} == 1)) || printf -- '-%s' "$1"; }
+# NODE_EXEC: what runs a program in the selected node's network namespace as the same process (no fork, so
+# `NODE_EXEC... prog &` leaves the program's pid in $!); the mount namespace stays, unlike `ip netns exec`,
+# which remounts /sys and would hide the cgroup hierarchy from the kubelet. Empty for node 1.
+node_exec() { NODE_EXEC=(); [[ -z "$NODE_NETNS" ]] || NODE_EXEC=(nsenter --no-fork --net="/run/netns/${NODE_NETNS}"); }
+node_vars() {  # node_vars <k>: the NODE_* settings of real node k
+  local k="$1"
+  NODE_NAME="kubetrain-node$(node_suffix "$k")"
+  NODE_ROOT="${KUBETRAIN_NODE_ROOT}$(node_suffix "$k")"
+  NODE_RUN="${KUBETRAIN_NODE_RUN}$(node_suffix "$k")"
+  CONTAINERD_SOCK="${NODE_RUN}/containerd/containerd.sock"
+  NODE_POD_CIDR="10.$((87 + k)).0.0/16"
+  NODE_IP="10.$((87 + k)).0.1"
+  NODE_BRIDGE_MAC="02:6b:74:00:00:$(printf '%02x' "$k")"  # locally administered (02:), "kt"
+  if ((k == 1)); then
+    NODE_BRIDGE="${KUBETRAIN_NODE_BRIDGE:-ktbr0}" NODE_NETNS="" NODE_LINK="" NODE_LINK_HOST="" NODE_LINK_NODE=""
+  else
+    NODE_BRIDGE="ktbr$((k - 1))" NODE_NETNS="kubetrain-node-${k}" NODE_LINK="ktnode${k}"
+    NODE_LINK_HOST="10.87.${k}.1" NODE_LINK_NODE="10.87.${k}.2"
+  fi
+  node_exec
+}
+node_vars "$NODE_INDEX"
+# Node 1's address: the API server's forward, CoreDNS, the object store and the registry answer there for every node's pods.
+HOST_NODE_IP="10.88.0.1"
+in_node() { ${NODE_EXEC[@]+"${NODE_EXEC[@]}"} "$@"; }  # in_node <command...>: in the selected node's network
 SERVICE_CIDR="10.96.0.0/16"
 PAUSE_IMAGE="docker.io/kubetrain/pause:1.0"
 ctr_node() { ctr --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }

@@ -1,45 +1,56 @@
 #!/usr/bin/env bash
-# The test cluster's real node: kubelet, kube-proxy, containerd + runc and the CNI
-# bridge on this machine, with CoreDNS and a dynamic volume provisioner
-# (local-path-provisioner) beside it. Pods run for real here; kwok's nodes only pretend.
+# The test cluster's real nodes: each a kubelet, kube-proxy, containerd + runc and a CNI bridge
+# on this machine; node 1 with CoreDNS and a dynamic volume provisioner (local-path-provisioner)
+# beside it. Pods run for real here; kwok's nodes only pretend. KUBETRAIN_REAL_NODES (default 2)
+# says how many: node 1 (`kubetrain-node`) in this machine's network namespace, node k >= 2
+# (`kubetrain-node-k`) in a network namespace of its own, joined to the host by a veth pair, so a
+# node's traffic can be cut as a real partition would (hack/chaos.sh). Nodes 2 and up carry the taint
+# EXTRA_TAINT: a pod lands there only when it says so, as on a cloud's dedicated node pool.
 #
-#   hack/real-node.sh prepare    bridge, firewall, credentials (before kube-apiserver, which
-#                                advertises NODE_IP)
-#   hack/real-node.sh up         everything else; waits until the node is Ready
-#   hack/real-node.sh down       stops it all, removes pods' sandboxes, the bridge and the firewall,
-#                                and restores the host settings it changed
-#   hack/real-node.sh check      exits 0 when this machine can run the node, else says why
+#   hack/real-node.sh prepare    node 1's bridge, firewall, credentials (before kube-apiserver,
+#                                which advertises NODE_IP)
+#   hack/real-node.sh up         everything else, every node; waits until each is Ready
+#   hack/real-node.sh down       stops it all, removes pods' sandboxes, bridges, namespaces and the
+#                                firewall, and restores the host settings it changed
+#   hack/real-node.sh node-up K | node-down K    one node (the others keep running)
+#   hack/real-node.sh check      exits 0 when this machine can run the nodes, else says why
 #
-# Containment: pods live on the bridge NODE_BRIDGE (NODE_POD_CIDR) with no NAT and no route
-# out; an nftables rule drops anything a pod sends beyond the pod range. DNS is CoreDNS
-# without a forward plugin, so no name is resolved outside the cluster. The API server is
-# reached from pods through the `kubernetes` Service (advertised at NODE_IP, forwarded to
-# its loopback listener). Needs root, Linux with cgroups, nftables and overlayfs.
+# Containment: pods live on their node's bridge (NODE_POD_CIDR) with no NAT and no route
+# out of the nodes' ranges (CLUSTER_POD_RANGE); nftables rules drop anything a pod sends beyond
+# them. DNS is CoreDNS without a forward plugin, so no name is resolved outside the cluster. The
+# API server is reached from pods through the `kubernetes` Service (advertised at node 1's address,
+# forwarded to its loopback listener). Needs root, Linux with cgroups, nftables and overlayfs.
 set -euo pipefail
 # shellcheck source=hack/lib.sh
 source "$(dirname "$0")/lib.sh"
 
 D="${KUBETRAIN_CLUSTER_DIR}"
-N="${D}/node"                        # this node's config, certificates, pid files
+SUFFIX="$(node_suffix "$NODE_INDEX")"
+N="${D}/node${SUFFIX}"               # this node's config, certificates, pid files
 PKI="${D}/pki"
-NODE_NAME="${KUBETRAIN_REAL_NODE_NAME:-kubetrain-node}"
+NODE_PKI="${PKI}/node${SUFFIX}"
 APISERVER_PORT="${KUBETRAIN_APISERVER_PORT:-16443}"
-KUBELET_ROOT="${KUBETRAIN_NODE_ROOT}/kubelet"
-VOLUMES="${KUBETRAIN_NODE_ROOT}/volumes"
+KUBELET_ROOT="${NODE_ROOT}/kubelet"
+VOLUMES="${KUBETRAIN_NODE_ROOT}/volumes"  # node 1's provisioner's, shared by every node as a network file system would be
+# Node k's pods' cgroups live under a root of their own, so a fault can freeze, kill or throttle one node's pods.
+if ((NODE_INDEX == 1)); then CGROUP_ROOT="/"; else CGROUP_ROOT="/${NODE_NAME}"; fi
+EXTRA_TAINT="kubetrain.io/node-pool=extra:NoSchedule"
 NFT_TABLE="kubetrain_node"
 SYSCTLS=(net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables vm.overcommit_memory kernel.panic kernel.panic_on_oops)
 HELPER_IMAGE="docker.io/kubetrain/volume-helper:1.0"
-PROCS=(kubelet kube-proxy coredns local-path-provisioner apiserver-forward)
+if ((NODE_INDEX == 1)); then PROCS=(kubelet kube-proxy coredns local-path-provisioner apiserver-forward)
+else PROCS=(kubelet kube-proxy); fi
 
 kubectl_admin() { "$(bin_path kubectl)" --kubeconfig "${D}/kubeconfig" "$@"; }
 
 check() {
   local missing=() c
   [[ "$(id -u)" == 0 ]] || { echo "the real node needs root"; return 1; }
-  for c in containerd runc nft ip socat conntrack; do command -v "$c" >/dev/null || missing+=("$c"); done
+  for c in containerd runc nft ip socat conntrack nsenter; do command -v "$c" >/dev/null || missing+=("$c"); done
   [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
   [[ ${#missing[@]} -eq 0 ]] || { echo "missing: ${missing[*]} (hack/node-deps.sh installs them)"; return 1; }
   grep -qw overlay /proc/filesystems || { echo "no overlayfs in this kernel"; return 1; }
+  ((REAL_NODES >= 1 && REAL_NODES <= 8)) || { echo "KUBETRAIN_REAL_NODES=${REAL_NODES}: 1 to 8"; return 1; }
   # One machine, one real node: another cluster's kubelet may hold the bridge and ports.
   if ! { [[ -f "${N}/kubelet.pid" ]] && pid_alive "$(cat "${N}/kubelet.pid")"; } \
       && (exec 3<>"/dev/tcp/127.0.0.1/10248") 2>/dev/null; then
@@ -70,11 +81,58 @@ table ip ${NFT_TABLE} {
   counter escaped {}
   chain forward {
     type filter hook forward priority -10; policy accept;
-    ip saddr ${NODE_POD_CIDR} ip daddr != ${NODE_POD_CIDR} counter name escaped drop
-    ip daddr ${NODE_POD_CIDR} ip saddr != ${NODE_POD_CIDR} drop
+    ip saddr ${CLUSTER_POD_RANGE} ip daddr != ${CLUSTER_POD_RANGE} counter name escaped drop
+    ip daddr ${CLUSTER_POD_RANGE} ip saddr != ${CLUSTER_POD_RANGE} drop
   }
 }
 EOF
+}
+
+# Node k >= 2: its network namespace, a veth pair to the host (NODE_LINK_HOST <-> NODE_LINK_NODE),
+# its bridge inside, routes both ways, and inside the same containment as the host's.
+netns_up() {
+  mkdir -p "$N"
+  [[ -e "/run/netns/${NODE_NETNS}" ]] || ip netns add "$NODE_NETNS"
+  if ! ip link show "$NODE_LINK" >/dev/null 2>&1; then
+    ip link add "$NODE_LINK" type veth peer name eth0 netns "$NODE_NETNS"
+  fi
+  ip addr replace "${NODE_LINK_HOST}/30" dev "$NODE_LINK"
+  ip link set "$NODE_LINK" up
+  in_node ip link set lo up
+  in_node ip addr replace "${NODE_LINK_NODE}/30" dev eth0
+  in_node ip link set eth0 up
+  in_node ip link show "$NODE_BRIDGE" >/dev/null 2>&1 || in_node ip link add "$NODE_BRIDGE" type bridge
+  in_node ip link set "$NODE_BRIDGE" address "$NODE_BRIDGE_MAC"
+  in_node ip addr replace "${NODE_IP}/16" dev "$NODE_BRIDGE"
+  in_node ip link set "$NODE_BRIDGE" up
+  in_node ip route replace "$CLUSTER_POD_RANGE" via "$NODE_LINK_HOST"
+  in_node ip route replace "$SERVICE_CIDR" via "$NODE_LINK_HOST"
+  ip route replace "$NODE_POD_CIDR" via "$NODE_LINK_NODE" dev "$NODE_LINK"
+  in_node sysctl -qw net.ipv4.ip_forward=1
+  in_node sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
+  in_node nft -f - <<EOF
+table ip ${NFT_TABLE}
+delete table ip ${NFT_TABLE}
+table ip ${NFT_TABLE} {
+  chain forward {
+    type filter hook forward priority -10; policy accept;
+    ip saddr ${CLUSTER_POD_RANGE} ip daddr != ${CLUSTER_POD_RANGE} drop
+    ip daddr ${CLUSTER_POD_RANGE} ip saddr != ${CLUSTER_POD_RANGE} drop
+  }
+}
+EOF
+}
+
+netns_down() {
+  ip link del "$NODE_LINK" 2>/dev/null || true
+  ip netns delete "$NODE_NETNS" 2>/dev/null || true
+}
+
+# cgroup_dirs: node k's cgroup root in every hierarchy (cgroup v1) or in the unified one (v2)
+cgroup_dirs() {
+  local h
+  if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then echo "/sys/fs/cgroup${CGROUP_ROOT}"; return; fi
+  for h in /sys/fs/cgroup/*/; do [[ -L "${h%/}" ]] || echo "${h%/}${CGROUP_ROOT}"; done
 }
 
 # The kubelet's own iptables chains (KUBE-FIREWALL, KUBE-KUBELET-CANARY, ...): the jumps to them
@@ -110,32 +168,36 @@ net_down() {
 
 # ------------------------------------------------------------ credentials
 node_pki() {  # client certificates for the node's components, signed by the cluster CA
-  [[ -f "${PKI}/node/.complete" ]] && return 0
-  mkdir -p "${PKI}/node"
-  local name subj
-  for pair in "kubelet:/O=system:nodes/CN=system:node:${NODE_NAME}" "kube-proxy:/CN=system:kube-proxy" \
-              "coredns:/O=system:masters/CN=kubetrain-coredns" "local-path:/O=system:masters/CN=kubetrain-local-path"; do
+  [[ -f "${NODE_PKI}/.complete" ]] && return 0
+  mkdir -p "${NODE_PKI}"
+  local name subj pairs=("kubelet:/O=system:nodes/CN=system:node:${NODE_NAME}" "kube-proxy:/CN=system:kube-proxy")
+  ((NODE_INDEX > 1)) || pairs+=("coredns:/O=system:masters/CN=kubetrain-coredns"
+                                "local-path:/O=system:masters/CN=kubetrain-local-path")
+  for pair in "${pairs[@]}"; do
     name="${pair%%:*}" subj="${pair#*:}"
-    openssl ecparam -name prime256v1 -genkey -noout -out "${PKI}/node/${name}.key" 2>/dev/null
-    openssl req -new -key "${PKI}/node/${name}.key" -subj "$subj" 2>/dev/null \
+    openssl ecparam -name prime256v1 -genkey -noout -out "${NODE_PKI}/${name}.key" 2>/dev/null
+    openssl req -new -key "${NODE_PKI}/${name}.key" -subj "$subj" 2>/dev/null \
       | openssl x509 -req -CA "${PKI}/ca.crt" -CAkey "${PKI}/ca.key" -CAcreateserial -days 3650 \
-          -out "${PKI}/node/${name}.crt" \
+          -out "${NODE_PKI}/${name}.crt" \
           -extfile <(printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n') 2>/dev/null
   done
-  touch "${PKI}/node/.complete"
+  touch "${NODE_PKI}/.complete"
 }
 
-kubeconfig() {  # kubeconfig <name>: a kubeconfig for PKI/node/<name>.crt on loopback
-  local b64="base64 -w0"
+kubeconfig() {  # kubeconfig <name>: a kubeconfig for NODE_PKI/<name>.crt
+  local b64="base64 -w0" server="https://127.0.0.1:${APISERVER_PORT}" sni=""
+  # Node k >= 2 has a loopback of its own: it reaches the API server through node 1's forward
+  # (apiserver-forward), whose serving certificate names 127.0.0.1 and localhost.
+  if ((NODE_INDEX > 1)); then server="https://${HOST_NODE_IP}:${APISERVER_PORT}" sni=", tls-server-name: localhost"; fi
   cat > "${N}/$1.kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
 - name: kubetrain-test
-  cluster: {server: "https://127.0.0.1:${APISERVER_PORT}", certificate-authority-data: $($b64 < "${PKI}/ca.crt")}
+  cluster: {server: "${server}", certificate-authority-data: $($b64 < "${PKI}/ca.crt")${sni}}
 users:
 - name: $1
-  user: {client-certificate-data: $($b64 < "${PKI}/node/$1.crt"), client-key-data: $($b64 < "${PKI}/node/$1.key")}
+  user: {client-certificate-data: $($b64 < "${NODE_PKI}/$1.crt"), client-key-data: $($b64 < "${NODE_PKI}/$1.key")}
 contexts:
 - name: kubetrain-test
   context: {cluster: kubetrain-test, user: $1}
@@ -145,9 +207,9 @@ EOF
 }
 
 # ------------------------------------------------------------- processes
-start() {  # start <name> <command...>: a setsid'd background process with a pid file
+start() {  # start <name> <command...>: a setsid'd background process in the node's network, with a pid file
   local name="$1"; shift
-  setsid "$@" >"${D}/logs/${name}.log" 2>&1 < /dev/null &
+  ${NODE_EXEC[@]+"${NODE_EXEC[@]}"} setsid "$@" >"${D}/logs/${name}${SUFFIX}.log" 2>&1 < /dev/null &
   echo $! > "${N}/${name}.pid"
 }
 
@@ -205,7 +267,7 @@ cgroupDriver: cgroupfs
 failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: unix://${CONTAINERD_SOCK}
-clusterDNS: [${NODE_IP}]
+clusterDNS: [${HOST_NODE_IP}]
 clusterDomain: cluster.local
 resolvConf: ${N}/resolv.conf
 registerNode: true
@@ -216,11 +278,18 @@ imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "200Mi", nodefs.available: "1%", imagefs.available: "1%"}
 maxPods: 50
 EOF
+  ((NODE_INDEX == 1)) || echo "cgroupRoot: ${CGROUP_ROOT}" >> "${N}/kubelet.yaml"
   mkdir -p "$KUBELET_ROOT"
+  local d taints=()
+  # cgroup v1 wants the root in every hierarchy before the kubelet starts; v2 in the unified one.
+  if ((NODE_INDEX > 1)); then
+    for d in $(cgroup_dirs); do mkdir -p "$d"; done
+    taints=(--register-with-taints="$EXTRA_TAINT")
+  fi
   start kubelet "$(bin_path kubelet)" --config="${N}/kubelet.yaml" --kubeconfig="${N}/kubelet.kubeconfig" \
     --root-dir="$KUBELET_ROOT" --cert-dir="${N}/kubelet-pki" \
     --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" \
-    --node-labels="kubetrain.io/node=real" \
+    --node-labels="kubetrain.io/node=real" ${taints[@]+"${taints[@]}"} \
     --v=1
 }
 
@@ -231,7 +300,7 @@ kind: KubeProxyConfiguration
 mode: nftables
 clientConnection: {kubeconfig: "${N}/kube-proxy.kubeconfig"}
 hostnameOverride: ${NODE_NAME}
-clusterCIDR: ${NODE_POD_CIDR}
+clusterCIDR: ${CLUSTER_POD_RANGE}
 bindAddress: 127.0.0.1
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
@@ -241,16 +310,17 @@ EOF
 }
 
 # --------------------------------------------------------------------- CNI
-# Pods get the pod range on the bridge and one route: the Service range via the node.
-# No default route, so any other address is unreachable from a pod (and dropped if tried).
+# Pods get their node's pod range on the bridge and two routes via the node: the Service range and
+# the other nodes' pods. No default route, so any other address is unreachable from a pod (and
+# dropped if tried).
 cni_config() {
-  mkdir -p "${KUBETRAIN_NODE_RUN}/cni/net.d"
-  cat > "${KUBETRAIN_NODE_RUN}/cni/net.d/10-kubetrain.conflist" <<EOF
+  mkdir -p "${NODE_RUN}/cni/net.d"
+  cat > "${NODE_RUN}/cni/net.d/10-kubetrain.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "kubetrain", "plugins": [
   {"type": "bridge", "bridge": "${NODE_BRIDGE}", "isGateway": true, "ipMasq": false, "hairpinMode": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "${NODE_POD_CIDR}", "rangeStart": "10.88.1.1", "gateway": "${NODE_IP}"}]],
-            "routes": [{"dst": "${SERVICE_CIDR}", "gw": "${NODE_IP}"}],
-            "dataDir": "${KUBETRAIN_NODE_RUN}/cni/ipam"}},
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "${NODE_POD_CIDR}", "rangeStart": "${NODE_IP%.0.1}.1.1", "gateway": "${NODE_IP}"}]],
+            "routes": [{"dst": "${SERVICE_CIDR}", "gw": "${NODE_IP}"}, {"dst": "${CLUSTER_POD_RANGE}", "gw": "${NODE_IP}"}],
+            "dataDir": "${NODE_RUN}/cni/ipam"}},
   {"type": "portmap", "capabilities": {"portMappings": true}},
   {"type": "loopback"}
 ]}
@@ -347,31 +417,40 @@ wait_ready() {
   until [[ "$(kubectl_admin get node "$NODE_NAME" \
       -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]; do
     if ((SECONDS >= deadline)); then
-      tail -n 30 "${D}/logs/kubelet.log" >&2
-      die "node ${NODE_NAME} not Ready after 90 s (logs: ${D}/logs/kubelet.log)"
+      tail -n 30 "${D}/logs/kubelet${SUFFIX}.log" >&2
+      die "node ${NODE_NAME} not Ready after 90 s (logs: ${D}/logs/kubelet${SUFFIX}.log)"
     fi
     sleep 0.2
   done
 }
 
-up() {
-  local why
-  why="$(check)" || die "cannot run the real node here: ${why}"
+node_up() {  # the selected node: node 1 with the host-side services, node k >= 2 in its namespace
+  local start_s=$SECONDS c
   mkdir -p "$N" "${D}/logs"
-  net_up
+  if ((NODE_INDEX == 1)); then net_up; else netns_up; fi
   node_pki
-  for c in kubelet kube-proxy coredns local-path; do kubeconfig "$c"; done
+  for c in kubelet kube-proxy; do kubeconfig "$c"; done
   cni_config
   "${HACK_DIR}/containerd.sh" start >/dev/null
   import_small_images
-  forward_up
+  if ((NODE_INDEX == 1)); then kubeconfig coredns; kubeconfig local-path; forward_up; fi
   kubelet_up
   kube_proxy_up
-  coredns_up
+  ((NODE_INDEX > 1)) || coredns_up
   wait_ready
-  provisioner_up
-  log "real node ${NODE_NAME} Ready ($(kubectl_admin get node "$NODE_NAME" \
+  ((NODE_INDEX > 1)) || provisioner_up
+  log "real node ${NODE_NAME} Ready in $((SECONDS - start_s))s ($(kubectl_admin get node "$NODE_NAME" \
     -o jsonpath='{.status.nodeInfo.containerRuntimeVersion}'))"
+}
+
+# Every node at once: node 1 here, the others each in a child of this script.
+up() {
+  local why k pids=() failed=0
+  why="$(check)" || die "cannot run the real nodes here: ${why}"
+  for ((k = 2; k <= REAL_NODES; k++)); do KUBETRAIN_NODE_INDEX="$k" "$0" node-up & pids+=($!); done
+  node_up || failed=1
+  for k in ${pids[@]+"${pids[@]}"}; do wait "$k" || failed=1; done
+  ((failed == 0)) || die "a real node did not come up (logs: ${D}/logs/kubelet*.log)"
 }
 
 # Every pod sandbox and container the kubelet left behind, and their mounts and network namespaces.
@@ -393,29 +472,58 @@ remove_pods() {
 # Mounts and network namespaces of pods, whether or not containerd is still there to ask.
 remove_pod_leftovers() {
   local m
-  for m in $(findmnt -rn -o TARGET | grep -E "^(${KUBELET_ROOT}|${KUBETRAIN_NODE_RUN})(/|$)" | sort -r || true); do
+  for m in $(findmnt -rn -o TARGET | grep -E "^(${KUBELET_ROOT}|${NODE_RUN})(/|$)" | sort -r || true); do
     umount -l "$m" 2>/dev/null || true
   done
   local ns
-  for ns in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do ip netns delete "$ns" 2>/dev/null || true; done
-  rm -rf "${KUBETRAIN_NODE_RUN}/cni/ipam"
+  # Only this node's pods' namespaces: those its sandboxes no longer hold (the others' are in use).
+  for ns in $(ip netns list 2>/dev/null | awk '/^cni-/{print $1}'); do
+    ip netns pids "$ns" 2>/dev/null | grep -q . || ip netns delete "$ns" 2>/dev/null || true
+  done
+  rm -rf "${NODE_RUN}/cni/ipam"
 }
 
-down() {
+node_down() {
+  local d
   stop_procs
   if [[ -S "$CONTAINERD_SOCK" ]]; then remove_pods; fi
   remove_pod_leftovers
   "${HACK_DIR}/containerd.sh" stop
-  rm -rf --one-file-system "$KUBELET_ROOT" "$VOLUMES" || log "left behind: a mount under ${KUBELET_ROOT}"
-  net_down
-  # The kubelet also writes here whatever --root-dir says.
-  rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null || true
+  rm -rf --one-file-system "$KUBELET_ROOT" || log "left behind: a mount under ${KUBELET_ROOT}"
+  if ((NODE_INDEX == 1)); then
+    rm -rf --one-file-system "$VOLUMES" || true
+    net_down
+    # The kubelet also writes here whatever --root-dir says.
+    rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null || true
+  else
+    netns_down
+    for d in $(cgroup_dirs); do find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true; done
+  fi
+}
+
+# Every node that has a state directory, the extra ones first (node 1 holds the shared services).
+down() {
+  local dir k
+  for dir in "${D}"/node-*; do
+    k="${dir##*-}"
+    [[ -d "$dir" && "$k" =~ ^[0-9]+$ ]] || continue
+    KUBETRAIN_NODE_INDEX="$k" "$0" node-down || log "node ${k}: teardown incomplete"
+    rm -rf "$dir"
+  done
+  node_down
+}
+
+one_node() {  # one_node <k> <node-up|node-down>: the named node alone
+  [[ "${1:-}" =~ ^[1-8]$ ]] || die "usage: $0 $2 K (1 to 8)"
+  KUBETRAIN_NODE_INDEX="$1" "$0" "$2"
 }
 
 case "${1:-}" in
   prepare) mkdir -p "$N"; net_up; node_pki ;;
   up) up ;;
   down) down ;;
+  node-up) if [[ -n "${2:-}" ]]; then one_node "$2" node-up; else node_up; fi ;;
+  node-down) if [[ -n "${2:-}" ]]; then one_node "$2" node-down; else node_down; fi ;;
   check) check ;;
-  *) die "usage: $0 prepare | up | down | check" ;;
+  *) die "usage: $0 prepare | up | down | node-up [K] | node-down [K] | check" ;;
 esac
