@@ -36,6 +36,10 @@ from .waiting import wait_for
 NODE_NAME = "kubetrain-node"
 NODE_IP = "10.88.0.1"
 """The real node's bridge address (hack/lib.sh), where pods reach the host services."""
+EXTRA_NODE = "kubetrain-node-2"
+"""The second real node, in a network namespace of its own (hack/real-node.sh); a pod lands there only
+with EXTRA_NODE_TOLERATION."""
+EXTRA_NODE_TOLERATION = {"key": "kubetrain.io/node-pool", "operator": "Equal", "value": "extra", "effect": "NoSchedule"}
 TRAINER_IMAGE = WorkerSettings().trainer_image  # the chart's default, the name hack/images.sh loads
 REGISTRY = subprocess.run([str(HACK_DIR / "images.sh"), "registry"], capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -158,6 +162,25 @@ class RealJobs(TrainingJobs):
         if self.op:
             lines += ["--- operator log", self.op.tail()]
         return "\n".join(lines)
+
+
+def across_nodes(body: dict[str, Any], required: bool = True) -> dict[str, Any]:
+    """`body` with its workers on the real nodes, one per node: a required anti-affinity on the job's label
+    (`required`), or a preferred one, which lets a lost node's worker move onto a node that runs another."""
+    term = {"labelSelector": {"matchLabels": {contract.LABEL_JOB: body["metadata"]["name"]}},
+            "topologyKey": "kubernetes.io/hostname"}
+    anti = ({"requiredDuringSchedulingIgnoredDuringExecution": [term]} if required else
+            {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]})
+    scheduling = {"nodeSelector": {"kubetrain.io/node": "real"}, "tolerations": [EXTRA_NODE_TOLERATION],
+                  "affinity": {"podAntiAffinity": anti}}
+    return {**body, "spec": merge(body["spec"], {"scheduling": scheduling})}
+
+
+def chaos(fault: str, node: str, *args: str) -> None:
+    """hack/chaos.sh: a real node's fault (freeze-node, kill-node, partition-node, slow-node) or its undoing."""
+    proc = subprocess.run(["bash", str(HACK_DIR / "chaos.sh"), fault, node, *args], timeout=120,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, f"hack/chaos.sh {fault} {node} exited {proc.returncode}: {proc.stderr}"
 
 
 def kubelet_pid() -> int:
