@@ -454,6 +454,9 @@ def _deepspeed_model(model: nn.Module, spec: TrainingJobSpec, device: torch.devi
     deepspeed.comm.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False,
                                     dist_init_required=False)
     init = deepspeed.zero.Init(config_dict_or_path=config, remote_device=None, dtype=torch.float32)
+    # DeepSpeed 0.19's Init reads an explicit dtype as `dtype or fp16 if fp16_supported() else bf16`: on a CPU
+    # without fp16 kernels (no AVX512-FP16 or AMX) the fp32 asked for becomes bf16. Say it once more.
+    init.dtype = torch.float32
     if isinstance(model, HFCausalLM):
         return _zero3_hf_model(spec, init)
     with init:
