@@ -31,6 +31,7 @@ PKI="${D}/pki"
 NODE_PKI="${PKI}/node${SUFFIX}"
 APISERVER_PORT="${KUBETRAIN_APISERVER_PORT:-16443}"
 KUBELET_ROOT="${NODE_ROOT}/kubelet"
+POD_LOGS_DIR="${NODE_ROOT}/pod-logs"  # node 1: the kubelet's default, /var/log/pods
 VOLUMES="${KUBETRAIN_NODE_ROOT}/volumes"  # node 1's provisioner's, shared by every node as a network file system would be
 # Node k's pods' cgroups live under a root of their own, so a fault can freeze, kill or throttle one node's pods.
 if ((NODE_INDEX == 1)); then CGROUP_ROOT="/"; else CGROUP_ROOT="/${NODE_NAME}"; fi
@@ -278,8 +279,10 @@ imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "200Mi", nodefs.available: "1%", imagefs.available: "1%"}
 maxPods: 50
 EOF
-  ((NODE_INDEX == 1)) || echo "cgroupRoot: ${CGROUP_ROOT}" >> "${N}/kubelet.yaml"
-  mkdir -p "$KUBELET_ROOT"
+  # Nodes 2+ share node 1's filesystem: their own cgroup root, and their own pod log directory, since each
+  # kubelet deletes the directories under its podLogsDir of pods it does not run (node 1's, if shared).
+  ((NODE_INDEX == 1)) || printf 'cgroupRoot: %s\npodLogsDir: %s\n' "$CGROUP_ROOT" "$POD_LOGS_DIR" >> "${N}/kubelet.yaml"
+  mkdir -p "$KUBELET_ROOT" "$POD_LOGS_DIR"
   local d taints=()
   # cgroup v1 wants the root in every hierarchy before the kubelet starts; v2 in the unified one.
   if ((NODE_INDEX > 1)); then
