@@ -195,3 +195,26 @@ def test_the_operator_reads_a_hung_workers_report_from_its_termination_message()
     assert f.exit_code == contract.HUNG_EXIT_CODE and f.hang == report and f.node == "n1"
     pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 1
     assert facts(pod).hang is None  # a plain exit is no hang, whatever its message
+
+
+def test_a_worker_that_sent_no_report_is_recreated_and_the_reporting_ones_are_kept_in_place():
+    """A frozen or cut-off node's launcher cannot report, nor restart its worker in place: after the gathering
+    the verdict keeps the workers that reported and recreates the silent one (on another node, once its node
+    is NotReady: the operator then deletes its pod at once)."""
+    s = spec(restartPolicy={"inPlace": True}).spec
+    w0 = hung_worker(0, (r(0),), at=(NOW - timedelta(seconds=20)).timestamp(), in_place=True, restartable=True)
+    silent = lc.WorkerState(1, lc.WorkerPhase.RUNNING, in_place=True, pod="j-worker-1", node="node-1")
+    t = lc.step(s, running_status(), lc.Observed(workers=(w0, silent)), NOW)
+    assert t.decision.action == lc.Action.RESTART_GANG and t.decision.keep == (0,)
+    assert "in place, keeping 1 of 2 workers" in t.status.message
+    both = lc.step(s, running_status(), lc.Observed(workers=(w0, hung_worker(1, (r(1),), at=NOW.timestamp() - 19,
+                                                                           in_place=True, restartable=True))), NOW)
+    assert both.decision.keep == (0, 1)  # both reported: both answer, both kept
+
+
+def test_a_report_of_a_stopped_rank_keeps_the_workers_that_had_no_time_to_report():
+    stopped = hung_worker(1, (r(1, state=hangs.STOPPED, where=hangs.STOPPED),), at=NOW.timestamp() - 1,
+                          in_place=True, restartable=True)
+    t = lc.step(spec(restartPolicy={"inPlace": True}).spec, running_status(),
+                lc.Observed(workers=(lc.WorkerState(0, lc.WorkerPhase.RUNNING, in_place=True), stopped)), NOW)
+    assert t.decision.action == lc.Action.RESTART_GANG and t.decision.keep == (0, 1)

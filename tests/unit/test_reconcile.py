@@ -597,6 +597,17 @@ def test_pods_on_a_lost_node_are_deleted_at_once_even_when_terminating():
     assert (healthy.force_delete_pods, healthy.delete_pods) == ([], [])  # a kubelet will confirm it
 
 
+def test_a_pod_a_restart_deletes_goes_at_once_from_a_node_just_notready():
+    """Its kubelet cannot confirm the deletion and the worker's next pod waits on its name: no grace to wait out.
+    A pod that no restart deletes is left its node's grace (nodeNotReadyGraceSeconds)."""
+    just = {"n1": T0 - timedelta(seconds=2)}
+    st = {**RUNNING, "restartGeneration": 1, "gangCreated": False, "restartCount": 1}
+    stuck = plan(Observation(body(status=st), [pod(1, node="n1", deleting=True)], just, T0), S)
+    assert (stuck.decision.action, stuck.force_delete_pods) == ("DeleteStale", ["j-worker-1"])
+    running = plan(Observation(body(status=RUNNING), [pod(0, node="n2"), pod(1, node="n1")], just, T0), S)
+    assert running.force_delete_pods == [] and running.delete_pods == []
+
+
 def test_on_success_a_pod_whose_containers_all_ended_is_kept_even_if_its_phase_lags():
     rank0 = pod(0)
     rank0["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": 0}}}]

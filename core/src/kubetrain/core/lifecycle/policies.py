@@ -395,8 +395,23 @@ def kept_in_place(spec: TrainingJobSpec, job: JobView, failures: list[Failure]) 
            for f in failures):
         return ()
     failed = {f.worker.index for f in failures if f.kind != FailureKind.NO_PROGRESS}  # a hang is the gang's
+    unheard = _unheard_in_hang(job, failures)
     return tuple(w.index for w in job.workers if w.in_place and w.node_not_ready_since is None
+                 and w.index not in unheard
                  and (w.restartable or (w.phase == WorkerPhase.RUNNING and w.index not in failed)))
+
+
+def _unheard_in_hang(job: JobView, failures: list[Failure]) -> set[int]:
+    """In a hang judged from the launchers' reports, the running workers that sent none while the verdict
+    waited for them (gather_hang_reports): every launcher of a hung gang finds its ranks silent within
+    moments of the others, so one that did not report does not answer (its node frozen, cut off or gone)
+    and would not answer an in-place restart either. A report naming a stopped rank decides without
+    waiting: the others are not past their limits yet, and are kept."""
+    if not failures or failures[0].worker.hang is None:
+        return set()
+    if any(r.state == hangs.STOPPED for w in job.workers if w.hang is not None for r in w.hang.ranks):
+        return set()
+    return {w.index for w in job.workers if w.hang is None and w.phase == WorkerPhase.RUNNING}
 
 
 def start(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None:

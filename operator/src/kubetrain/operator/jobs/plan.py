@@ -486,16 +486,17 @@ def _shared_children(job: TrainingJob, owner: dict[str, Any], generation: int,
 
 def _lost(spec: TrainingJobSpec, pods: list[dict[str, Any]], nodes: Mapping[str, datetime | None],
           now: datetime) -> list[str]:
-    """Pods of the job that are going away (or must) on a node NotReady past its grace: they would stay
-    Terminating forever and hold the next generation back, as the node lifecycle controller's pod GC
-    would not remove them before its own, much longer, timeout."""
+    """Pods of the job on a NotReady node that are going away (or must): they would stay Terminating forever
+    and hold the next generation back, as the node lifecycle controller's pod GC would not remove them
+    before its own, much longer, timeout. A pod a restart already deletes goes at once (its kubelet cannot
+    confirm, and its worker's next pod waits on its name); another once the node is NotReady past its grace."""
     if not nodes:  # only NotReady nodes are kept
         return []
     grace = timedelta(seconds=spec.restart_policy.node_not_ready_grace_seconds)
     out = []
     for p in pods:
         since = nodes.get((p.get("spec") or {}).get("nodeName") or "")
-        if since is not None and now - since >= grace:
+        if since is not None and (p["metadata"].get("deletionTimestamp") or now - since >= grace):
             out.append(p["metadata"]["name"])
     return out
 
