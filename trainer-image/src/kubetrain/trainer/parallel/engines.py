@@ -453,10 +453,13 @@ def _deepspeed_model(model: nn.Module, spec: TrainingJobSpec, device: torch.devi
     # zero.Init reads the world size from deepspeed.comm, which wraps the existing process group once told to.
     deepspeed.comm.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False,
                                     dist_init_required=False)
-    init = deepspeed.zero.Init(config_dict_or_path=config, remote_device=None, dtype=torch.float32)
+    # The engine's own dtype: deepspeed.initialize casts no model built under zero.Init, so an fp32 build of a
+    # bf16 job would train in fp32 (8.6x slower on an H200). The fp32 master copy is the optimizer's.
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision, torch.float32)
+    init = deepspeed.zero.Init(config_dict_or_path=config, remote_device=None, dtype=dtype)
     # DeepSpeed 0.19's Init reads an explicit dtype as `dtype or fp16 if fp16_supported() else bf16`: on a CPU
-    # without fp16 kernels (no AVX512-FP16 or AMX) the fp32 asked for becomes bf16. Say it once more.
-    init.dtype = torch.float32
+    # without fp16 kernels (no AVX512-FP16 or AMX) an fp32 asked for becomes bf16. Say it once more.
+    init.dtype = dtype
     if isinstance(model, HFCausalLM):
         return _zero3_hf_model(spec, init)
     with init:
