@@ -3,9 +3,13 @@
     .venv/bin/python bench/gpu.py --out bench/results/gpu.json           # ~1B model, bf16, one GPU
     torchrun --nproc-per-node 8 bench/gpu.py --out gpu.json               # every GPU of a machine
     .venv/bin/python bench/gpu.py --tiny --out /tmp/gpu-tiny.json         # a few M parameters, CPU is fine
+    .venv/bin/python bench/gpu.py --sections train --variants fsdp2 --d-model 4096 --heads 32 --layers 32 --ac \
+        --micro-batch 1 --grad-accum 4 --compile off --out gpu-7b.json    # ~6.7B, built on the meta device
 
-1. Tokens/s and MFU of kubetrain's trainer (FSDP2, DeepSpeed ZeRO-3) against a hand-written
-   loop over the same model (bench/gpu_train.py), eager and with torch.compile per block.
+1. Tokens/s and MFU of kubetrain's trainer (FSDP2, DeepSpeed ZeRO-3; the model built on the meta device
+   and materialised shard by shard, as the trainer does) against a hand-written loop over the same model
+   built on the device (bench/gpu_train.py), eager and with torch.compile per block; per variant also
+   its build time and the host's peak resident set.
 2. all_reduce algbw / busbw over message sizes (bench/gpu_comm.py).
 3. The training loop's stall for a synchronous and an asynchronous DCP checkpoint of the model
    and optimizer state (bench/gpu_ckpt.py).
@@ -64,6 +68,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--micro-batch", type=int)
     ap.add_argument("--grad-accum", type=int)
     ap.add_argument("--layers", type=int, help="transformer blocks (default 18: ~1B parameters; --tiny 4)")
+    ap.add_argument("--d-model", type=int, help="model width (default 2048; --tiny 256)")
+    ap.add_argument("--heads", type=int, help="attention heads (default 16, of 128 with the default width; --tiny 4)")
+    ap.add_argument("--ac", action="store_true", help="spec.activationCheckpointing: recompute each block in backward")
     ap.add_argument("--warmup", type=int, help="untimed steps per variant (default 3, --tiny 1)")
     ap.add_argument("--steps", type=int, help="timed steps per variant (default 10, --tiny 3)")
     ap.add_argument("--variants", help="comma list of " + ", ".join(v.name for v in gpu_train.VARIANTS))
@@ -82,6 +89,9 @@ def settings(args: argparse.Namespace, rt: gpu_env.Runtime) -> Settings:
         micro_batch=args.micro_batch or base.micro_batch,
         grad_accum=args.grad_accum or base.grad_accum,
         n_layers=args.layers or base.n_layers,
+        d_model=args.d_model or base.d_model,
+        n_heads=args.heads or base.n_heads,
+        activation_checkpointing=args.ac,
     )
     compiled = args.compile == "on" or (args.compile == "auto" and rt.cuda)
     wanted = set(args.variants.split(",")) if args.variants else None

@@ -40,6 +40,8 @@ class Shape:
     micro_batch: int
     grad_accum: int
     precision: str
+    activation_checkpointing: bool = False
+    """spec.activationCheckpointing: each block's activations recomputed in backward."""
 
     def tokens_per_step(self, world_size: int) -> int:
         return self.micro_batch * self.grad_accum * self.seq_len * world_size
@@ -62,6 +64,7 @@ def job_spec(shape: Shape, strategy: str, steps: int) -> TrainingJobSpec:
         microBatchSize=shape.micro_batch,
         gradientAccumulationSteps=shape.grad_accum,
         maxSteps=max(steps, 1),
+        activationCheckpointing=shape.activation_checkpointing,
         model={
             "dModel": shape.d_model,
             "nLayers": shape.n_layers,
@@ -80,7 +83,8 @@ def job_spec(shape: Shape, strategy: str, steps: int) -> TrainingJobSpec:
 
 
 def build(spec: TrainingJobSpec, device: torch.device) -> nn.Module:
-    """The trainer's model, seeded as the trainer seeds it, created on ``device`` (no host round trip)."""
+    """The trainer's model, seeded as the trainer seeds it, created whole on ``device`` (no host round trip): the
+    hand-written loop's. The trainer's variants build it on the meta device, as the trainer does (gpu_train.py)."""
     with device:
         return build_model(spec.model, spec.activation_checkpointing, spec.seed)
 
@@ -101,6 +105,7 @@ def describe(spec: TrainingJobSpec) -> dict[str, Any]:
         "n_heads": m.n_heads,
         "seq_len": m.seq_len,
         "vocab_size": m.vocab_size,
+        "activation_checkpointing": spec.activation_checkpointing,
         "params_total": model.num_params(exclude_embeddings=False),
         "params_non_embedding": model.num_params(exclude_embeddings=True),
         "flops_per_token": flops_per_token(model, m),
