@@ -165,6 +165,18 @@ def test_node_lost_past_its_grace_restarts_the_gang():
     assert step(s, running(), obs, T0 + timedelta(seconds=30)).status.reason == "NodeLost"
 
 
+def test_a_node_that_died_is_lost_once_the_job_made_no_progress_for_the_grace():
+    """The node lifecycle controller says NotReady ~50 s after a node dies; the job stopped progressing then:
+    the grace counts from the last progress, not from NotReady."""
+    s = spec(restartPolicy={"nodeNotReadyGraceSeconds": 60})
+    died = Observed(workers=(WorkerState(0, R), WorkerState(1, R, node_not_ready_since=T0 + timedelta(seconds=50))))
+    st = running(lastProgressTime=format_time(T0))
+    assert step(s, st, died, T0 + timedelta(seconds=55)).decision.action == Action.WAIT
+    assert step(s, st, died, T0 + timedelta(seconds=60)).status.reason == "NodeLost"
+    trains = running(lastProgressTime=format_time(T0 + timedelta(seconds=58)))  # its ranks there still meet
+    assert step(s, trains, died, T0 + timedelta(seconds=100)).decision.action == Action.WAIT
+
+
 def test_a_worker_gone_after_creation_restarts_the_gang():
     t = step(spec(), running(), Observed(workers=(WorkerState(0, R),)), T0)
     assert (t.decision.action, t.status.reason) == (Action.RESTART_GANG, "Deleted")

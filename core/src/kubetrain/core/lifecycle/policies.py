@@ -159,13 +159,13 @@ def cluster_disruption(not_ready: int, total: int) -> str | None:
 
 
 def node_lost(spec: TrainingJobSpec, w: WorkerState, now: datetime, last_progress: datetime | None) -> bool:
-    """The worker's node has been NotReady for nodeNotReadyGraceSeconds and the job made no progress in that
-    time; `last_progress` None (rank 0 cannot report it): the grace alone."""
+    """The worker's node is NotReady and the job made no progress for nodeNotReadyGraceSeconds: counted from its
+    last progress, which a node that died stopped (the node lifecycle controller says NotReady only ~50 s
+    later); `last_progress` None (rank 0 cannot report it): the node NotReady for the grace alone."""
     if w.node_not_ready_since is None or w.phase not in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
         return False
     grace = timedelta(seconds=spec.restart_policy.node_not_ready_grace_seconds)
-    return now - w.node_not_ready_since >= grace and not progressing_despite(
-        w.node_not_ready_since, last_progress, now, grace)
+    return now - (w.node_not_ready_since if last_progress is None else last_progress) >= grace
 
 
 def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime,
@@ -454,7 +454,7 @@ def next_deadline(spec: TrainingJobSpec, job: JobView, now: datetime, default: f
     last_progress = None if job.progress_unknown else job.last_progress_time
     for w in job.workers:  # when a NotReady node's grace could run out (node_lost)
         if w.node_not_ready_since is not None and job.disruption is None:
-            since = max(t for t in (w.node_not_ready_since, last_progress) if t is not None)
+            since = w.node_not_ready_since if last_progress is None else last_progress
             at.append(since + timedelta(seconds=policy.node_not_ready_grace_seconds))
     return max(0.5, min([default, *((t - now).total_seconds() for t in at)]))
 
