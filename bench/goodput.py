@@ -141,21 +141,26 @@ class Records:
 
 
 class PodLogs:
-    """Copies of the kubelet's container logs of a namespace's pods (/var/log/pods/<ns>_<pod>_<uid>/: every
-    container start of a pod), refreshed as they grow, into LOG_DIR/<ns>/: the kubelet deletes them with the pod."""
-
-    ROOT = Path("/var/log/pods")
+    """Copies of the kubelet's container logs of a namespace's pods (<podLogsDir>/<ns>_<pod>_<uid>/: every
+    container start of a pod), refreshed as they grow, into LOG_DIR/<ns>/: the kubelet deletes them with the pod.
+    Node 1's kubelet writes them under /var/log/pods, node k's (hack/real-node.sh) under its own root."""
 
     def __init__(self, ns: str) -> None:
         self.ns, self.out = ns, LOG_DIR / ns
         self.sizes: dict[Path, int] = {}
+        base = Path(os.environ.get("KUBETRAIN_NODE_ROOT", "/var/lib/kubetrain-node"))
+        self.roots = (Path("/var/log/pods"), *sorted(base.parent.glob(f"{base.name}-*/pod-logs")))
 
     def copy(self) -> None:
-        for path in self.ROOT.glob(f"{self.ns}_*/*/*.log"):
+        for root in self.roots:
+            self._copy(root)
+
+    def _copy(self, root: Path) -> None:
+        for path in root.glob(f"{self.ns}_*/*/*.log"):
             with contextlib.suppress(OSError):
                 size = path.stat().st_size
                 if self.sizes.get(path) != size:
-                    target = self.out / path.relative_to(self.ROOT)
+                    target = self.out / path.relative_to(root)
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(path.read_bytes())
                     self.sizes[path] = size
