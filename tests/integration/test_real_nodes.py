@@ -70,7 +70,7 @@ def test_a_lost_node_s_worker_is_placed_on_a_healthy_node_and_the_job_succeeds(
 ) -> None:
     """The second node frozen (kubelet, containerd and the pods' processes stopped), cut off (its traffic
     dropped) or killed (all of them SIGKILLed) under one worker of a 2-worker gang: that worker is recreated on
-    the other node and the job Succeeds with one restart. Frozen or cut off, its launcher sends no hang report,
+    the other node, the other worker keeps its pod, and the job Succeeds with one restart. Frozen or cut off, its launcher sends no hang report,
     so the hang verdict recreates it; killed, the job stops progressing and the node goes NotReady. Either way
     the operator deletes its pod with grace 0 once the node is NotReady, since its kubelet cannot confirm."""
     body = quickstart(precision="fp32", maxSteps=240, checkpoint={"everySteps": 10, "keep": 3},
@@ -83,6 +83,7 @@ def test_a_lost_node_s_worker_is_placed_on_a_healthy_node_and_the_job_succeeds(
     index = next(i for i, node in placed.items() if node == victim)
     t0, step = time.monotonic(), progress_step(jobs.core, jobs.ns, name)
     lost = jobs.core.read_namespaced_pod(f"{name}-worker-{index}", jobs.ns).metadata.uid
+    healthy = jobs.core.read_namespaced_pod(f"{name}-worker-{1 - index}", jobs.ns).metadata.uid
     chaos(fault, victim)
     try:
         timeline = _recovery(jobs, name, t0, step, f"{name}-worker-{index}", lost)
@@ -94,6 +95,8 @@ def test_a_lost_node_s_worker_is_placed_on_a_healthy_node_and_the_job_succeeds(
           + ", ".join(f"{k} {v} s" if isinstance(v, float) else f"{k}: {v}" for k, v in timeline.items())
           + f"; Succeeded after {elapsed(t0)} s with {done.get('restartCount')} restart(s)")
     assert timeline["moved to"] == NODE_NAME
+    kept = jobs.core.read_namespaced_pod(f"{name}-worker-{1 - index}", jobs.ns).metadata.uid
+    assert kept == healthy, "the worker on the healthy node was not kept in place"
     assert done["currentStep"] == 240 and done.get("restartCount") == 1, jobs.describe(name)
 
 
