@@ -210,19 +210,27 @@ EOF
 # ------------------------------------------------------------- processes
 start() {  # start <name> <command...>: a setsid'd background process in the node's network, with a pid file
   local name="$1"; shift
+  # Once per node: a second copy (node-up again, restore-node after a fault that spared it) would fail to
+  # bind, and its pid file would orphan the first.
+  running "$name" && return 0
   ${NODE_EXEC[@]+"${NODE_EXEC[@]}"} setsid "$@" >"${D}/logs/${name}${SUFFIX}.log" 2>&1 < /dev/null &
   echo $! > "${N}/${name}.pid"
+}
+
+running() {  # running <name>: its pid file names a live process of its program
+  local pid
+  [[ -f "${N}/$1.pid" ]] || return 1
+  pid="$(cat "${N}/$1.pid")"
+  # A pid file can outlive its process (a crash, a reboot): only the program we started counts.
+  pid_alive "$pid" && [[ "$(basename "$(readlink "/proc/${pid}/exe" 2>/dev/null)")" == "$(proc_binary "$1")" ]]
 }
 
 stop_procs() {
   local p pid
   for p in "${PROCS[@]}"; do
-    [[ -f "${N}/${p}.pid" ]] || continue
+    running "$p" || { rm -f "${N}/${p}.pid"; continue; }
     pid="$(cat "${N}/${p}.pid")"
     rm -f "${N}/${p}.pid"
-    # A pid file can outlive its process (a crash, a reboot): signal only the program we started.
-    pid_alive "$pid" && [[ "$(basename "$(readlink "/proc/${pid}/exe" 2>/dev/null)")" == "$(proc_binary "$p")" ]] \
-      || continue
     kill -- "-${pid}" 2>/dev/null || kill "$pid" 2>/dev/null || true
     for _ in $(seq 50); do pid_alive "$pid" || break; sleep 0.1; done
     pid_alive "$pid" && kill -9 -- "-${pid}" 2>/dev/null || true
