@@ -80,6 +80,10 @@ FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 """Parameter dtypes torch's fused AdamW kernel takes."""
 
 
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""spec.precision -> the dtype the model computes in (fp32: none)."""
+
+
 def fused_adamw(device_types: Iterable[str], dtypes: Iterable[torch.dtype], offloaded: bool = False) -> bool:
     """Whether AdamW runs torch's fused kernel (a few launches per step instead of a foreach chain): every
     parameter on CUDA in a floating dtype, and the optimizer not offloaded to the host (DeepSpeed's
@@ -228,7 +232,7 @@ class TorchEngine(Engine):
         self.device = device
         self.strategy = spec.strategy
         self.precision = spec.precision
-        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision)
+        self.amp_dtype = AMP_DTYPES.get(spec.precision)
         self.pipeline: parallel.Pipeline | None = None
         self.replicas = 1
         if spec.strategy == "fsdp":
@@ -455,7 +459,7 @@ def _deepspeed_model(model: nn.Module, spec: TrainingJobSpec, device: torch.devi
                                     dist_init_required=False)
     # The engine's own dtype: deepspeed.initialize casts no model built under zero.Init, so an fp32 build of a
     # bf16 job would train in fp32 (8.6x slower on an H200). The fp32 master copy is the optimizer's.
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(spec.precision, torch.float32)
+    dtype = AMP_DTYPES.get(spec.precision, torch.float32)
     init = deepspeed.zero.Init(config_dict_or_path=config, remote_device=None, dtype=dtype)
     # DeepSpeed 0.19's Init reads an explicit dtype as `dtype or fp16 if fp16_supported() else bf16`: on a CPU
     # without fp16 kernels (no AVX512-FP16 or AMX) an fp32 asked for becomes bf16. Say it once more.
