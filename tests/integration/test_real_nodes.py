@@ -93,6 +93,8 @@ def test_a_lost_node_s_worker_is_placed_on_a_healthy_node_and_the_job_succeeds(
     chaos(fault, victim)
     try:
         timeline = _recovery(jobs, name, t0, step, f"{name}-worker-{index}", lost)
+        # Read while the gang trains: once rank 0 succeeds, cleanPodPolicy Running deletes the other pod.
+        kept = _pod(jobs.core, jobs.ns, f"{name}-worker-{1 - index}")
         done = jobs.wait_phase(name, "Succeeded", timeout=600)
     finally:
         chaos(UNDO[fault], victim)
@@ -101,8 +103,7 @@ def test_a_lost_node_s_worker_is_placed_on_a_healthy_node_and_the_job_succeeds(
           + ", ".join(f"{k} {v} s" if isinstance(v, float) else f"{k}: {v}" for k, v in timeline.items())
           + f"; Succeeded after {elapsed(t0)} s with {done.get('restartCount')} restart(s)")
     assert timeline["moved to"] == NODE_NAME
-    kept = jobs.core.read_namespaced_pod(f"{name}-worker-{1 - index}", jobs.ns).metadata.uid
-    assert kept == healthy, "the worker on the healthy node was not kept in place"
+    assert kept is not None and kept.metadata.uid == healthy, "the worker on the healthy node was not kept in place"
     assert done["currentStep"] == 240 and done.get("restartCount") == 1, jobs.describe(name)
 
 
