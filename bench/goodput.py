@@ -6,7 +6,7 @@ trainer, same faults.
     .venv/bin/python bench/goodput.py --system trainer-v2 --max-steps 600 --faults kill,oom # no calibration
 
 One job of the trainer image (2 workers, the quickstart: examples/quickstart.yaml) on the hack/ test cluster's real
-node, with maxSteps sized so that undisturbed training lasts --minutes (a short kubetrain calibration run measures
+nodes, with maxSteps sized so that undisturbed training lasts --minutes (a short kubetrain calibration run measures
 the time per step, checkpoints included; --max-steps skips it), checkpoints every 20 steps as the quickstart has,
 on a claim of the cluster's default StorageClass. A seeded schedule (--seed) applies one fault of each kind
 (--faults) about every --every seconds after the job's creation, in a seeded order, each on a seeded worker at a
@@ -15,7 +15,13 @@ previous fault (a fault that comes due while the job restarts waits, the delay i
 long recovery then come one after another, each once training is back): a container killed (SIGKILL of its main process from the host: exit 137), a pod deleted
 (grace 0), a rank hung (SIGSTOP of one rank's python process from the host), an OOM kill (the container's memory
 cgroup limit lowered from the host until the kernel OOM-kills in it: the pod shows OOMKilled), a preemption
-(Eviction API: SIGTERM, the trainer checkpoints at the next step and exits 143).
+(Eviction API: SIGTERM, the trainer checkpoints at the next step and exits 143), and two node faults on the second
+real node, whichever worker runs there (hack/chaos.sh: `freeze-node`, its kubelet, containerd and pods' processes
+SIGSTOPped; `kill-node`, all of them SIGKILLed), each undone NODE_DOWN_S (90 s) later, as a node back from a
+reboot. Both systems place one worker per real node (a preferred pod anti-affinity, the second node's taint
+tolerated), so a lost node's worker may join the other node; the schedule puts a fault that recreates a pod
+(delete, evict) between the two node faults, which puts a worker back on the second node. --undisturbed first runs
+kubetrain's job with no faults, the same maxSteps, as a results entry of its own.
 
 Goodput = kept step time / wall time, from the trainer's own records (bench/goodput_lib.py): rank 0's TensorBoard
 event per step on the claim, read from the host. Kept step time sums the durations of the final lineage's steps
@@ -65,11 +71,16 @@ from kubernetes import client, config
 from support.cluster import cluster_dir, cluster_running, cluster_up, kubeconfig_path  # bench/support: tests/support
 from support.operator_process import OperatorProcess
 from support.real_pods import (
+    EXTRA_NODE,
+    EXTRA_NODE_TOLERATION,
     TRAINER_IMAGE,
     RealJobs,
+    across_nodes,
     build_images,
+    chaos,
     claim_dir,
     cmdline,
+    node_ready,
     parent_pid,
     quickstart,
     real_node_missing,
@@ -97,7 +108,10 @@ FRESH_S = 3.0
 """The job trains when rank 0's newest step is at most this old."""
 RECOVERY_WAIT_S = 60.0
 """A fault is applied once rank 0 trains in a process started after the previous fault, or this long after it."""
-OUTCOME_WATCH_S = {gl.HANG: 120.0}
+OUTCOME_WATCH_S = {gl.HANG: 120.0, gl.FREEZE_NODE: 150.0, gl.KILL_NODE: 150.0}
+NODE_DOWN_S = 90.0
+"""A node fault is undone this long after it (a node back from a reboot), the node then Ready again."""
+UNDO = {gl.FREEZE_NODE: "thaw-node", gl.KILL_NODE: "restore-node"}
 """How long the pod is watched after a fault for what it shows (default 45 s)."""
 
 
@@ -316,6 +330,7 @@ def training_runtime(upstream: dict[str, Any], ns: str) -> dict[str, Any]:
         pod["securityContext"] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
                                   "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
         pod["dnsConfig"] = {"options": [{"name": "single-request-reopen"}]}
+        pod.update(across_real_nodes(TrainerV2.JOBSET_LABEL))
         pod["restartPolicy"] = "Never"  # see the docstring
         for c in pod["containers"]:
             if c["name"] == cl.TRAINER_NODE:
@@ -328,6 +343,15 @@ def training_runtime(upstream: dict[str, Any], ns: str) -> dict[str, Any]:
     return {"apiVersion": restart["apiVersion"], "kind": "TrainingRuntime",
             "metadata": {"name": RUNTIME, "namespace": ns, "labels": restart["metadata"].get("labels", {})},
             "spec": restart["spec"]}
+
+
+def across_real_nodes(label: str) -> dict[str, Any]:
+    """Pod spec fields placing the gang's pods as kubetrain's scheduling places its workers (across_nodes): on the
+    real nodes, the second one's taint tolerated, one pod per node preferred."""
+    term = {"labelSelector": {"matchLabels": {label: JOB}}, "topologyKey": "kubernetes.io/hostname"}
+    return {"nodeSelector": {"kubetrain.io/node": "real"}, "tolerations": [EXTRA_NODE_TOLERATION],
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": term}]}}}
 
 
 # --------------------------------------------------------------------------- faults, from the host
@@ -449,6 +473,52 @@ def apply_fault(kind: str, core: client.CoreV1Api, ns: str, pod: client.V1Pod) -
     return f"evicted (grace {pod.spec.termination_grace_period_seconds}s)", now
 
 
+class NodeFaults:
+    """The node faults applied and not yet undone: each undone NODE_DOWN_S after it, in a thread, or at the end of
+    the campaign whatever happens (the test cluster is shared)."""
+
+    def __init__(self) -> None:
+        self.down: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def apply(self, kind: str, node: str) -> str:
+        chaos(kind, node)
+        with self.lock:
+            self.down[node] = kind
+        timer = threading.Timer(NODE_DOWN_S, self.undo, args=(node,))
+        timer.daemon = True
+        timer.start()
+        return f"hack/chaos.sh {kind} {node} (undone after {NODE_DOWN_S:g}s)"
+
+    def undo(self, node: str) -> None:
+        with self.lock:
+            kind = self.down.pop(node, None)
+        if kind is None:
+            return
+        chaos(UNDO[kind], node)
+        wait_for(lambda: node_healthy(node), 180, interval=1, what=f"{node} Ready and untainted again")
+        say(f"{node}: {UNDO[kind]} done, Ready and untainted")
+
+    def undo_all(self) -> None:
+        for node in list(self.down):
+            self.undo(node)
+
+
+def node_healthy(node: str) -> bool:
+    """Ready, and without the taints the node lifecycle controller put on it while it was away."""
+    core = client.CoreV1Api()
+    taints = {t.key for t in core.read_node(node).spec.taints or []}
+    return node_ready(core, node) and not any(t.startswith("node.kubernetes.io/") for t in taints)
+
+
+def on_extra_node(pods: dict[int, client.V1Pod]) -> tuple[int, client.V1Pod]:
+    """The worker on the node a fault tool can fault (the host's own node it cannot)."""
+    for index, pod in sorted(pods.items()):
+        if pod.spec.node_name == EXTRA_NODE and pod.status.phase == "Running" and not pod.metadata.deletion_timestamp:
+            return index, pod
+    raise FaultNotReady(f"no worker Running on {EXTRA_NODE} ({ {i: p.spec.node_name for i, p in pods.items()} })")
+
+
 def watch_outcome(core: client.CoreV1Api, ns: str, pod: client.V1Pod, fault: gl.AppliedFault,
                   applied: list[gl.AppliedFault]) -> None:
     """What the pod shows after the fault (its container's termination, its deletion), into fault.outcome, until
@@ -494,13 +564,19 @@ class Campaign:
     created: float = 0.0
     notes: list[str] = field(default_factory=list)
     logs: PodLogs = field(init=False)
+    nodes: NodeFaults = field(default_factory=NodeFaults)
 
     def run(self) -> gl.Goodput:
         self.logs = PodLogs(self.system.ns)
+        if any(f.kind in gl.NODE_FAULTS for f in self.faults):  # one worker per node needs both Ready
+            wait_for(lambda: node_healthy(EXTRA_NODE), 300, interval=1, what=f"{EXTRA_NODE} Ready and untainted")
         self.created = time.time()
         self.system.create(self.spec)
         say(f"{self.system.key}: job created in {self.system.ns}; {len(self.faults)} faults planned")
-        finished = self._until_done()
+        try:
+            finished = self._until_done()
+        finally:
+            self.nodes.undo_all()
         self.logs.copy()
         if self.records is not None:
             self.records.poll()
@@ -580,12 +656,20 @@ class Campaign:
         """Apply ``fault`` if the job trains now; True once applied."""
         if not self._training(fault):
             return False
-        pod = self.system.worker_pods().get(fault.worker)
-        if pod is None or pod.status.phase != "Running":
-            return False
         assert self.records is not None and self.records.latest is not None
         try:
-            how, applied = apply_fault(fault.kind, self.system.core, self.system.ns, pod)
+            if fault.kind in gl.NODE_FAULTS:
+                if EXTRA_NODE in self.nodes.down or not node_healthy(EXTRA_NODE):
+                    raise FaultNotReady(f"{EXTRA_NODE} is not back yet")
+                worker, pod = on_extra_node(self.system.worker_pods())
+                applied = time.time()
+                how = self.nodes.apply(fault.kind, EXTRA_NODE)
+            else:
+                worker, found = fault.worker, self.system.worker_pods().get(fault.worker)
+                if found is None or found.status.phase != "Running":
+                    return False
+                pod = found
+                how, applied = apply_fault(fault.kind, self.system.core, self.system.ns, pod)
         except FaultNotReady as exc:
             if fault.kind == gl.OOM:  # a minute spent: say so
                 say(f"{self.system.key}: {fault.kind} not applied yet: {exc}")
@@ -593,7 +677,7 @@ class Campaign:
             return False
         self.records.poll()
         step = self.records.latest.step
-        done = gl.AppliedFault(fault.kind, fault.worker, fault.at_s, self.created + fault.at_s, applied, step,
+        done = gl.AppliedFault(fault.kind, worker, fault.at_s, self.created + fault.at_s, applied, step,
                                pod.metadata.name, how)
         self.applied.append(done)
         threading.Thread(target=watch_outcome, args=(self.system.core, self.system.ns, pod, done, self.applied),
@@ -719,6 +803,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--peer-collective-timeout", type=float, default=600.0,
                    help="Trainer v2's trainer: collective timeout in seconds (PyTorch's default 600)")
     p.add_argument("--timeout", type=float, help="per system run (default: 3 x --minutes + 15 min + 2 min a fault)")
+    p.add_argument("--undisturbed", action="store_true",
+                   help="first run kubetrain's job with no faults (the same maxSteps): a results entry of its own")
     p.add_argument("--no-build", action="store_true", help="skip hack/images.sh (the node's images as they are)")
     p.add_argument("--json", type=Path)
     p.add_argument("--report", type=Path, help="print the table again from a --json file's records; run nothing")
@@ -727,7 +813,9 @@ def parse_args() -> argparse.Namespace:
 
 def base_spec(args: argparse.Namespace) -> dict[str, Any]:
     """The quickstart's spec with the campaign's restart policy (and maxSteps set later)."""
-    spec = quickstart(restartPolicy={"backoffLimit": MAX_RESTARTS, "backoffSeconds": args.backoff_seconds})["spec"]
+    body = quickstart(restartPolicy={"backoffLimit": MAX_RESTARTS, "backoffSeconds": args.backoff_seconds})
+    body["metadata"]["name"] = JOB
+    spec = across_nodes(body, required=False)["spec"]  # one worker per real node; a lost node's may join the other
     assert spec["workers"] == WORKERS, spec["workers"]
     return dict(spec)
 
@@ -789,10 +877,12 @@ def main() -> int:
             out["peer"] = {"trainer": peer.trainer.version, "jobset": peer.jobset.version,
                            "collective_timeout_s": args.peer_collective_timeout, "command": TORCHRUN}
         timeout = args.timeout or 3 * args.minutes * 60 + 900 + 120 * len(faults)
-        for key in systems:
-            say(f"=== {gl.SYSTEM_TITLES[key]}: {spec['maxSteps']} steps, {len(faults)} faults")
+        for key in ([gl.UNDISTURBED] if args.undisturbed else []) + systems:
+            planned = [] if key == gl.UNDISTURBED else faults
+            say(f"=== {gl.SYSTEM_TITLES[key]}: {spec['maxSteps']} steps, {len(planned)} faults")
             t0 = time.monotonic()
-            result = run_system(key, admin, spec, faults, timeout, peer)
+            result = run_system(gl.KUBETRAIN if key == gl.UNDISTURBED else key, admin, spec, planned, timeout, peer)
+            result.system = key
             out["results"].append({**result.to_json(), "bench_s": round(time.monotonic() - t0, 1)})
             report(out)
     finally:
@@ -808,6 +898,7 @@ def report(out: dict[str, Any]) -> None:
     results = [gl.Goodput(**{**r, "faults": [gl.FaultResult(**f) for f in r["faults"]]})
                for r in ({k: v for k, v in r.items() if k != "bench_s"} for r in out["results"])]
     print(gl.table(results), flush=True)
+    print("\n".join(gl.summary(results)), flush=True)
     print(f"(maxSteps {out['spec']['maxSteps']}, faults every {out['args']['every']:g}s, seed {out['args']['seed']}; "
           f"{out['machine']}; kubetrain {out['git']})", flush=True)
     for r in out["results"]:

@@ -20,17 +20,25 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 KILL, DELETE, HANG, OOM, EVICT = "kill", "delete", "hang", "oom", "evict"
-FAULT_KINDS = (KILL, DELETE, HANG, OOM, EVICT)
+FREEZE_NODE, KILL_NODE = "freeze-node", "kill-node"
+POD_FAULTS = (KILL, DELETE, HANG, OOM, EVICT)
+NODE_FAULTS = (FREEZE_NODE, KILL_NODE)
+"""Applied to the second real node (hack/chaos.sh), whichever worker runs there, and undone a while later."""
+FAULT_KINDS = POD_FAULTS + NODE_FAULTS
+MOVES_A_POD = (DELETE, EVICT)
+"""Faults after which the worker's pod is created again, so the scheduler may place it on the other node."""
 FAULT_TITLES = {
     KILL: "container killed (SIGKILL of its main process from the host)",
     DELETE: "pod deleted (grace 0)",
     HANG: "rank hung (SIGSTOP of one rank from the host)",
     OOM: "OOM kill (the container's memory cgroup limit lowered from the host)",
     EVICT: "preempted (Eviction API: SIGTERM, the pod's grace period)",
+    FREEZE_NODE: "node frozen (its kubelet, containerd and pods' processes SIGSTOPped; thawed later)",
+    KILL_NODE: "node killed (its kubelet, containerd and pods' processes SIGKILLed; restored later)",
 }
 TPS_TAG = "train/tokens_per_second"
-KUBETRAIN, TRAINER_V2 = "kubetrain", "trainer-v2"
-SYSTEM_TITLES = {KUBETRAIN: "kubetrain", TRAINER_V2: "Trainer v2 (JobSet)"}
+KUBETRAIN, TRAINER_V2, UNDISTURBED = "kubetrain", "trainer-v2", "kubetrain-undisturbed"
+SYSTEM_TITLES = {KUBETRAIN: "kubetrain", TRAINER_V2: "Trainer v2 (JobSet)", UNDISTURBED: "kubetrain, no faults"}
 
 
 # --------------------------------------------------------------------------- the schedule
@@ -57,10 +65,27 @@ def schedule(seed: int, every: float, kinds: Sequence[str], workers: int, every_
         raise ValueError(f"unknown fault kinds {sorted(unknown)}: pick from {', '.join(FAULT_KINDS)}")
     rng = random.Random(seed)
     order = list(dict.fromkeys(kinds))
-    rng.shuffle(order)
+    for _ in range(1000):  # seeded, so the same order every time
+        rng.shuffle(order)
+        if node_faults_apart(order):
+            break
     lo, hi = (3, every_steps - 8) if every_steps >= 12 else (1, max(1, every_steps - 3))
     return [Fault(kind, round(every * (i + 1) + rng.uniform(-0.1, 0.1) * every, 1), rng.randrange(workers),
                   rng.randint(lo, hi)) for i, kind in enumerate(order)]
+
+
+def node_faults_apart(order: Sequence[str]) -> bool:
+    """Whether a fault that recreates a pod comes between any two node faults (where the kinds allow it): a node
+    fault moves its worker to the other node, and only a recreated pod goes back to the node once it is healthy."""
+    between: list[str] | None = None
+    for kind in order:
+        if kind in NODE_FAULTS:
+            if between is not None and not set(between) & set(MOVES_A_POD):
+                return not set(order) & set(MOVES_A_POD)
+            between = []
+        elif between is not None:
+            between.append(kind)
+    return True
 
 
 def in_phase(step: int, fault: Fault, every_steps: int) -> bool:
@@ -383,3 +408,26 @@ def table(results: Sequence[Goodput]) -> str:
                         _f(f.steps_redone, 0)]
             lines.append("| " + " | ".join(cells + tail) + " |")
     return "\n".join(lines)
+
+
+def summary(results: Sequence[Goodput]) -> list[str]:
+    """The campaign's verdicts in lines: each system's mean recovery per fault, kubetrain's goodput over its
+    undisturbed run's and over Trainer v2's, and the fault kinds where kubetrain recovered slower than the peer."""
+    by = {r.system: r for r in results}
+    lines = []
+    for r in results:
+        times = [f.recovered_after_s for f in r.faults if f.recovered_after_s is not None]
+        if times:
+            lines.append(f"{SYSTEM_TITLES.get(r.system, r.system)}: mean recovery {sum(times) / len(times):.1f} s "
+                         f"over {len(times)} faults")
+    ours, calm, peer = by.get(KUBETRAIN), by.get(UNDISTURBED), by.get(TRAINER_V2)
+    if ours and calm and calm.goodput:
+        lines.append(f"kubetrain under faults / undisturbed: {ours.goodput / calm.goodput:.3f}x goodput")
+    if ours and peer and peer.goodput:
+        lines.append(f"kubetrain / Trainer v2: {ours.goodput / peer.goodput:.2f}x goodput")
+        theirs = {f.kind: f.recovered_after_s for f in peer.faults}
+        slower = [f"{f.kind} ({f.recovered_after_s:.1f} s vs {theirs[f.kind]:.1f} s)" for f in ours.faults
+                  if f.recovered_after_s is not None and theirs.get(f.kind) is not None
+                  and f.recovered_after_s > (theirs[f.kind] or 0.0)]
+        lines.append("fault kinds kubetrain recovered slower from: " + (", ".join(slower) or "none"))
+    return lines

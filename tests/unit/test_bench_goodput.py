@@ -117,3 +117,27 @@ def test_the_raw_record_gives_the_same_result_again():
     again = gl.from_raw("kubetrain", json.loads(json.dumps(gl.raw(execs, 0.0, 80.0, faults))), 46, 1)
     assert again == first and again.faults[0].outcome == "Error exit 137"
     assert gl.raw(execs, 0.0, 80.0, faults)["executions"][1]["steps"].startswith("21 22 23")
+
+
+def test_two_node_faults_have_a_fault_that_recreates_a_pod_between_them():
+    for seed in range(30):
+        kinds = [f.kind for f in gl.schedule(seed, 60, gl.FAULT_KINDS, 2, 20)]
+        first, second = sorted(kinds.index(k) for k in gl.NODE_FAULTS)
+        assert set(kinds[first + 1:second]) & set(gl.MOVES_A_POD), (seed, kinds)
+    assert not gl.node_faults_apart([gl.FREEZE_NODE, gl.KILL, gl.KILL_NODE, gl.DELETE])
+    assert gl.node_faults_apart([gl.FREEZE_NODE, gl.EVICT, gl.KILL_NODE])
+    assert gl.node_faults_apart([gl.FREEZE_NODE, gl.KILL_NODE])  # nothing could go between them
+
+
+def test_the_summary_compares_with_the_undisturbed_run_and_the_peer():
+    def result(system: str, goodput: float, recoveries: list[tuple[str, float]]) -> gl.Goodput:
+        faults = [gl.FaultResult(kind, 10.0, 10.0, 5, seconds, 0) for kind, seconds in recoveries]
+        return gl.Goodput(system, 100.0, goodput * 100, goodput, goodput * 100, goodput, 100, 100, 0, 1, len(faults),
+                          1.0, 1.0, faults)
+
+    lines = gl.summary([result(gl.UNDISTURBED, 0.9, []),
+                        result(gl.KUBETRAIN, 0.81, [(gl.KILL, 5.0), (gl.KILL_NODE, 40.0)]),
+                        result(gl.TRAINER_V2, 0.45, [(gl.KILL, 8.0), (gl.KILL_NODE, 30.0)])])
+    assert lines == ["kubetrain: mean recovery 22.5 s over 2 faults", "Trainer v2 (JobSet): mean recovery 19.0 s over 2 faults",
+                     "kubetrain under faults / undisturbed: 0.900x goodput", "kubetrain / Trainer v2: 1.80x goodput",
+                     "fault kinds kubetrain recovered slower from: kill-node (40.0 s vs 30.0 s)"]
