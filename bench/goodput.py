@@ -20,7 +20,8 @@ real node, whichever worker runs there (hack/chaos.sh: `freeze-node`, its kubele
 SIGSTOPped; `kill-node`, all of them SIGKILLed), each undone NODE_DOWN_S (90 s) later, as a node back from a
 reboot. Both systems place one worker per real node (a preferred pod anti-affinity, the second node's taint
 tolerated), so a lost node's worker may join the other node; the schedule puts a fault that recreates a pod
-(delete, evict) between the two node faults, which puts a worker back on the second node. --undisturbed first runs
+(delete, evict) between the two node faults, applied once the second node is Ready again, which puts a worker
+back there. --undisturbed first runs
 kubetrain's job with no faults, the same maxSteps, as a results entry of its own.
 
 Goodput = kept step time / wall time, from the trainer's own records (bench/goodput_lib.py): rank 0's TensorBoard
@@ -665,6 +666,8 @@ class Campaign:
                 applied = time.time()
                 how = self.nodes.apply(fault.kind, EXTRA_NODE)
             else:
+                if fault.kind in gl.MOVES_A_POD and self._node_fault_to_come() and not node_healthy(EXTRA_NODE):
+                    raise FaultNotReady(f"{EXTRA_NODE} is not back yet: the recreated pod would not go there")
                 worker, found = fault.worker, self.system.worker_pods().get(fault.worker)
                 if found is None or found.status.phase != "Running":
                     return False
@@ -685,6 +688,10 @@ class Campaign:
         say(f"{self.system.key}: {fault.kind} at {applied - self.created:.1f}s (due {fault.at_s:g}s), step {step}, "
             f"{pod.metadata.name}: {how}")
         return True
+
+    def _node_fault_to_come(self) -> bool:
+        """A node fault is planned and not applied yet: it needs a worker back on the second node."""
+        return sum(f.kind in gl.NODE_FAULTS for f in self.faults) > sum(f.kind in gl.NODE_FAULTS for f in self.applied)
 
     def _progress(self) -> None:
         latest = self.records.latest if self.records else None
