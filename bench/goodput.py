@@ -21,8 +21,8 @@ SIGSTOPped; `kill-node`, all of them SIGKILLed), each undone NODE_DOWN_S (90 s) 
 reboot. Both systems place one worker per real node (a preferred pod anti-affinity, the second node's taint
 tolerated), so a lost node's worker may join the other node; the schedule puts a fault that recreates a pod
 (delete, evict) between the two node faults, applied once the second node is Ready again, which puts a worker
-back there. --undisturbed first runs
-kubetrain's job with no faults, the same maxSteps, as a results entry of its own.
+back there. --undisturbed first runs kubetrain's job with no faults, the same maxSteps, as a results entry of
+its own.
 
 Goodput = kept step time / wall time, from the trainer's own records (bench/goodput_lib.py): rank 0's TensorBoard
 event per step on the claim, read from the host. Kept step time sums the durations of the final lineage's steps
@@ -73,7 +73,6 @@ from support.cluster import cluster_dir, cluster_running, cluster_up, kubeconfig
 from support.operator_process import OperatorProcess
 from support.real_pods import (
     EXTRA_NODE,
-    EXTRA_NODE_TOLERATION,
     TRAINER_IMAGE,
     RealJobs,
     across_nodes,
@@ -81,7 +80,8 @@ from support.real_pods import (
     chaos,
     claim_dir,
     cmdline,
-    node_ready,
+    node_healthy,
+    one_per_real_node,
     parent_pid,
     quickstart,
     real_node_missing,
@@ -110,10 +110,10 @@ FRESH_S = 3.0
 RECOVERY_WAIT_S = 60.0
 """A fault is applied once rank 0 trains in a process started after the previous fault, or this long after it."""
 OUTCOME_WATCH_S = {gl.HANG: 120.0, gl.FREEZE_NODE: 150.0, gl.KILL_NODE: 150.0}
+"""How long the pod is watched after a fault for what it shows (default 45 s)."""
 NODE_DOWN_S = 90.0
 """A node fault is undone this long after it (a node back from a reboot), the node then Ready again."""
 UNDO = {gl.FREEZE_NODE: "thaw-node", gl.KILL_NODE: "restore-node"}
-"""How long the pod is watched after a fault for what it shows (default 45 s)."""
 
 
 def say(msg: str) -> None:
@@ -331,7 +331,7 @@ def training_runtime(upstream: dict[str, Any], ns: str) -> dict[str, Any]:
         pod["securityContext"] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
                                   "fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch"}
         pod["dnsConfig"] = {"options": [{"name": "single-request-reopen"}]}
-        pod.update(across_real_nodes(TrainerV2.JOBSET_LABEL))
+        pod.update(one_per_real_node({TrainerV2.JOBSET_LABEL: JOB}, required=False))  # as across_nodes places ours
         pod["restartPolicy"] = "Never"  # see the docstring
         for c in pod["containers"]:
             if c["name"] == cl.TRAINER_NODE:
@@ -344,15 +344,6 @@ def training_runtime(upstream: dict[str, Any], ns: str) -> dict[str, Any]:
     return {"apiVersion": restart["apiVersion"], "kind": "TrainingRuntime",
             "metadata": {"name": RUNTIME, "namespace": ns, "labels": restart["metadata"].get("labels", {})},
             "spec": restart["spec"]}
-
-
-def across_real_nodes(label: str) -> dict[str, Any]:
-    """Pod spec fields placing the gang's pods as kubetrain's scheduling places its workers (across_nodes): on the
-    real nodes, the second one's taint tolerated, one pod per node preferred."""
-    term = {"labelSelector": {"matchLabels": {label: JOB}}, "topologyKey": "kubernetes.io/hostname"}
-    return {"nodeSelector": {"kubetrain.io/node": "real"}, "tolerations": [EXTRA_NODE_TOLERATION],
-            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 100, "podAffinityTerm": term}]}}}
 
 
 # --------------------------------------------------------------------------- faults, from the host
@@ -497,19 +488,13 @@ class NodeFaults:
         if kind is None:
             return
         chaos(UNDO[kind], node)
-        wait_for(lambda: node_healthy(node), 180, interval=1, what=f"{node} Ready and untainted again")
+        wait_for(lambda: node_healthy(client.CoreV1Api(), node), 180, interval=1,
+                 what=f"{node} Ready and untainted again")
         say(f"{node}: {UNDO[kind]} done, Ready and untainted")
 
     def undo_all(self) -> None:
         for node in list(self.down):
             self.undo(node)
-
-
-def node_healthy(node: str) -> bool:
-    """Ready, and without the taints the node lifecycle controller put on it while it was away."""
-    core = client.CoreV1Api()
-    taints = {t.key for t in core.read_node(node).spec.taints or []}
-    return node_ready(core, node) and not any(t.startswith("node.kubernetes.io/") for t in taints)
 
 
 def on_extra_node(pods: dict[int, client.V1Pod]) -> tuple[int, client.V1Pod]:
@@ -570,7 +555,8 @@ class Campaign:
     def run(self) -> gl.Goodput:
         self.logs = PodLogs(self.system.ns)
         if any(f.kind in gl.NODE_FAULTS for f in self.faults):  # one worker per node needs both Ready
-            wait_for(lambda: node_healthy(EXTRA_NODE), 300, interval=1, what=f"{EXTRA_NODE} Ready and untainted")
+            wait_for(lambda: node_healthy(self.system.core, EXTRA_NODE), 300, interval=1,
+                     what=f"{EXTRA_NODE} Ready and untainted")
         self.created = time.time()
         self.system.create(self.spec)
         say(f"{self.system.key}: job created in {self.system.ns}; {len(self.faults)} faults planned")
@@ -660,13 +646,14 @@ class Campaign:
         assert self.records is not None and self.records.latest is not None
         try:
             if fault.kind in gl.NODE_FAULTS:
-                if EXTRA_NODE in self.nodes.down or not node_healthy(EXTRA_NODE):
+                if EXTRA_NODE in self.nodes.down or not node_healthy(self.system.core, EXTRA_NODE):
                     raise FaultNotReady(f"{EXTRA_NODE} is not back yet")
                 worker, pod = on_extra_node(self.system.worker_pods())
                 applied = time.time()
                 how = self.nodes.apply(fault.kind, EXTRA_NODE)
             else:
-                if fault.kind in gl.MOVES_A_POD and self._node_fault_to_come() and not node_healthy(EXTRA_NODE):
+                if (fault.kind in gl.MOVES_A_POD and self._node_fault_to_come()
+                        and not node_healthy(self.system.core, EXTRA_NODE)):
                     raise FaultNotReady(f"{EXTRA_NODE} is not back yet: the recreated pod would not go there")
                 worker, found = fault.worker, self.system.worker_pods().get(fault.worker)
                 if found is None or found.status.phase != "Running":

@@ -24,6 +24,7 @@ from support.real_pods import (
     across_nodes,
     chaos,
     elapsed,
+    node_healthy,
     node_ready,
     progress_step,
     quickstart,
@@ -98,20 +99,13 @@ def test_a_lost_node_s_worker_is_placed_on_a_healthy_node_and_the_job_succeeds(
         done = jobs.wait_phase(name, "Succeeded", timeout=600)
     finally:
         chaos(UNDO[fault], victim)
-        wait_for(lambda: _healthy(jobs.core, victim), 180, interval=1, what=f"{victim} Ready and untainted again")
+        wait_for(lambda: node_healthy(jobs.core, victim), 180, interval=1, what=f"{victim} Ready and untainted again")
     print(f"{fault} {victim} at step {step}: "
           + ", ".join(f"{k} {v} s" if isinstance(v, float) else f"{k}: {v}" for k, v in timeline.items())
           + f"; Succeeded after {elapsed(t0)} s with {done.get('restartCount')} restart(s)")
     assert timeline["moved to"] == NODE_NAME
     assert kept is not None and kept.metadata.uid == healthy, "the worker on the healthy node was not kept in place"
     assert done["currentStep"] == 240 and done.get("restartCount") == 1, jobs.describe(name)
-
-
-def _healthy(core: client.CoreV1Api, node: str) -> bool:
-    """Ready, and without the taints the node lifecycle controller put on it while it was away (they go a
-    moment after Ready: a pod scheduled before would avoid the node)."""
-    taints = {t.key for t in core.read_node(node).spec.taints or []}
-    return node_ready(core, node) and not {t for t in taints if t.startswith("node.kubernetes.io/")}
 
 
 def _nodes_of(jobs: RealJobs, name: str) -> dict[int, str]:

@@ -753,7 +753,8 @@ def test_a_node_whose_kubelet_stops_keeps_its_training_gang_and_the_job_succeeds
 ) -> None:
     """The real node's kubelet frozen (SIGSTOP) under a 2-worker job until its node was NotReady (no status
     from its kubelet) for longer than the job's nodeNotReadyGraceSeconds, while its containers keep training
-    and rank 0 keeps reporting through the API server. The gang is kept (restartCount 0), a Warning names the node, and the job Succeeds."""
+    and rank 0 keeps reporting through the API server. The gang is kept (restartCount 0), a Warning names the
+    node, and the job Succeeds."""
     restart = {**RESUMABLE["restartPolicy"], "nodeNotReadyGraceSeconds": KUBELET_AWAY_GRACE}
     name = jobs.create(quickstart(**{**RESUMABLE, "maxSteps": KUBELET_AWAY_MAX_STEPS, "resources": {"cpu": "250m"},
                                      "checkpoint": {"everySteps": 1000, "keep": 1}, "restartPolicy": restart}),

@@ -164,15 +164,20 @@ class RealJobs(TrainingJobs):
         return "\n".join(lines)
 
 
-def across_nodes(body: dict[str, Any], required: bool = True) -> dict[str, Any]:
-    """`body` with its workers on the real nodes, one per node: a required anti-affinity on the job's label
-    (`required`), or a preferred one, which lets a lost node's worker move onto a node that runs another."""
-    term = {"labelSelector": {"matchLabels": {contract.LABEL_JOB: body["metadata"]["name"]}},
-            "topologyKey": "kubernetes.io/hostname"}
+def one_per_real_node(labels: dict[str, str], required: bool = True) -> dict[str, Any]:
+    """Pod spec fields (nodeSelector, tolerations, affinity) placing the pods with `labels` on the real nodes, one
+    per node: a required anti-affinity (`required`), or a preferred one, which lets a lost node's pod move onto
+    a node that runs another."""
+    term = {"labelSelector": {"matchLabels": labels}, "topologyKey": "kubernetes.io/hostname"}
     anti = ({"requiredDuringSchedulingIgnoredDuringExecution": [term]} if required else
             {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]})
-    scheduling = {"nodeSelector": {"kubetrain.io/node": "real"}, "tolerations": [EXTRA_NODE_TOLERATION],
-                  "affinity": {"podAntiAffinity": anti}}
+    return {"nodeSelector": {"kubetrain.io/node": "real"}, "tolerations": [EXTRA_NODE_TOLERATION],
+            "affinity": {"podAntiAffinity": anti}}
+
+
+def across_nodes(body: dict[str, Any], required: bool = True) -> dict[str, Any]:
+    """`body` with its workers on the real nodes, one per node (one_per_real_node on the job's label)."""
+    scheduling = one_per_real_node({contract.LABEL_JOB: body["metadata"]["name"]}, required)
     return {**body, "spec": merge(body["spec"], {"scheduling": scheduling})}
 
 
@@ -186,6 +191,13 @@ def chaos(fault: str, node: str, *args: str) -> None:
 def kubelet_pid() -> int:
     """The real node's kubelet (hack/real-node.sh keeps its pid beside the node's configuration)."""
     return int((cluster_dir() / "node" / "kubelet.pid").read_text())
+
+
+def node_healthy(core: client.CoreV1Api, node: str) -> bool:
+    """Ready, and without the taints the node lifecycle controller put on it while it was away (they go a
+    moment after Ready: a pod scheduled before would avoid the node)."""
+    taints = {t.key for t in core.read_node(node).spec.taints or []}
+    return node_ready(core, node) and not any(t.startswith("node.kubernetes.io/") for t in taints)
 
 
 def node_ready(core: client.CoreV1Api, name: str = NODE_NAME) -> bool:
