@@ -125,6 +125,7 @@ def test_the_pod_launcher_trains_the_script_as_a_pod_runs_it(tmp_path):
             contract.CHECKPOINT_DIR: str(ckpt), contract.CONFIG: str(etc / "config.json"),
             contract.OUTPUT_DIR: str(tmp_path / f"out-{index}"), contract.METRICS_PORT: "0",
             contract.RAN_FILE: str(tmp_path / f"out-{index}" / "ran-generation"),  # each pod has its own
+            contract.GANG_PROBE_PORT: str(free_port()),  # each pod has its own address
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # the image's `python`
             "OMP_NUM_THREADS": "1",
         })

@@ -383,6 +383,10 @@ def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_fil
     assert env[contract.RAN_FILE] == b.RAN_FILE and b.RAN_FILE.startswith(f"{b.OUTPUT_MOUNT}/")
     assert {"name": "output", "mountPath": b.OUTPUT_MOUNT} in c["volumeMounts"]
     assert {"name": "output", "emptyDir": {}} in pod["spec"]["volumes"]  # the pod's own, whatever the node has
+    # Its launcher listens on the probe's port except while it waits after losing its peers.
+    assert env[contract.GANG_PROBE_PORT] == "29499"
+    assert c["readinessProbe"] == {"tcpSocket": {"port": 29499}, "periodSeconds": 1, "timeoutSeconds": 1,
+                                   "successThreshold": 1, "failureThreshold": 1}
 
 
 @pytest.mark.parametrize("spec", [
@@ -395,6 +399,7 @@ def test_a_pod_that_cannot_restart_in_place_has_no_generation_file(spec):
     assert contract.IN_PLACE_ANNOTATION not in pod["metadata"]["annotations"]
     assert "generation" not in [v["name"] for v in pod["spec"]["volumes"]]
     assert contract.GENERATION_FILE not in env_of(pod)
+    assert "readinessProbe" not in pod["spec"]["containers"][0]  # no launcher of generations to listen
     assert pod["spec"]["restartPolicy"] == "Never"  # a failed worker's pod ends and is recreated
 
 

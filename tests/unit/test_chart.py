@@ -85,20 +85,23 @@ def test_leader_election_with_replicas(helm_ok: None) -> None:
     one = ht.render()
     assert not any(a.startswith("--leader-elect") for a in ht.find(one, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"])
     assert ht.find(one, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
-    assert not [d for d in one if d["kind"] == "Role"]  # no Lease access without leader election
+    # Without leader election, the only Lease access is reading the nodes' (a gang that lost its peers).
+    assert [(d["metadata"]["name"], d["metadata"]["namespace"], d["rules"]) for d in one if d["kind"] == "Role"] == [
+        ("kubetrain-node-leases", "kube-node-lease",
+         [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"]}])]
     two = ht.render(set_values={"operator.replicas": 2}, namespace="ops")
     container = ht.find(two, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert {"--leader-elect", "--leader-elect-lease=kubetrain-operator", "--leader-elect-namespace=ops"} <= set(container["args"])
     assert "strategy" not in ht.find(two, "Deployment")["spec"]  # rolling: the standby holds on during a rollout
     # The Lease only: create (names are unknown before creation), get/update of that one name, in the release namespace.
-    role = ht.find(two, "Role")
+    role = ht.find(two, "Role", "kubetrain-leader-election")
     assert role["metadata"]["namespace"] == "ops"
     assert role["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["kubetrain-operator"],
          "verbs": ["get", "update"]},
     ]
-    binding = ht.find(two, "RoleBinding")
+    binding = ht.find(two, "RoleBinding", "kubetrain-leader-election")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert not [d for d in two if d["kind"] == "CustomResourceDefinition" and "kopf" in d["metadata"]["name"]]
 
@@ -117,7 +120,7 @@ def test_the_user_roles_aggregate_into_kubernetes_own_and_can_be_left_out(helm_o
 
 def test_namespaced_mode(helm_ok: None) -> None:
     docs = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespace": "ml"})
-    role = ht.find(docs, "Role")
+    role = ht.find(docs, "Role", "kubetrain")
     assert role["metadata"]["namespace"] == "ml"
     assert any("pods" in r["resources"] for r in role["rules"])
     cluster_resources = {res for r in ht.find(docs, "ClusterRole", "kubetrain")["rules"] for res in r["resources"]}
@@ -129,14 +132,15 @@ def test_namespaced_mode(helm_ok: None) -> None:
     off = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespace": "ml", "rbac.kueue": False})
     kinds = {res for doc in off if doc["kind"] in ("Role", "ClusterRole") for r in doc["rules"] for res in r["resources"]}
     assert not kinds & {"workloads", "workloads/status", "resourceflavors", "workloadpriorityclasses"}
-    assert ht.find(docs, "RoleBinding")["subjects"][0]["namespace"] == "kubetrain"
+    assert ht.find(docs, "RoleBinding", "kubetrain")["subjects"][0]["namespace"] == "kubetrain"
     assert "--namespace=ml" in ht.find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 def test_namespaced_mode_watches_each_listed_namespace(helm_ok: None) -> None:
     docs = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespaces": ["team-a", "team-b", "team-a"]})
-    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
-    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "kubetrain"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs
+                if d["kind"] == "RoleBinding" and d["metadata"]["name"] == "kubetrain"}
     assert set(roles) == set(bindings) == {"team-a", "team-b"}  # one each, the duplicate once
     assert roles["team-a"]["rules"] == roles["team-b"]["rules"] and any("pods" in r["resources"]
                                                                       for r in roles["team-b"]["rules"])
@@ -149,7 +153,8 @@ def test_namespaced_mode_watches_each_listed_namespace(helm_ok: None) -> None:
         assert selector["namespaceSelector"]["matchExpressions"] == [
             {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]
     default = ht.render(set_values={"rbac.scope": "namespaced"}, namespace="ops")  # neither set: the release's
-    assert [d["metadata"]["namespace"] for d in default if d["kind"] == "Role"] == ["ops"]
+    assert [d["metadata"]["namespace"] for d in default if d["kind"] == "Role" and d["metadata"]["name"] == "kubetrain"] \
+        == ["ops"]
     both = ht.helm("template", "x", str(CHART), *ht.value_args(set_values={
         "rbac.scope": "namespaced", "rbac.watchNamespace": "ml", "rbac.watchNamespaces": ["a"]}), check=False)
     assert both.returncode != 0 and "both set" in both.stderr
@@ -273,7 +278,7 @@ def test_operator_may_create_the_per_job_progress_rbac(helm_ok: None, scope: str
     from kubetrain.operator.jobs import builders as b  # noqa: PLC0415
 
     docs = ht.render(set_values={"rbac.scope": scope})
-    rules = (ht.find(docs, "Role") if scope == "namespaced" else ht.find(docs, "ClusterRole", "kubetrain"))["rules"]
+    rules = (ht.find(docs, "Role", "kubetrain") if scope == "namespaced" else ht.find(docs, "ClusterRole", "kubetrain"))["rules"]
     for resource in ("roles", "rolebindings"):
         assert _allows(rules, "rbac.authorization.k8s.io", resource, "create")
     job = TrainingJob.model_validate({"metadata": {"name": "j", "namespace": "ns"}})
@@ -292,7 +297,7 @@ def test_operator_may_run_sweeps(helm_ok: None, scope: str) -> None:
     """The sweep controller watches TrainingSweeps, writes their status, creates their trial TrainingJobs,
     suspends pruned ones (patch) and records Events; in the same object as the job rights, per scope."""
     docs = ht.render(set_values={"rbac.scope": scope})
-    rules = (ht.find(docs, "Role") if scope == "namespaced" else ht.find(docs, "ClusterRole", "kubetrain"))["rules"]
+    rules = (ht.find(docs, "Role", "kubetrain") if scope == "namespaced" else ht.find(docs, "ClusterRole", "kubetrain"))["rules"]
     wanted = {("kubetrain.io", "trainingsweeps"): ("get", "list", "watch"),
               ("kubetrain.io", "trainingsweeps/status"): ("get", "patch"),
               ("kubetrain.io", "trainingjobs"): ("create", "patch"),
@@ -319,7 +324,7 @@ def test_the_worker_network_policy_reaches_the_operator_with_the_rbac_to_make_it
     )
 
     monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
-    kind, name = ("Role", None) if scope == "namespaced" else ("ClusterRole", "kubetrain")
+    kind, name = ("Role", "kubetrain") if scope == "namespaced" else ("ClusterRole", "kubetrain")
     off = ht.render(set_values={"rbac.scope": scope})
     assert worker_network_policy(_operator_env(off)[ENV_WORKER_NETWORK_POLICY]) is None
     assert not any("networkpolicies" in r["resources"] for r in ht.find(off, kind, name)["rules"])

@@ -3,6 +3,7 @@ commands that cannot start, the file the operator ships in a job's ConfigMap, lo
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import pytest
 from support.processes import rank_pid
 from support.waiting import wait_for
 
-from kubetrain.core import contract, hangs, launcher
+from kubetrain.core import contract, hangs, launcher, ports
 from kubetrain.core.api import TrainingJob
 from kubetrain.core.local import LocalRun, RunOptions, ensure_writable, worker_command
 from kubetrain.operator.jobs import builders
@@ -256,6 +257,37 @@ def test_a_worker_that_lost_its_peers_waits_and_runs_the_next_generation(configm
     assert p.returncode == 0, err
     assert (tmp_path / "ran-2-0").exists() and (tmp_path / "ran-2-1").exists()
     assert "waiting up to 60s for the next generation" in err and "starting generation 2 in place (was 0)" in err
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_worker_that_lost_its_peers_is_not_ready_until_its_next_generation(configmap_dir, tmp_path):
+    """The readiness probe's port: open while a generation runs, closed while the launcher waits for the next
+    one after its ranks lost their peers (the operator's sign that the gang broke), open again after."""
+    gen, port = tmp_path / "generation", ports.free_port()
+    gen.write_text("0")
+    env = {"PET_NPROC_PER_NODE": "1", contract.RESTART_GENERATION: "0", contract.GENERATION_FILE: str(gen),
+           contract.IN_PLACE_WAIT: "60", contract.GANG_PROBE_PORT: str(port)}
+    code = ("import os, sys, time; g = os.environ['KUBETRAIN_RESTART_GENERATION']; d = sys.argv[1]; "
+            "open(os.path.join(d, 'ran-' + g), 'w').close(); "
+            "[time.sleep(0.05) for _ in iter(lambda: os.path.exists(os.path.join(d, 'go-' + g)), True)]; "
+            "sys.exit(3 if g == '0' else 0)")
+    p = pod_launcher(configmap_dir, sys.executable, "-S", "-c", code, str(tmp_path), env=env)
+    wait_for_files(tmp_path, "ran-0")
+    wait_for(lambda: _accepts(port), 30, interval=0.1, what="the probe port open in generation 0")
+    (tmp_path / "go-0").touch()  # generation 0's rank exits as a rank whose peer went away
+    wait_for(lambda: not _accepts(port), 30, interval=0.1, what="the probe port closed while waiting")
+    gen.write_text("1")
+    wait_for_files(tmp_path, "ran-1")
+    wait_for(lambda: _accepts(port), 30, interval=0.1, what="the probe port open in generation 1")
+    (tmp_path / "go-1").touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert not _accepts(port)
 
 
 def test_a_new_generation_kills_the_running_processes_and_starts_them_again(configmap_dir, tmp_path):

@@ -177,6 +177,21 @@ def test_a_node_that_died_is_lost_once_the_job_made_no_progress_for_the_grace():
     assert step(s, trains, died, T0 + timedelta(seconds=100)).decision.action == Action.WAIT
 
 
+def test_a_node_that_died_under_a_broken_gang_is_lost_without_its_grace():
+    """The worker left on a healthy node lost its peers (its launcher waits for the next generation): the gang
+    cannot progress, so the NotReady node's worker is lost at once, not after the grace."""
+    s = spec(restartPolicy={"nodeNotReadyGraceSeconds": 60})
+    st = running(lastProgressTime=format_time(T0))
+    gone = WorkerState(1, R, node_not_ready_since=T0 + timedelta(seconds=48))
+    broken = Observed(workers=(WorkerState(0, R, peers_lost_since=T0 + timedelta(seconds=1)), gone))
+    t = step(s, st, broken, T0 + timedelta(seconds=48))
+    assert (t.decision.action, t.status.reason) == (Action.RESTART_GANG, "NodeLost")
+    whole = Observed(workers=(WorkerState(0, R), gone))  # no one lost a peer: the grace applies
+    assert step(s, st, whole, T0 + timedelta(seconds=48)).decision.action == Action.WAIT
+    unready = Observed(workers=(WorkerState(0, R, peers_lost_since=T0 + timedelta(seconds=1)), WorkerState(1, R)))
+    assert step(s, st, unready, T0 + timedelta(seconds=48)).decision.action == Action.WAIT  # every node Ready
+
+
 def test_a_worker_gone_after_creation_restarts_the_gang():
     t = step(spec(), running(), Observed(workers=(WorkerState(0, R),)), T0)
     assert (t.decision.action, t.status.reason) == (Action.RESTART_GANG, "Deleted")

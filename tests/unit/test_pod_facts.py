@@ -196,3 +196,21 @@ def test_only_a_running_fetch_init_container_is_fetching_and_its_failure_is_name
     failed["status"]["reason"] = "Evicted"  # the kubelet's own reason for the pod wins over its containers' exits
     failed["metadata"]["resourceVersion"] = "84"
     assert (facts(failed).reason, facts(failed).failed_in) == ("Evicted", None)
+
+
+def test_a_kept_worker_that_stopped_answering_its_probe_after_starting_lost_its_peers() -> None:
+    def probed(rv: str, ready: bool, since: str, started: str = "2026-01-01T00:00:10Z") -> dict[str, Any]:
+        p = in_pod(rv, 0, {"running": {"startedAt": started}})
+        p["status"]["containerStatuses"][0]["ready"] = ready
+        p["status"]["conditions"] = [{"type": "Ready", "status": str(ready), "lastTransitionTime": since}]
+        return p
+
+    assert facts(probed("1", False, "2026-01-01T00:01:00Z")).peers_lost_since == contract.parse_time(
+        "2026-01-01T00:01:00Z")
+    assert facts(probed("2", True, "2026-01-01T00:00:11Z")).peers_lost_since is None
+    assert facts(probed("3", False, "2026-01-01T00:00:05Z")).peers_lost_since is None  # not Ready yet as it starts
+    again = probed("4", False, "2026-01-01T00:01:00Z", started="2026-01-01T00:01:30Z")
+    assert facts(again).peers_lost_since is None  # a container started again since: a new one
+    never = probed("5", False, "2026-01-01T00:01:00Z")
+    never["spec"]["restartPolicy"] = "Never"  # no in-place restarts: no launcher waits, no probe
+    assert facts(never).peers_lost_since is None

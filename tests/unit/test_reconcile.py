@@ -782,3 +782,39 @@ def test_a_fetch_that_exits_2_fails_the_job_once_naming_the_field_and_the_uri(re
     transient["spec"]["restartPolicy"] = "Never"
     p = plan(Observation(body(st, **FETCHED), [in_fetch(pod(0), {"running": {}}), transient], {}, T0), S)
     assert p.status["phase"] == "Restarting" and p.status["message"].startswith("worker 1's fetch exited with code 1:")
+
+
+def peers_lost(p: dict, since: str = "2026-03-01T11:59:50Z") -> dict:
+    """A kept worker whose launcher closed its readiness probe's port after its processes lost their peers."""
+    p["status"]["containerStatuses"] = [{"name": "trainer", "ready": False,
+                                         "state": {"running": {"startedAt": "2026-03-01T11:00:00Z"}}}]
+    p["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": since}]
+    return p
+
+
+def test_a_silent_node_under_a_gang_that_lost_its_peers_restarts_it_at_once():
+    """Worker 0 waits for the next generation (its peers went away) and worker 1's node has not renewed its
+    Lease for 20 s: the gang restarts now, within the grace, and worker 1's pod is forced off the node."""
+    st = {"phase": "Running", "gangCreated": True, "runningSince": "2026-03-01T11:00:00Z", "currentStep": 40,
+          "lastProgressTime": "2026-03-01T11:59:48Z"}
+    silent = {"n2": T0 - timedelta(seconds=21)}  # the controller's cache.silent, merged into the nodes
+    p = plan(Observation(body(status=st), [peers_lost(pod(0)), pod(1, node="n2")], silent, T0), S)
+    assert p.status["phase"] == "Restarting" and p.status["failures"] == {"NodeLost": 1}, p.status
+    assert "j-worker-1" in p.delete_pods and "j-worker-0" not in p.delete_pods  # worker 0 is kept in place
+    going = [peers_lost(pod(0)), pod(1, gen=0, node="n2", deleting=True)]
+    assert plan(Observation(body(status=p.status), going, silent, T0), S).force_delete_pods == ["j-worker-1"]
+    calm = plan(Observation(body(status=st), [pod(0), pod(1, node="n2")], silent, T0), S)
+    assert calm.status["phase"] == "Running"  # nobody lost a peer: the grace counts from the last progress
+
+
+def test_leases_are_read_while_a_worker_lost_its_peers_and_while_a_node_is_silent():
+    from kubetrain.operator.jobs.plan import silence_checks, silent_for
+
+    whole, broken = [pod(0), pod(1, node="n2")], [peers_lost(pod(0)), pod(1, node="n2")]
+    assert silence_checks(whole, {}, {}) == set()
+    assert silence_checks(broken, {}, {}) == {"n1", "n2"}
+    assert silence_checks(broken, {"n2": T0}, {}) == {"n1"}  # NotReady already: nothing to read
+    assert silence_checks(whole, {}, {"n2": T0}) == {"n2"}  # found silent: read until it speaks again
+    assert silent_for(None, T0) is None
+    assert silent_for(T0 - timedelta(seconds=5), T0) == 15.0
+    assert silent_for(T0 - timedelta(seconds=25), T0) == 0.0

@@ -539,7 +539,7 @@ class RestartPolicySpec(_Model):
     progress_deadline_seconds: int | None = Field(None, ge=1, le=MAX_DEADLINE_SECONDS)
     """Restart the gang when rank 0 reports no new step for this long (NoProgress). It is also the hang detector's limit between two steps of any rank, instead of the adaptive one (hangDetection). Unset: only hangDetection applies. At most 31536000 (one year)."""
     node_not_ready_grace_seconds: int = Field(60, ge=0, le=MAX_BACKOFF_SECONDS)
-    """How long the job may make no progress while a worker's node is NotReady before the gang is restarted, counted from the job's last progress (from the node going NotReady when none is known): a node that died stopped the job when it died, ~50 s before the node lifecycle controller says NotReady; while the job still advances (a kubelet that lost the API server leaves its containers training) the gang is kept, and the condition NodesNotReady with a Warning Event names the node. At most 86400 (one day)."""
+    """How long the job may make no progress while a worker's node is NotReady before the gang is restarted, counted from the job's last progress (from the node going NotReady when none is known): a node that died stopped the job when it died, ~50 s before the node lifecycle controller says NotReady; while the job still advances (a kubelet that lost the API server leaves its containers training) the gang is kept, and the condition NodesNotReady with a Warning Event names the node. No grace when a worker kept by an in-place restart says its processes lost their peers (it is not Ready while it waits): the gang cannot advance, and a node whose kubelet has not renewed its Lease for 20 s counts as NotReady then. At most 86400 (one day)."""
     avoid_degraded_nodes: bool = False
     """Keep later generations off the nodes where the preflight found a degraded rank (the NodeDegraded condition): worker pods created after it get a required node affinity `kubernetes.io/hostname NotIn` those nodes (status.avoidedNodes, which remembers them for the job's life). A worker kept by an in-place restart stays where it runs. kubetrain taints no node."""
     start_timeout_seconds: int | None = Field(None, ge=1, le=31536000)
@@ -1027,10 +1027,11 @@ SPEC_RULES: list[Rule] = [
     Rule(
         "metricsPort",
         f"self.metricsPort > {contract.DEFAULT_MASTER_PORT} || "
-        f"self.metricsPort + {_PROCS_CEL} - 1 < {contract.DEFAULT_MASTER_PORT}",
-        f"metricsPort to metricsPort + processes per worker - 1 must leave out {contract.DEFAULT_MASTER_PORT}, "
-        "the port the workers meet on (MASTER_PORT)",
-        lambda s: not s.metrics_port <= contract.DEFAULT_MASTER_PORT <= s.metrics_port + s.procs - 1,
+        f"self.metricsPort + {_PROCS_CEL} - 1 < {contract.DEFAULT_GANG_PROBE_PORT}",
+        f"metricsPort to metricsPort + processes per worker - 1 must leave out {contract.DEFAULT_GANG_PROBE_PORT} "
+        f"and {contract.DEFAULT_MASTER_PORT}, the workers' readiness probe and the port they meet on (MASTER_PORT)",
+        lambda s: s.metrics_port > contract.DEFAULT_MASTER_PORT
+        or s.metrics_port + s.procs - 1 < contract.DEFAULT_GANG_PROBE_PORT,
     ),
 ]
 

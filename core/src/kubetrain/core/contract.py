@@ -95,6 +95,13 @@ IN_PLACE_WAIT = "KUBETRAIN_IN_PLACE_WAIT_SECONDS"
 """How long a launcher whose processes lost their peers waits for a new generation before it exits
 IN_PLACE_GAVE_UP_EXIT_CODE (restartPolicy.maxBackoffSeconds + IN_PLACE_WAIT_MARGIN_SECONDS)."""
 IN_PLACE_WAIT_MARGIN_SECONDS = 60
+GANG_PROBE_PORT = "KUBETRAIN_GANG_PROBE_PORT"
+"""In a pod that restarts in place: the TCP port of the container's readiness probe. Its launcher listens there
+except while it waits for the next generation after its processes lost their peers, so the worker shows not
+Ready, and the operator learns the gang broke even when the worker that broke it cannot say so (its node
+died). The port is DEFAULT_GANG_PROBE_PORT."""
+DEFAULT_GANG_PROBE_PORT = 29499
+"""Beside MASTER_PORT's default (29500), below the kernel's ephemeral range (gloo's and NCCL's connections)."""
 STANDBY = "KUBETRAIN_STANDBY"
 """Set on a rank of kubetrain's trainer that its launcher starts while it waits for the next generation:
 the rank imports what training needs, then reads the generation to run from one line on its stdin (end

@@ -40,8 +40,10 @@ import dataclasses
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
@@ -64,6 +66,8 @@ FILES = (SCRIPT, "contract.py", "hangs.py", "rendezvous.py")
 TERMINATE_GRACE_SECONDS = 30.0
 PEER_LOST_GRACE_SECONDS = 5.0
 POLL_SECONDS = 0.1
+PROBE_ACCEPT_SECONDS = 0.5
+"""How often the readiness probe's thread sees that its socket was closed."""
 KILL_WAIT_SECONDS = 30.0
 IN_PLACE_ONLY = (contract.GENERATION_FILE, contract.IN_PLACE_WAIT, contract.RAN_FILE)
 """The launcher's own variables, not passed on to the ranks."""
@@ -244,8 +248,12 @@ def launch(command: Sequence[str], env: Mapping[str, str] | None = None, standby
         return _start(command, envs, children, stop) or _supervise(children, stop, watch=watch).code or 0
     first = max(contract.env_int(env, contract.RESTART_GENERATION, default=0), read_generation(path) or 0)
     wait_s = float(env.get(contract.IN_PLACE_WAIT) or 0) or DEFAULT_IN_PLACE_WAIT_SECONDS
-    where = InPlace(path, first, wait_s, env.get(contract.RAN_FILE) or None, standby, watch=watch)
-    return _in_place(command, envs, where, children, stop)
+    where = InPlace(path, first, wait_s, env.get(contract.RAN_FILE) or None, standby, watch=watch,
+                    probe=GangProbe(contract.env_int(env, contract.GANG_PROBE_PORT, default=0)))
+    try:
+        return _in_place(command, envs, where, children, stop)
+    finally:
+        where.probe.close()
 
 
 def _start(command: Sequence[str], envs: list[dict[str, str]], children: list[Any], stop: list[int]) -> int | None:
@@ -282,6 +290,7 @@ class InPlace:
     ready: list[Any] = field(default_factory=list)
     """Standby ranks started for the next generation, one per local rank (empty: none)."""
     watch: HangWatch | None = None
+    probe: GangProbe = field(default_factory=lambda: GangProbe(0))
 
     def newer(self) -> int | None:
         g = read_generation(self.path)
@@ -307,6 +316,64 @@ class InPlace:
             _say(f"cannot note generation {self.generation} in {self.ran_file}: {exc}")
 
 
+class GangProbe:
+    """The container's readiness (contract.GANG_PROBE_PORT; port 0: none): a listening socket whose connections
+    are accepted and closed at once, open unless this worker waits for the next generation after its processes
+    lost their peers."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.sock: socket.socket | None = None
+
+    def open(self) -> None:
+        if self.port <= 0 or self.sock is not None:
+            return
+        try:
+            sock = _listener(self.port)
+        except OSError as exc:  # the worker trains on; only a lost peer goes unsaid
+            _say(f"cannot listen on port {self.port} for the readiness probe: {exc}")
+            return
+        self.sock = sock
+        threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
+
+    def _serve(self, sock: socket.socket) -> None:
+        while self.sock is sock:
+            try:
+                conn, _ = sock.accept()
+            except socket.timeout:  # noqa: UP041 - TimeoutError only from Python 3.10; this file runs on 3.8+
+                continue
+            except OSError:
+                return
+            conn.close()
+
+
+def _listener(port: int) -> socket.socket:
+    """A socket listening on `port` of every address: IPv6 and IPv4 where the pod has IPv6, else IPv4."""
+    for family in (socket.AF_INET6, socket.AF_INET):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("", port))
+            sock.listen(16)
+            sock.settimeout(PROBE_ACCEPT_SECONDS)
+            return sock
+        except OSError:
+            sock.close()
+            if family == socket.AF_INET:
+                raise
+    raise OSError(f"no socket for port {port}")
+
+
 def read_generation(path: str) -> int | None:
     """The number in the generation file (the Downward API rewrites it whole); None if unreadable."""
     try:
@@ -320,6 +387,7 @@ def _in_place(command: Sequence[str], envs: list[dict[str, str]], where: InPlace
               stop: list[int]) -> int:
     """Run generation after generation in this pod; a worker fails (its container exits) only on its own
     failure, a stop signal, or when no new generation comes within where.wait_s of losing its peers."""
+    where.probe.open()
     if where.ran_before():
         code = _await_next(command, envs, where, stop, f"generation {where.generation} failed in this pod "
                                                        "before this container restarted")
@@ -370,6 +438,7 @@ def _await_next(command: Sequence[str], envs: list[dict[str, str]], where: InPla
     """Wait for the next generation and make it where.generation (with its ranks on standby where the
     command allows); the exit code when none comes (or a stop signal does) instead."""
     _say(f"{why}; waiting up to {where.wait_s:g}s for the next generation")
+    where.probe.close()
     if where.standby:
         where.ready = [start(command, _rank_env(e, {contract.STANDBY: "1"}), stdin=subprocess.PIPE) for e in envs]
     newer = _wait_for_generation(where, stop)
@@ -382,6 +451,7 @@ def _await_next(command: Sequence[str], envs: list[dict[str, str]], where: InPla
         return contract.IN_PLACE_GAVE_UP_EXIT_CODE
     _say(f"starting generation {newer} in place (was {where.generation})")
     where.generation = newer
+    where.probe.open()
     return None
 
 

@@ -103,6 +103,10 @@ class WorkerState:
     ended_before: bool = False
     """Succeeded before its generation began: a worker kept in place that had already finished (it will never
     run this generation)."""
+    peers_lost_since: datetime | None = None
+    """Running, and waiting for the next generation since then because its processes lost their peers (kept in
+    place, its launcher stops answering its readiness probe): the gang broke elsewhere, even where nothing
+    else can say so (the worker that broke it went with its node)."""
 
 
 @dataclass(frozen=True)

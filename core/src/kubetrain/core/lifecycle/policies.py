@@ -158,20 +158,25 @@ def cluster_disruption(not_ready: int, total: int) -> str | None:
     return None
 
 
-def node_lost(spec: TrainingJobSpec, w: WorkerState, now: datetime, last_progress: datetime | None) -> bool:
+def node_lost(spec: TrainingJobSpec, w: WorkerState, now: datetime, last_progress: datetime | None,
+              broken: bool = False) -> bool:
     """The worker's node is NotReady and the job made no progress for nodeNotReadyGraceSeconds: counted from its
     last progress, which a node that died stopped (the node lifecycle controller says NotReady only ~50 s
-    later); `last_progress` None (rank 0 cannot report it): the node NotReady for the grace alone."""
+    later); `last_progress` None (rank 0 cannot report it): the node NotReady for the grace alone. `broken`:
+    another worker lost its peers (peers_lost_since), so the gang cannot progress: no grace to wait for."""
     if w.node_not_ready_since is None or w.phase not in (WorkerPhase.RUNNING, WorkerPhase.PENDING):
         return False
+    if broken and w.peers_lost_since is None:
+        return True
     grace = timedelta(seconds=spec.restart_policy.node_not_ready_grace_seconds)
     return now - (w.node_not_ready_since if last_progress is None else last_progress) >= grace
 
 
-def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime,
-             last_progress: datetime | None = None, disrupted: bool = False) -> FailureKind | None:
+def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime, last_progress: datetime | None = None,
+             disrupted: bool = False, broken: bool = False) -> FailureKind | None:
     """Why this worker counts as failed, or None when it does not; `last_progress`: when the job last advanced,
-    None when that is unknown; `disrupted`: the cluster is (cluster_disruption), its NotReady nodes are no loss."""
+    None when that is unknown; `disrupted`: the cluster is (cluster_disruption), its NotReady nodes are no loss;
+    `broken`: a worker of the gang lost its peers (node_lost)."""
     if w.reason == "Disrupted" and w.phase in (WorkerPhase.FAILED, WorkerPhase.MISSING):
         return FailureKind.DISRUPTED
     if w.phase == WorkerPhase.FAILED:
@@ -190,7 +195,7 @@ def classify(spec: TrainingJobSpec, w: WorkerState, now: datetime,
         return FailureKind.DISRUPTED  # kept in place after it had finished: it would never join this generation
     if w.phase == WorkerPhase.RUNNING and w.node_terminating is not None:
         return FailureKind.DISRUPTED  # restarted elsewhere now, with a checkpoint, before the node goes
-    if not disrupted and node_lost(spec, w, now, last_progress):
+    if not disrupted and node_lost(spec, w, now, last_progress, broken):
         return FailureKind.NODE_LOST
     return None
 
@@ -283,8 +288,9 @@ def _failure(spec: TrainingJobSpec, w: WorkerState, kind: FailureKind) -> Failur
 def _failures(spec: TrainingJobSpec, job: JobView, now: datetime) -> tuple[list[Failure], str]:
     """Every failed worker, the worst first, and what to call it; a hang counts as worker 0's failure."""
     last_progress = None if job.progress_unknown else job.last_progress_time
+    broken = any(w.peers_lost_since is not None for w in job.workers)
     kinds = [(w, k) for w in job.workers
-             if (k := classify(spec, w, now, last_progress, job.disruption is not None)) is not None]
+             if (k := classify(spec, w, now, last_progress, job.disruption is not None, broken)) is not None]
     what = ""
     if not kinds and no_progress(spec, job, now):
         kinds = [(job.workers[0], FailureKind.NO_PROGRESS)]

@@ -81,6 +81,10 @@ API_TIMEOUT = (10.0, 60.0)
 LIST or a create under load, and an end to a call on a connection that went half-open."""
 
 
+NODE_LEASES = "kube-node-lease"
+"""Where each kubelet renews its node's Lease (every 10 s by default, kubelet's nodeLeaseDurationSeconds / 4)."""
+
+
 @dataclass(frozen=True)
 class Apis:
     """The API groups the operator calls, on one ApiClient."""
@@ -390,6 +394,20 @@ class Applier:
             job.setdefault("apiVersion", api.API_VERSION)
             job.setdefault("kind", api.KIND)
         return JobList(items, version, namespace)
+
+    def _node_heard_at(self, name: str) -> datetime | None:
+        """When the node's kubelet last renewed its Lease (None: no Lease, or the operator may not read it)."""
+        try:
+            lease = self.apis.custom.get_namespaced_custom_object("coordination.k8s.io", "v1", NODE_LEASES,
+                                                                  "leases", name)
+        except ApiException as exc:
+            if exc.status not in (403, 404):
+                raise
+            return None
+        return contract.parse_time((lease.get("spec") or {}).get("renewTime"))
+
+    async def node_heard_at(self, name: str) -> datetime | None:
+        return await self.io(self._node_heard_at, name)
 
     def _node_not_ready_since(self, name: str, now: datetime) -> datetime | None:
         try:

@@ -370,7 +370,8 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
     if spec.restarts_in_place:
         env += [{"name": contract.GENERATION_FILE, "value": f"{GENERATION_MOUNT}/generation"},
                 {"name": contract.IN_PLACE_WAIT, "value": f"{in_place_wait_seconds(spec):g}"},
-                {"name": contract.RAN_FILE, "value": RAN_FILE}]
+                {"name": contract.RAN_FILE, "value": RAN_FILE},
+                {"name": contract.GANG_PROBE_PORT, "value": str(contract.DEFAULT_GANG_PROBE_PORT)}]
     if spec.progress_reporting:  # the pod's own identity, for rank 0's progress annotation (Downward API)
         env += [
             {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -449,6 +450,12 @@ def _template_volume(spec: TrainingJobSpec, name: str) -> dict[str, Any] | None:
 def _template_replaces_dshm(spec: TrainingJobSpec) -> bool:
     mine = _template_volume(spec, "dshm")
     return mine is not None and set(mine) != {"name", "emptyDir"}
+
+
+GANG_PROBE = {"tcpSocket": {"port": contract.DEFAULT_GANG_PROBE_PORT}, "periodSeconds": 1, "timeoutSeconds": 1,
+              "successThreshold": 1, "failureThreshold": 1}
+"""A worker that restarts in place is Ready while its launcher listens (contract.GANG_PROBE_PORT): not Ready
+within about a second of its processes losing their peers, while it waits for the next generation."""
 
 
 def in_place_wait_seconds(spec: TrainingJobSpec) -> float:
@@ -697,6 +704,8 @@ def _worker_container(job: TrainingJob, index: int, generation: int, settings: W
         ],
         "resources": _resources(spec, fabric),
     }
+    if spec.restarts_in_place:
+        container["readinessProbe"] = GANG_PROBE
     command, args = worker_command(spec)
     if command:
         container["command"] = command

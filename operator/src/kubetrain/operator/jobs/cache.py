@@ -104,6 +104,10 @@ class WatchCache:
         """Node name -> the termination taint it carries (one of termination_taints): it is about to go."""
         self.node_names: set[str] = set()
         """Every node the watch or a LIST told of: the cluster's size, for lifecycle.cluster_disruption."""
+        self.silent: dict[str, datetime] = {}
+        """Node name -> when its kubelet last renewed its Lease, for nodes found silent for NODE_SILENT_SECONDS
+        while a job on them had lost peers (Controller.check_silent): NotReady to the lifecycle until the
+        node lifecycle controller says so or the Lease is renewed."""
 
     # ------------------------------------------------------------------ reads
 

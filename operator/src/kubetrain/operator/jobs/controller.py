@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,7 +31,15 @@ from kubetrain.core import api, contract
 from kubetrain.core.lifecycle import Action, FailureKind, WorkerPhase, gpu_hours_now
 from kubetrain.operator.jobs.apply import Apis, Applier
 from kubetrain.operator.jobs.cache import WatchCache
-from kubetrain.operator.jobs.plan import Observation, Plan, claim_to_check, deletion_overdue, plan
+from kubetrain.operator.jobs.plan import (
+    Observation,
+    Plan,
+    claim_to_check,
+    deletion_overdue,
+    plan,
+    silence_checks,
+    silent_for,
+)
 from kubetrain.operator.jobs.pod_facts import facts
 from kubetrain.operator.jobs.pod_patches import overlay
 from kubetrain.operator.jobs.pod_watch import Event, PodList, PodWatch
@@ -43,6 +52,8 @@ from kubetrain.operator.runtime.settings import OperatorSettings
 from kubetrain.operator.runtime.workqueue import RetryLater, WorkQueue
 
 __all__ = ["CONFIRM_LIVE", "JobController"]
+
+log = logging.getLogger("kubetrain.operator")
 
 # Failures judged from what the caches LACK (a pod, a progress update, a Ready node): confirmed by
 # a live read before a gang is restarted over them. A cache can lag: the watch of an operator that
@@ -229,6 +240,7 @@ class JobController:
         try:
             claim_phase = await self._claim_phase(key, body)
             queue = await self.kueue.view(key, body)
+            silence = await self._check_silence(key)
             p = self._plan(key, body, claim_phase, queue)
             confirm = (p.decision is not None and p.decision.failure_kind in CONFIRM_LIVE) or \
                 deletion_overdue(self.cache.pods(key), self.clock(), self.cache.read_live(key))
@@ -247,14 +259,15 @@ class JobController:
             return 0.0  # the job changed since it was read: plan again, at once, from the fresh copy
         self._observe(key, body, p)
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - t0)
-        return self._requeue_after(key, p)
+        after = self._requeue_after(key, p)
+        return silence if after is None or (silence is not None and silence < after) else after
 
     def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None, queue: QueueView) -> Plan:
         cache, now = self.cache, self.clock()
         t0 = time.perf_counter()
         progress = cache.progress(key)
         seen = Observation(
-            body, overlay(cache.pods(key), self.applier.patches.pending(key)), cache.nodes, now,
+            body, overlay(cache.pods(key), self.applier.patches.pending(key)), {**cache.silent, **cache.nodes}, now,
             progress=progress, progress_seen=cache.progress_seen(key, progress, now),
             status_written=cache.status_written(key), claim_phase=claim_phase,
             gone=cache.disrupted(key),
@@ -263,6 +276,26 @@ class JobController:
         p = plan(seen, self.settings.builders)
         self.paces[key] = pace(time.perf_counter() - t0)
         return p
+
+    async def _check_silence(self, key: Key) -> float | None:
+        """Read the Leases of the job's nodes that plan.silence_checks names: a silent one joins cache.silent
+        (NotReady to the lifecycle), one that spoke again leaves it. Seconds until one could turn silent (the
+        reconcile's next look), or None."""
+        checks = silence_checks(self.cache.pods(key), self.cache.nodes, self.cache.silent)
+        soonest = None
+        for node in sorted(checks):
+            heard = await self.applier.node_heard_at(node)
+            left = silent_for(heard, self.clock())
+            if heard is not None and left == 0.0:
+                if node not in self.cache.silent:
+                    log.warning("node %s: its kubelet last renewed its Lease at %s and a job on it lost peers: "
+                                "lost to its jobs before it is NotReady", node, contract.format_time(heard))
+                self.cache.silent[node] = heard
+                continue
+            self.cache.silent.pop(node, None)
+            if left is not None:
+                soonest = left if soonest is None else min(soonest, left)
+        return None if soonest is None else max(1.0, soonest)
 
     def _requeue_after(self, key: Key, p: Plan) -> float | None:
         """The plan's time to look again; with a pod create refused or a child's name taken, the backoff's

@@ -11,7 +11,7 @@ talks to the API server or reads a clock.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -114,7 +114,7 @@ def worker_state(index: int, pod: dict[str, Any], nodes: Mapping[str, datetime |
         early = began is not None and f.ended_at is not None and f.ended_at < began
         return WorkerState(index, f.phase, exit_code=f.exit_code, reason=f.reason, ended_before=early, **where)
     return WorkerState(index, f.phase, node_not_ready_since=node_not_ready_since, in_place=f.in_place, held=f.held,
-                       fetching=f.fetching, node=f.node, node_terminating=taint)
+                       fetching=f.fetching, node=f.node, node_terminating=taint, peers_lost_since=f.peers_lost_since)
 
 
 def observe(
@@ -482,6 +482,30 @@ def _shared_children(job: TrainingJob, owner: dict[str, Any], generation: int,
         if optional is not None:
             objs.append(optional)
     return objs
+
+
+NODE_SILENT_SECONDS = 20.0
+"""A node whose kubelet renewed its Lease this long ago (two renewals missed) while a worker on another node lost
+its peers is lost to the job, before the node lifecycle controller says NotReady (its node-monitor-grace-period,
+50 s by default): the kubelet and the gang fell silent together."""
+
+
+def silence_checks(pods: Iterable[dict[str, Any]], not_ready: Mapping[str, datetime | None],
+                   silent: Mapping[str, datetime]) -> set[str]:
+    """The nodes of the job's pods whose Lease to read now: while one of its workers lost its peers, each one
+    not NotReady already; otherwise those found silent before (to see them speak again)."""
+    pods = list(pods)
+    nodes = {n for p in pods if (n := (p.get("spec") or {}).get("nodeName")) and not_ready.get(n) is None}
+    if any(facts(p).peers_lost_since is not None for p in pods):
+        return nodes
+    return nodes & set(silent)
+
+
+def silent_for(heard: datetime | None, now: datetime) -> float | None:
+    """Seconds until a node last heard at `heard` counts as silent (0: it does; None: no Lease to tell)."""
+    if heard is None:
+        return None
+    return max(0.0, NODE_SILENT_SECONDS - (now - heard).total_seconds())
 
 
 def _lost(spec: TrainingJobSpec, pods: list[dict[str, Any]], nodes: Mapping[str, datetime | None],

@@ -66,6 +66,10 @@ class PodFacts:
     such as contract.FETCH_CONTAINER; None: the trainer container's own."""
     fetching: bool = False
     """The init container contract.FETCH_CONTAINER runs: the pod is Pending while it fills the cache."""
+    peers_lost_since: datetime | None = None
+    """Restarting in place, its trainer container running and not Ready since then, after it was: its launcher
+    closed the readiness probe's port (builders.GANG_PROBE) to wait for the next generation, its processes
+    having lost their peers."""
 
 
 _memo: dict[tuple[str, str, str, str, bool], PodFacts] = {}
@@ -111,6 +115,7 @@ def _read(pod: dict[str, Any]) -> PodFacts:
         unschedulable_since=_unschedulable_since(status), hang=hang, said=said,
         failed_in=init[0] if init is not None else None, fetching=pending and _fetching(status),
         ended_at=contract.parse_time((ended or {}).get("finishedAt")) if phase == WorkerPhase.SUCCEEDED else None,
+        peers_lost_since=_peers_lost_since(status) if phase == WorkerPhase.RUNNING and restarts_here else None,
     )
 
 
@@ -258,6 +263,18 @@ def _still_running(status: dict[str, Any]) -> bool:
 def _ready(status: dict[str, Any]) -> bool:
     return status.get("phase") == "Running" and any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _peers_lost_since(status: dict[str, Any]) -> datetime | None:
+    """When the pod stopped being Ready, where that came after its trainer container started (not Ready as it
+    starts, before its first probe, is no sign; a container the kubelet started again is a new one)."""
+    cs: dict[str, Any] = next((c for c in status.get("containerStatuses") or [] if c.get("name") == b.CONTAINER), {})
+    started = parse_time(((cs.get("state") or {}).get("running") or {}).get("startedAt"))
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    since = parse_time(ready.get("lastTransitionTime"))
+    if started is None or since is None or cs.get("ready") or ready.get("status") != "False":
+        return None
+    return since if since > started else None
 
 
 def _unschedulable_since(status: dict[str, Any]) -> datetime | None:
