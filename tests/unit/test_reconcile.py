@@ -11,7 +11,7 @@ from kubetrain.core.api import Fetch, TrainingJob
 from kubetrain.core.progress import CheckpointRecord, Progress
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs.apply import namespace_terminating
-from kubetrain.operator.jobs.plan import Observation, claim_to_check, plan, set_condition
+from kubetrain.operator.jobs.plan import Observation, claim_to_check, plan, set_condition, silence_checks, silent_for
 from kubetrain.operator.jobs.pod_facts import container_exit_code
 from kubetrain.operator.jobs.pod_patches import overlay
 
@@ -807,9 +807,26 @@ def test_a_silent_node_under_a_gang_that_lost_its_peers_restarts_it_at_once():
     assert calm.status["phase"] == "Running"  # nobody lost a peer: the grace counts from the last progress
 
 
-def test_leases_are_read_while_a_worker_lost_its_peers_and_while_a_node_is_silent():
-    from kubetrain.operator.jobs.plan import silence_checks, silent_for
+def test_after_a_silent_node_s_restart_its_new_worker_avoids_the_node_and_the_waiting_one_restarts_nothing():
+    """The restart above is done: worker 1 is created off the silent node (the scheduler would put it back until
+    the node is NotReady), and worker 0, still waiting for the generation that restart began, is no new loss."""
+    st = {"phase": "Running", "gangCreated": True, "runningSince": "2026-03-01T11:00:00Z", "currentStep": 40,
+          "lastProgressTime": "2026-03-01T11:59:48Z"}
+    silent = {"n2": T0 - timedelta(seconds=21)}
+    p = plan(Observation(body(status=st), [peers_lost(pod(0)), pod(1, node="n2")], silent, T0), S)
+    later = T0 + timedelta(seconds=2)
+    kept = [peers_lost(pod(0, gen=1))]
+    q = plan(Observation(body(status=p.status), kept, silent, later, silent=frozenset(silent)), S)
+    [new] = [o for o in q.create if o["kind"] == "Pod"]
+    terms = new["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n2"]} in \
+        terms["nodeSelectorTerms"][0]["matchExpressions"], new["spec"]
+    placed = [peers_lost(pod(0, gen=1)), pod(1, gen=1, node="n2")]  # had it gone there anyway
+    again = plan(Observation(body(status={**p.status, "phase": "Running"}), placed, silent, later), S)
+    assert again.decision is None or again.decision.failure_kind is None, again.decision  # no second NodeLost
 
+
+def test_leases_are_read_while_a_worker_lost_its_peers_and_while_a_node_is_silent():
     whole, broken = [pod(0), pod(1, node="n2")], [peers_lost(pod(0)), pod(1, node="n2")]
     assert silence_checks(whole, {}, {}) == set()
     assert silence_checks(broken, {}, {}) == {"n1", "n2"}

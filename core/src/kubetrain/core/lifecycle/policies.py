@@ -285,10 +285,17 @@ def _failure(spec: TrainingJobSpec, w: WorkerState, kind: FailureKind) -> Failur
     return Failure(w, kind, action, why)
 
 
+def lost_peers_this_generation(w: WorkerState, restarted: datetime | None) -> bool:
+    """The worker lost its peers after the gang's last restart: a kept worker still waiting for the generation
+    that restart began (its launcher has not read it yet) tells of the gang that restart already replaced."""
+    since = w.peers_lost_since
+    return since is not None and (restarted is None or since > restarted)
+
+
 def _failures(spec: TrainingJobSpec, job: JobView, now: datetime) -> tuple[list[Failure], str]:
     """Every failed worker, the worst first, and what to call it; a hang counts as worker 0's failure."""
     last_progress = None if job.progress_unknown else job.last_progress_time
-    broken = any(w.peers_lost_since is not None for w in job.workers)
+    broken = any(lost_peers_this_generation(w, job.last_restart_time) for w in job.workers)
     kinds = [(w, k) for w in job.workers
              if (k := classify(spec, w, now, last_progress, job.disruption is not None, broken)) is not None]
     what = ""

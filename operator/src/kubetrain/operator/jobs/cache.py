@@ -303,6 +303,8 @@ class WatchCache:
     def set_node(self, name: str, not_ready_since: datetime | None) -> bool:
         """Record a node's readiness (None: Ready or gone); True when that changed."""
         before = self.nodes.get(name)
+        if not_ready_since is not None or before is not None:  # NotReady says more; back from NotReady: heard
+            self.silent.pop(name, None)
         if not_ready_since is None:
             self.nodes.pop(name, None)  # a Ready node and an unknown one read the same: keep neither
         else:

@@ -270,7 +270,7 @@ class JobController:
             body, overlay(cache.pods(key), self.applier.patches.pending(key)), {**cache.silent, **cache.nodes}, now,
             progress=progress, progress_seen=cache.progress_seen(key, progress, now),
             status_written=cache.status_written(key), claim_phase=claim_phase,
-            gone=cache.disrupted(key),
+            gone=cache.disrupted(key), silent=frozenset(cache.silent),
             progress_refused=cache.progress_refused(key), create_refused=cache.create_refused(key),
             foreign=cache.foreign(key), queue=queue, node_count=len(cache.node_names), terminating=cache.terminating)
         p = plan(seen, self.settings.builders)

@@ -226,6 +226,9 @@ class Observation:
     foreign: str | None = None
     """A child's name held by an object this job does not own."""
     queue: kueue.QueueView = field(default_factory=kueue.QueueView)
+    silent: frozenset[str] = frozenset()
+    """Nodes found silent while a gang on them broke (NODE_SILENT_SECONDS): in `nodes` as NotReady, and kept off
+    by the pods this plan creates, which the scheduler would place there until the node is NotReady."""
     """Kueue's view of a job with a LocalQueue (its Workload, flavors, priority)."""
     terminating: Mapping[str, str] = field(default_factory=dict)
     """Node name -> the termination taint it carries: it is about to go."""
@@ -273,6 +276,7 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
         out.requeue_after = min(out.requeue_after or kueue.LOOK_AGAIN_SECONDS, kueue.LOOK_AGAIN_SECONDS)
     for effect in t.effects:
         _translate(effect, job, body, ours, t, settings, out, lost)
+    _off_silent(out.create, seen.silent)
     for name, notes in profile_request(body, ours, t.status.restart_generation).items():
         _patch(out, name, "annotations", notes)
     if t.decision is not None:
@@ -488,6 +492,13 @@ NODE_SILENT_SECONDS = 20.0
 """A node whose kubelet renewed its Lease this long ago (two renewals missed) while a worker on another node lost
 its peers is lost to the job, before the node lifecycle controller says NotReady (its node-monitor-grace-period,
 50 s by default): the kubelet and the gang fell silent together."""
+
+
+def _off_silent(create: list[dict[str, Any]], silent: frozenset[str]) -> None:
+    """Keep the worker pods to create off the silent nodes (a required node affinity, for their generation)."""
+    for obj in create:
+        if silent and obj.get("kind") == "Pod":
+            obj["spec"]["affinity"] = b.avoid_nodes(obj["spec"].get("affinity"), sorted(silent))
 
 
 def silence_checks(pods: Iterable[dict[str, Any]], not_ready: Mapping[str, datetime | None],
