@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from support.process_group import gloo_world_of_one
 
+from kubetrain.core.progress import COMMIT_MARKER
+from kubetrain.trainer.checkpoint.directory import TrainerState, commit_checkpoint
 from kubetrain.trainer.checkpoint.fence import FENCE_FILE, Fence, StaleGeneration, on_directory, parse, stale_reason
 
 RUN = "3f9c-uid"
@@ -58,3 +63,27 @@ def test_without_a_run_id_nothing_is_fenced(tmp_path: Path) -> None:
     unfenced.claim()
     unfenced.check()
     assert not (tmp_path / FENCE_FILE).exists()
+
+
+def test_a_gang_that_starts_while_the_commit_waits_for_every_part_refuses_that_commit(tmp_path: Path) -> None:
+    """The fence is read after the wait for every rank's part (up to 30 s on a slow shared volume), right before
+    the marker: a newer generation that claimed the directory meanwhile stops the stale commit."""
+    old, new = on_directory(tmp_path, Fence(RUN, 0)), on_directory(tmp_path, Fence(RUN, 1))
+    old.claim()
+    step = tmp_path / "step-00000008"
+    step.mkdir()
+
+    def newer_gang_then_last_part() -> None:
+        time.sleep(0.3)
+        new.claim()
+        (step / "rng").mkdir()
+        (step / "rng" / "rank-00000.pt").write_bytes(b"x")
+
+    writer = threading.Thread(target=newer_gang_then_last_part)
+    with gloo_world_of_one():
+        writer.start()
+        with pytest.raises(StaleGeneration, match="commit of step 8"):
+            commit_checkpoint(tmp_path, step, TrainerState(step=8), keep=3,
+                              before_commit=lambda: old.check(what="commit of step 8"))
+    writer.join()
+    assert not (step / COMMIT_MARKER).exists()

@@ -88,9 +88,7 @@ def save_checkpoint(root: Path, engine: Savable, state: TrainerState, keep: int,
     save_rng(path)
     dist.barrier()
     if dist.get_rank() == 0:
-        if before_commit is not None:
-            before_commit()
-        commit_checkpoint(root, path, state, keep, shared)
+        commit_checkpoint(root, path, state, keep, shared, before_commit)
     return path
 
 
@@ -114,12 +112,16 @@ def save_rng(path: Path) -> None:
     torch.save(rng_state(), path / "rng" / f"rank-{dist.get_rank():05d}.pt")
 
 
-def commit_checkpoint(root: Path, path: Path, state: TrainerState, keep: int, shared: bool = True) -> None:
+def commit_checkpoint(root: Path, path: Path, state: TrainerState, keep: int, shared: bool = True,
+                      before_commit: Callable[[], None] | None = None) -> None:
     """Rank 0, once every rank's part of `path` is written: trainer.json, the COMMITTED marker,
-    best-eval.json when this is the best evaluation's checkpoint, then pruning. `state`: as of the saved step."""
+    best-eval.json when this is the best evaluation's checkpoint, then pruning. `state`: as of the saved step.
+    `before_commit` runs right before the marker (the generation fence's check), after the wait for the parts."""
     atomic_write_text(path / TRAINER_STATE, json.dumps(asdict(state), indent=1))
     if shared:
         require_every_part(path, dist.get_world_size())
+    if before_commit is not None:
+        before_commit()
     atomic_write_text(path / COMMIT_MARKER, json.dumps(commit_marker(state)) + "\n")
     best = (state.best_eval or {}).get("step")
     if best == state.step:

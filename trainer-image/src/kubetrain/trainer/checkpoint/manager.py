@@ -35,6 +35,7 @@ from kubetrain.core import contract
 from kubetrain.core.api import CheckpointSpec, ResumeTier
 from kubetrain.core.progress import checkpoint_dirname, latest_checkpoint
 from kubetrain.trainer.checkpoint.background import (
+    CheckpointWriteError,
     DcpWriter,
     InFlight,
     commit_due,
@@ -315,8 +316,15 @@ class CheckpointManager:
 
     def write_done(self) -> bool:
         """This rank's vote in the step's all-reduce: its in-flight write finished. Raises
-        CheckpointWriteError when the write failed (never committed, never dropped silently)."""
-        return self.in_flight is not None and self.in_flight.finished()
+        CheckpointWriteError when the write failed (never committed, never dropped silently); on rank 0
+        StaleGeneration instead where a newer generation took the checkpoints over (and removed the torn
+        directory this write went to)."""
+        try:
+            return self.in_flight is not None and self.in_flight.finished()
+        except CheckpointWriteError:
+            if dist.get_rank() == 0 and self.in_flight is not None:
+                self.fence.check(what=f"background write of step {self.in_flight.step}")
+            raise
 
     def after_step(self, finished_ranks: int) -> Path | str | None:
         """After the step's all-reduce (``finished_ranks``: the sum of every rank's :meth:`write_done`, the
@@ -368,8 +376,8 @@ class CheckpointManager:
                 self.store.commit(job.path, job.state, self.policy.keep, dist.get_world_size())
             drop_staged(self.staging, job.step)
         elif dist.get_rank() == 0:
-            self.fence.check(what=f"commit of step {job.step}")
-            commit_checkpoint(self.root, job.path, job.state, self.policy.keep, shared=not self.policy.ephemeral)
+            commit_checkpoint(self.root, job.path, job.state, self.policy.keep, shared=not self.policy.ephemeral,
+                              before_commit=lambda: self.fence.check(what=f"commit of step {job.step}"))
         if dist.get_rank() == 0:
             log.info("checkpoint step %d committed: write took %.2f s", job.step, job.write_seconds())
         self._committed(job.state, where, job.stall)
