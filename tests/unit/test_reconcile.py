@@ -57,6 +57,15 @@ def test_new_job_creates_service_config_and_all_pods_and_writes_status():
     assert p.events[0][:2] == ("Normal", "CreatingWorkers")
 
 
+def test_the_workers_carry_the_job_s_uid_which_fences_its_checkpoints():
+    """KUBETRAIN_RUN_ID is the stored job's uid: without it the trainer fences nothing, and a stale worker
+    cut off on its node could commit beside the gang that replaced it."""
+    p = plan(Observation(body(), [], {}, T0), S)
+    for pod in (o for o in p.create if o["kind"] == "Pod"):
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env[contract.RUN_ID] == "uid-1", env
+
+
 def test_operator_restart_mid_creation_creates_only_the_missing_pods():
     p = plan(Observation(body(status={"phase": "Created"}), [pod(0, phase="Pending")], {}, T0), S)
     assert [o["metadata"]["name"] for o in p.create if o["kind"] == "Pod"] == ["j-worker-1"]

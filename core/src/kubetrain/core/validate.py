@@ -480,7 +480,7 @@ Stored = TypeVar("Stored", TrainingJob, TrainingSweep)
 def stored_object(model: type[Stored], body: Mapping[str, Any]) -> tuple[Stored | None, list[str], list[str]]:
     """An object the API server accepted, as `model`; else None and the problems its schema could not express
     (the Python-only rules, and objects stored before a field got stricter). Metadata beyond name, namespace,
-    labels and annotations is not read.
+    labels, annotations and uid (the run's identity, which fences its checkpoints) is not read.
 
     Spec fields `model` does not know are set apart, not refused (their paths, third): they come from a CRD
     newer than this code, as the API server fills in a new field's default on every object it returns, and an
@@ -511,7 +511,7 @@ def _stored_data(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata") or {}
     data: dict[str, Any] = {k: body.get(k) for k in ("apiVersion", "kind", "spec") if body.get(k) is not None}
     data["metadata"] = {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                        "labels": meta.get("labels"), "annotations": meta.get("annotations")}
+                        "labels": meta.get("labels"), "annotations": meta.get("annotations"), "uid": meta.get("uid")}
     return data
 
 
