@@ -8,8 +8,11 @@ node's pods, DNS and the API server through routes, as across machines.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,18 +21,23 @@ from support.cluster import kubeconfig_path
 from support.operator_process import OperatorProcess
 from support.real_pods import (
     EXTRA_NODE,
+    EXTRA_NODE_TOLERATION,
     NODE_NAME,
     TRAINER_IMAGE,
     RealJobs,
     across_nodes,
     chaos,
+    claim_dir,
     elapsed,
     node_healthy,
     node_ready,
+    pod_logs_dir,
     progress_step,
     quickstart,
 )
 from support.waiting import wait_for
+
+from kubetrain.trainer.checkpoint.fence import FENCE_FILE, Fence, parse
 
 pytestmark = pytest.mark.integration
 
@@ -106,6 +114,65 @@ def test_a_lost_node_s_worker_is_placed_on_a_healthy_node_and_the_job_succeeds(
     assert timeline["moved to"] == NODE_NAME
     assert kept is not None and kept.metadata.uid == healthy, "the worker on the healthy node was not kept in place"
     assert done["currentStep"] == 240 and done.get("restartCount") == 1, jobs.describe(name)
+
+
+STALE = "a stale worker stops here"
+"""How a stale worker says the fence stopped it (checkpoint/fence.py)."""
+
+
+@pytest.mark.skipif(os.environ.get("KUBETRAIN_NODE_FAULTS") != "all",
+                    reason="about 5 minutes; KUBETRAIN_NODE_FAULTS=all runs it (docs/testing.md has its figures)")
+def test_a_cut_off_node_s_stale_worker_is_fenced_off_the_checkpoints(jobs: RealJobs) -> None:
+    """A 1-worker job on the second node, the node then cut off: its worker cannot be stopped (its kubelet is
+    unreachable) and trains on alone beside the checkpoints it shares with the cluster, while the operator
+    restarts the job on node 1. Once the new gang has claimed the checkpoints (generation 1 in the fence file),
+    the stale worker commits nothing: it stops at its next save, and the job Succeeds with one restart."""
+    body = quickstart(precision="fp32", workers=1, maxSteps=800, checkpoint={"everySteps": 10, "keep": 3},
+                      restartPolicy={"backoffLimit": 3, "backoffSeconds": 1, "nodeNotReadyGraceSeconds": 10},
+                      resources={"cpu": "500m"})
+    prefer = {"weight": 100, "preference": {"matchExpressions": [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": [EXTRA_NODE]}]}}
+    body["spec"]["scheduling"] = {"nodeSelector": {"kubetrain.io/node": "real"}, "tolerations": [EXTRA_NODE_TOLERATION],
+                                  "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [prefer]}}}
+    name = jobs.create(body, name="fenced")
+    wait_for(lambda: progress_step(jobs.core, jobs.ns, name) >= 15, 300, what="rank 0 at step >= 15")
+    old = jobs.core.read_namespaced_pod(f"{name}-worker-0", jobs.ns)
+    assert old.spec.node_name == EXTRA_NODE, old.spec.node_name
+    fence = claim_dir(jobs.core, jobs.ns, f"{name}-checkpoints") / FENCE_FILE
+    uid = old.metadata.owner_references[0].uid
+    assert parse(fence.read_text()) == Fence(uid, 0), fence.read_text()
+    logs = pod_logs_dir(EXTRA_NODE) / f"{jobs.ns}_{old.metadata.name}_{old.metadata.uid}"
+    t0 = time.monotonic()
+    chaos("partition-node", EXTRA_NODE)
+    try:
+        wait_for(lambda: parse(fence.read_text()) == Fence(uid, 1), 300, interval=0.5, what="generation 1 claimed")
+        claimed, moved = datetime.fromtimestamp(fence.stat().st_mtime, UTC), elapsed(t0)
+        stale = wait_for(lambda: _said(logs, STALE), 120, interval=1, what=f"{STALE!r} in {logs}")
+        stopped = elapsed(t0)
+    finally:
+        chaos("heal-node", EXTRA_NODE)
+        wait_for(lambda: node_healthy(jobs.core, EXTRA_NODE), 180, interval=1, what=f"{EXTRA_NODE} Ready and untainted")
+    done = jobs.wait_phase(name, "Succeeded", timeout=600)
+    new = jobs.core.read_namespaced_pod(f"{name}-worker-0", jobs.ns)
+    late = [x for x in stale.splitlines() if re.search(r"step \d+ committed", x) and _stamp(x) > claimed]
+    how = next(x for x in stale.splitlines() if STALE in x)
+    print(f"partitioned at step >= 15: generation 1 claimed after {moved} s on {new.spec.node_name}; the stale "
+          f"worker stopped after {stopped} s: {how.strip()[:300]}; its commits after the claim: {late}; "
+          f"restarts {done.get('restartCount')}")
+    assert new.spec.node_name == NODE_NAME and not late, late
+    assert done["currentStep"] == 800 and done.get("restartCount") == 1, jobs.describe(name)
+
+
+def _said(logs: Path, what: str) -> str | None:
+    """A container's logs once they say `what`, read from its node's disk (the API server cannot reach a
+    cut-off kubelet)."""
+    text = "".join(p.read_text(errors="replace") for p in sorted(logs.glob("*/*.log")))
+    return text if what in text else None
+
+
+def _stamp(line: str) -> datetime:
+    """The time the kubelet put before a container log line (RFC 3339, nanoseconds)."""
+    return datetime.fromisoformat(line.split(" ", 1)[0][:26].rstrip("Z") + "+00:00")
 
 
 def _nodes_of(jobs: RealJobs, name: str) -> dict[int, str]:

@@ -11,6 +11,7 @@ import collections
 import contextlib
 import glob
 import json
+import os
 import re
 import subprocess
 import sys
@@ -186,6 +187,15 @@ def chaos(fault: str, node: str, *args: str) -> None:
     proc = subprocess.run(["bash", str(HACK_DIR / "chaos.sh"), fault, node, *args], timeout=120,
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, f"hack/chaos.sh {fault} {node} exited {proc.returncode}: {proc.stderr}"
+
+
+def pod_logs_dir(node: str) -> Path:
+    """Where a real node's kubelet keeps its pods' container logs (<ns>_<pod>_<uid>/<container>/N.log): node 1 in
+    the default /var/log/pods, node k in its own root (hack/real-node.sh: a kubelet deletes what it does not run)."""
+    if node == NODE_NAME:
+        return Path("/var/log/pods")
+    base = Path(os.environ.get("KUBETRAIN_NODE_ROOT", "/var/lib/kubetrain-node"))
+    return base.parent / f"{base.name}-{node.rsplit('-', 1)[1]}" / "pod-logs"
 
 
 def kubelet_pid() -> int:
