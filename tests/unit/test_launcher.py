@@ -290,6 +290,20 @@ def test_a_worker_that_lost_its_peers_is_not_ready_until_its_next_generation(con
     assert not _accepts(port)
 
 
+def test_the_probe_port_closes_at_once_and_opens_again_at_once():
+    """A generation that comes right after the launcher began to wait reopens the port: closed, it stops
+    listening at once, though its serving thread still waits in accept()."""
+    probe = launcher.GangProbe(ports.free_port())
+    try:
+        for _ in range(5):
+            probe.open()
+            assert probe.sock is not None and _accepts(probe.port)
+            probe.close()
+            assert not _accepts(probe.port)
+    finally:
+        probe.close()
+
+
 def test_a_new_generation_kills_the_running_processes_and_starts_them_again(configmap_dir, tmp_path):
     p, gen = in_place_launcher(configmap_dir, tmp_path, "time.sleep(600)")
     wait_for_files(tmp_path, "ran-0-0", "ran-0-1")

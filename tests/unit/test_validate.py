@@ -61,8 +61,8 @@ EXPECTED = {
         "has)",
     ],
     "bad-metrics-port-rendezvous.yaml": [
-        "spec.metricsPort: metricsPort to metricsPort + processes per worker - 1 must leave out 29499 and 29500, the "
-        "workers' readiness probe and the port they meet on (MASTER_PORT)"
+        "spec.metricsPort: metricsPort to metricsPort + processes per worker - 1 must leave out 29500, the port the "
+        "workers meet on (MASTER_PORT)"
     ],
     "bad-namespace.yaml": ["metadata.namespace: must be a lowercase DNS label (a-z, 0-9, '-')"],
     "bad-nan-free-form.yaml": ["spec.deepspeed.config.gradient_clipping: must be a finite number"],

@@ -339,6 +339,8 @@ class GangProbe:
     def close(self) -> None:
         sock, self.sock = self.sock, None
         if sock is not None:
+            with contextlib.suppress(OSError):  # stop listening now: the serving thread's accept() holds it
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
     def _serve(self, sock: socket.socket) -> None:
