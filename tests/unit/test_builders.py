@@ -389,6 +389,20 @@ def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_fil
                                    "successThreshold": 1, "failureThreshold": 1}
 
 
+@pytest.mark.parametrize(("spec", "why"), [
+    ({"podTemplate": {"spec": {"hostNetwork": True}}}, "another pod's launcher on the node could answer"),
+    ({"podTemplate": {"spec": {"containers": [{"name": "trainer", "readinessProbe": {"exec": {"command": ["ok"]}}}]}}},
+     "the user's own probe is kept whole"),
+    ({"metricsPort": 29496, "procsPerWorker": 4}, "the metrics ports take 29499"),
+])
+def test_a_worker_restarting_in_place_has_no_gang_probe_where_its_port_is_not_its_own(spec, why):
+    pod = b.worker_pod(job(restartPolicy={"inPlace": True}, **spec), 0, 0, b.WorkerSettings())
+    probe = pod["spec"]["containers"][0].get("readinessProbe")
+    assert probe is None or "tcpSocket" not in probe, why
+    assert contract.GANG_PROBE_PORT not in env_of(pod), why
+    assert contract.GENERATION_FILE in env_of(pod)  # it still restarts in place
+
+
 @pytest.mark.parametrize("spec", [
     {"restartPolicy": {"inPlace": False}},
     {"checkpoint": {"ephemeral": True}},  # unset: off where it is not safe

@@ -1027,11 +1027,10 @@ SPEC_RULES: list[Rule] = [
     Rule(
         "metricsPort",
         f"self.metricsPort > {contract.DEFAULT_MASTER_PORT} || "
-        f"self.metricsPort + {_PROCS_CEL} - 1 < {contract.DEFAULT_GANG_PROBE_PORT}",
-        f"metricsPort to metricsPort + processes per worker - 1 must leave out {contract.DEFAULT_GANG_PROBE_PORT} "
-        f"and {contract.DEFAULT_MASTER_PORT}, the workers' readiness probe and the port they meet on (MASTER_PORT)",
-        lambda s: s.metrics_port > contract.DEFAULT_MASTER_PORT
-        or s.metrics_port + s.procs - 1 < contract.DEFAULT_GANG_PROBE_PORT,
+        f"self.metricsPort + {_PROCS_CEL} - 1 < {contract.DEFAULT_MASTER_PORT}",
+        f"metricsPort to metricsPort + processes per worker - 1 must leave out {contract.DEFAULT_MASTER_PORT}, "
+        "the port the workers meet on (MASTER_PORT)",
+        lambda s: not s.metrics_port <= contract.DEFAULT_MASTER_PORT <= s.metrics_port + s.procs - 1,
     ),
 ]
 

@@ -370,8 +370,9 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
     if spec.restarts_in_place:
         env += [{"name": contract.GENERATION_FILE, "value": f"{GENERATION_MOUNT}/generation"},
                 {"name": contract.IN_PLACE_WAIT, "value": f"{in_place_wait_seconds(spec):g}"},
-                {"name": contract.RAN_FILE, "value": RAN_FILE},
-                {"name": contract.GANG_PROBE_PORT, "value": str(contract.DEFAULT_GANG_PROBE_PORT)}]
+                {"name": contract.RAN_FILE, "value": RAN_FILE}]
+    if gang_probe(spec):
+        env.append({"name": contract.GANG_PROBE_PORT, "value": str(contract.DEFAULT_GANG_PROBE_PORT)})
     if spec.progress_reporting:  # the pod's own identity, for rank 0's progress annotation (Downward API)
         env += [
             {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -456,6 +457,19 @@ GANG_PROBE = {"tcpSocket": {"port": contract.DEFAULT_GANG_PROBE_PORT}, "periodSe
               "successThreshold": 1, "failureThreshold": 1}
 """A worker that restarts in place is Ready while its launcher listens (contract.GANG_PROBE_PORT): not Ready
 within about a second of its processes losing their peers, while it waits for the next generation."""
+
+
+def gang_probe(spec: TrainingJobSpec) -> bool:
+    """Whether the trainer container gets GANG_PROBE: restarting in place, and its port free. Not with the host's
+    network (another pod's launcher on the node could answer for this one), a metricsPort range over the port,
+    or a readinessProbe of the user's own on the trainer container (theirs is kept whole: two handlers in one
+    probe are refused). Without it, a node lost under the gang waits for nodeNotReadyGraceSeconds."""
+    if not spec.restarts_in_place:
+        return False
+    user_spec = (spec.pod_template or {}).get("spec") or {}
+    port = contract.DEFAULT_GANG_PROBE_PORT
+    return not (user_spec.get("hostNetwork") or "readinessProbe" in _user_container(user_spec)
+                or spec.metrics_port <= port <= spec.metrics_port + spec.procs - 1)
 
 
 def in_place_wait_seconds(spec: TrainingJobSpec) -> float:
@@ -704,8 +718,8 @@ def _worker_container(job: TrainingJob, index: int, generation: int, settings: W
         ],
         "resources": _resources(spec, fabric),
     }
-    if spec.restarts_in_place:
-        container["readinessProbe"] = GANG_PROBE
+    if gang_probe(spec):
+        container["readinessProbe"] = dict(GANG_PROBE)
     command, args = worker_command(spec)
     if command:
         container["command"] = command
