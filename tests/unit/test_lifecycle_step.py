@@ -192,6 +192,28 @@ def test_a_node_that_died_under_a_broken_gang_is_lost_without_its_grace():
     assert step(s, st, unready, T0 + timedelta(seconds=48)).decision.action == Action.WAIT  # every node Ready
 
 
+def test_not_ready_from_the_last_restart_or_for_a_moment_is_no_broken_gang():
+    """After a restart (backoff 5 s) a kept worker lost its peers when the old gang stopped, and stays not Ready
+    until its launcher reads the new generation: no sign against a NotReady node for 10 s after it was told.
+    Nor is a worker not Ready for under 3 s (a restarted kubelet's pods, until their probe answers)."""
+    s = spec(restartPolicy={"nodeNotReadyGraceSeconds": 60, "backoffSeconds": 5})
+    restarted = T0 + timedelta(seconds=30)
+    gone = WorkerState(1, R, node_not_ready_since=T0 + timedelta(seconds=20))
+
+    def at(now: datetime) -> TrainingJobStatus:  # progress a second ago: the grace is far
+        return running(lastProgressTime=format_time(now - timedelta(seconds=1)), restartGeneration=1,
+                       restartCount=1, lastRestartTime=format_time(restarted))
+
+    for since, now in [(restarted + timedelta(seconds=2), restarted + timedelta(seconds=8)),  # the old gang's
+                       (restarted + timedelta(seconds=40), restarted + timedelta(seconds=41))]:  # a blip
+        seen = Observed(workers=(WorkerState(0, R, peers_lost_since=since), gone))
+        assert step(s, at(now), seen, now).decision.action == Action.WAIT, (since, now)
+    later = Observed(workers=(WorkerState(0, R, peers_lost_since=restarted + timedelta(seconds=40)), gone))
+    now = restarted + timedelta(seconds=44)  # lost in this generation, for 4 s
+    t = step(s, at(now), later, now)
+    assert (t.decision.action, t.status.reason) == (Action.RESTART_GANG, "NodeLost")
+
+
 def test_a_worker_gone_after_creation_restarts_the_gang():
     t = step(spec(), running(), Observed(workers=(WorkerState(0, R),)), T0)
     assert (t.decision.action, t.status.reason) == (Action.RESTART_GANG, "Deleted")

@@ -285,17 +285,39 @@ def _failure(spec: TrainingJobSpec, w: WorkerState, kind: FailureKind) -> Failur
     return Failure(w, kind, action, why)
 
 
-def lost_peers_this_generation(w: WorkerState, restarted: datetime | None) -> bool:
-    """The worker lost its peers after the gang's last restart: a kept worker still waiting for the generation
-    that restart began (its launcher has not read it yet) tells of the gang that restart already replaced."""
+PEERS_LOST_SETTLE_SECONDS = 10.0
+"""A kept worker not Ready this soon after it was told to run the generation may still be waiting after the
+restart that began it (its launcher reads the Downward API file within seconds): no sign of a new loss."""
+PEERS_LOST_MIN_SECONDS = 3.0
+"""Not Ready for less than this is no sign: a restarted kubelet reports its pods not Ready until their probe
+(every second) answers again."""
+
+
+def lost_peers_this_generation(w: WorkerState, told_at: datetime | None, now: datetime) -> bool:
+    """The worker lost its peers while running this generation, for at least PEERS_LOST_MIN_SECONDS: `told_at`
+    is when the kept workers were told to run it (generation_told_at; None: the first generation)."""
     since = w.peers_lost_since
-    return since is not None and (restarted is None or since > restarted)
+    if since is None or w.held or (now - since).total_seconds() < PEERS_LOST_MIN_SECONDS:
+        return False
+    return told_at is None or since > told_at + timedelta(seconds=PEERS_LOST_SETTLE_SECONDS)
+
+
+def generation_told_at(spec: TrainingJobSpec, job: JobView) -> datetime | None:
+    """When this generation's kept workers were told to run it: the last restart and the backoff it announced
+    (a counted restart's own, an ignored one's that of the last counted); None for the first generation."""
+    if job.generation == 0 or job.last_restart_time is None:
+        return None
+    wait_s = backoff_seconds(spec, max(0, job.counted_restarts - 1))
+    if job.ignored_restarts:  # the last restart may have been one (a floor of a second at most)
+        wait_s = max(IGNORED_RESTART_FLOOR, wait_s)
+    return job.last_restart_time + timedelta(seconds=wait_s)
 
 
 def _failures(spec: TrainingJobSpec, job: JobView, now: datetime) -> tuple[list[Failure], str]:
     """Every failed worker, the worst first, and what to call it; a hang counts as worker 0's failure."""
     last_progress = None if job.progress_unknown else job.last_progress_time
-    broken = any(lost_peers_this_generation(w, job.last_restart_time) for w in job.workers)
+    told_at = generation_told_at(spec, job)
+    broken = any(lost_peers_this_generation(w, told_at, now) for w in job.workers)
     kinds = [(w, k) for w in job.workers
              if (k := classify(spec, w, now, last_progress, job.disruption is not None, broken)) is not None]
     what = ""
@@ -435,17 +457,12 @@ def start(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None
     if not missing and not held:
         return None
     gen = job.generation
-    if gen > 0 and job.last_restart_time is not None:
-        # The delay the restart announced: a counted restart's own, an ignored one's that of the last counted.
-        wait_s = backoff_seconds(spec, max(0, job.counted_restarts - 1))
-        if job.ignored_restarts:  # the last restart may have been one (a floor of a second at most)
-            wait_s = max(IGNORED_RESTART_FLOOR, wait_s)
-        ready_at = job.last_restart_time + timedelta(seconds=wait_s)
-        if now < ready_at:
-            wait = (ready_at - now).total_seconds()
-            return Decision(Action.WAIT, Phase.RESTARTING, Reason.BACKOFF_WAIT,
-                            f"starting generation {gen} {restart_origin(spec, job)} in {wait:.1f}s", gen,
-                            requeue_after=wait)
+    ready_at = generation_told_at(spec, job)
+    if ready_at is not None and now < ready_at:
+        wait = (ready_at - now).total_seconds()
+        return Decision(Action.WAIT, Phase.RESTARTING, Reason.BACKOFF_WAIT,
+                        f"starting generation {gen} {restart_origin(spec, job)} in {wait:.1f}s", gen,
+                        requeue_after=wait)
     origin = f" {restart_origin(spec, job)}" if gen > 0 else ""
     kept = f" and restarting {held} in place" if held else ""
     return Decision(Action.CREATE_WORKERS, Phase.CREATED if gen == 0 else Phase.RESTARTING,
