@@ -11,7 +11,15 @@ from kubetrain.core.api import Fetch, TrainingJob
 from kubetrain.core.progress import CheckpointRecord, Progress
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs.apply import namespace_terminating
-from kubetrain.operator.jobs.plan import Observation, claim_to_check, plan, set_condition, silence_checks, silent_for
+from kubetrain.operator.jobs.plan import (
+    Observation,
+    claim_to_check,
+    forgotten,
+    plan,
+    set_condition,
+    silence_checks,
+    silent_for,
+)
 from kubetrain.operator.jobs.pod_facts import container_exit_code
 from kubetrain.operator.jobs.pod_patches import overlay
 
@@ -838,9 +846,10 @@ def test_after_a_silent_node_s_restart_its_new_worker_avoids_the_node_and_the_wa
 def test_leases_are_read_while_a_worker_lost_its_peers_and_while_a_node_is_silent():
     whole, broken = [pod(0), pod(1, node="n2")], [peers_lost(pod(0)), pod(1, node="n2")]
     assert silence_checks(whole, {}, {}) == set()
-    assert silence_checks(broken, {}, {}) == {"n1", "n2"}
-    assert silence_checks(broken, {"n2": T0}, {}) == {"n1"}  # NotReady already: nothing to read
+    assert silence_checks(broken, {}, {}) == {"n2"}  # n1's kubelet just said worker 0 is not Ready
+    assert silence_checks(broken, {"n2": T0}, {}) == set()  # NotReady already: nothing to read
     assert silence_checks(whole, {}, {"n2": T0}) == {"n2"}  # found silent: read until it speaks again
+    assert forgotten({"n2": T0 - timedelta(seconds=121), "n3": T0 - timedelta(seconds=30)}, T0) == ["n2"]
     assert silent_for(None, T0) is None
     assert silent_for(T0 - timedelta(seconds=5), T0) == 15.0
     assert silent_for(T0 - timedelta(seconds=25), T0) == 0.0

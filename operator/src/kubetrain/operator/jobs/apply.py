@@ -396,13 +396,14 @@ class Applier:
         return JobList(items, version, namespace)
 
     def _node_heard_at(self, name: str) -> datetime | None:
-        """When the node's kubelet last renewed its Lease (None: no Lease, or the operator may not read it)."""
+        """When the node's kubelet last renewed its Lease (None: no Lease, the operator may not read it, or the
+        read failed: a hint that never holds a reconcile back, whose restart may be decided on other grounds)."""
         try:
             lease = self.apis.custom.get_namespaced_custom_object("coordination.k8s.io", "v1", NODE_LEASES,
                                                                   "leases", name)
-        except ApiException as exc:
-            if exc.status not in (403, 404):
-                raise
+        except Exception as exc:  # noqa: BLE001 - any failure reads as "not known"
+            if not isinstance(exc, ApiException) or exc.status not in (403, 404):
+                log.info("node %s: its Lease could not be read: %s", name, exc)
             return None
         return contract.parse_time((lease.get("spec") or {}).get("renewTime"))
 

@@ -36,6 +36,7 @@ from kubetrain.operator.jobs.plan import (
     Plan,
     claim_to_check,
     deletion_overdue,
+    forgotten,
     plan,
     silence_checks,
     silent_for,
@@ -281,6 +282,8 @@ class JobController:
         """Read the Leases of the job's nodes that plan.silence_checks names: a silent one joins cache.silent
         (NotReady to the lifecycle), one that spoke again leaves it. Seconds until one could turn silent (the
         reconcile's next look), or None."""
+        for node in forgotten(self.cache.silent, self.clock()):
+            del self.cache.silent[node]
         checks = silence_checks(self.cache.pods(key), self.cache.nodes, self.cache.silent)
         soonest = None
         for node in sorted(checks):

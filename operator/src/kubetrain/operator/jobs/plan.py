@@ -501,15 +501,27 @@ def _off_silent(create: list[dict[str, Any]], silent: frozenset[str]) -> None:
             obj["spec"]["affinity"] = b.avoid_nodes(obj["spec"].get("affinity"), sorted(silent))
 
 
+SILENT_FORGET_SECONDS = 120.0
+"""A silent mark older than this is dropped: a node that died is NotReady long before (the node lifecycle
+controller's 50 s), and one that did not must not stay off every new pod for the operator's life."""
+
+
 def silence_checks(pods: Iterable[dict[str, Any]], not_ready: Mapping[str, datetime | None],
                    silent: Mapping[str, datetime]) -> set[str]:
     """The nodes of the job's pods whose Lease to read now: while one of its workers lost its peers, each one
-    not NotReady already; otherwise those found silent before (to see them speak again)."""
+    not NotReady already, but the nodes of those workers (their kubelets just spoke); otherwise those found
+    silent before (to see them speak again)."""
     pods = list(pods)
     nodes = {n for p in pods if (n := (p.get("spec") or {}).get("nodeName")) and not_ready.get(n) is None}
-    if any(facts(p).peers_lost_since is not None for p in pods):
-        return nodes
+    lost = [p for p in pods if facts(p).peers_lost_since is not None]
+    if lost:
+        return nodes - {(p.get("spec") or {}).get("nodeName") for p in lost}
     return nodes & set(silent)
+
+
+def forgotten(silent: Mapping[str, datetime], now: datetime) -> list[str]:
+    """The silent marks to drop (SILENT_FORGET_SECONDS)."""
+    return [n for n, heard in silent.items() if (now - heard).total_seconds() > SILENT_FORGET_SECONDS]
 
 
 def silent_for(heard: datetime | None, now: datetime) -> float | None:
