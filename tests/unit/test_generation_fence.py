@@ -87,3 +87,15 @@ def test_a_gang_that_starts_while_the_commit_waits_for_every_part_refuses_that_c
                               before_commit=lambda: old.check(what="commit of step 8"))
     writer.join()
     assert not (step / COMMIT_MARKER).exists()
+
+
+def test_a_stale_commit_writes_nothing_where_a_newer_gang_started(tmp_path: Path) -> None:
+    """Its step directory removed by the newer gang (a torn one to it), a stale rank 0 recreates nothing."""
+    old, new = on_directory(tmp_path, Fence(RUN, 0)), on_directory(tmp_path, Fence(RUN, 1))
+    old.claim()
+    new.claim()
+    step = tmp_path / "step-00000008"
+    with gloo_world_of_one(), pytest.raises(StaleGeneration):
+        commit_checkpoint(tmp_path, step, TrainerState(step=8), keep=3,
+                          before_commit=lambda: old.check(what="commit of step 8"))
+    assert not step.exists()

@@ -116,7 +116,10 @@ def commit_checkpoint(root: Path, path: Path, state: TrainerState, keep: int, sh
                       before_commit: Callable[[], None] | None = None) -> None:
     """Rank 0, once every rank's part of `path` is written: trainer.json, the COMMITTED marker,
     best-eval.json when this is the best evaluation's checkpoint, then pruning. `state`: as of the saved step.
-    `before_commit` runs right before the marker (the generation fence's check), after the wait for the parts."""
+    `before_commit` (the generation fence's check) runs before anything is written, and again right before the
+    marker, after the wait for the parts (up to VISIBLE_WITHIN_SECONDS), during which a newer gang may start."""
+    if before_commit is not None:
+        before_commit()
     atomic_write_text(path / TRAINER_STATE, json.dumps(asdict(state), indent=1))
     if shared:
         require_every_part(path, dist.get_world_size())
