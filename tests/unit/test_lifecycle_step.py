@@ -207,7 +207,9 @@ def test_not_ready_from_the_last_restart_or_for_a_moment_is_no_broken_gang():
     for since, now in [(restarted + timedelta(seconds=2), restarted + timedelta(seconds=8)),  # the old gang's
                        (restarted + timedelta(seconds=40), restarted + timedelta(seconds=41))]:  # a blip
         seen = Observed(workers=(WorkerState(0, R, peers_lost_since=since), gone))
-        assert step(s, at(now), seen, now).decision.action == Action.WAIT, (since, now)
+        t = step(s, at(now), seen, now)
+        assert t.decision.action == Action.WAIT, (since, now)
+    assert t.decision.requeue_after == 3.0  # the look when the blip would count (3 s, +1 for the cut second)
     later = Observed(workers=(WorkerState(0, R, peers_lost_since=restarted + timedelta(seconds=40)), gone))
     now = restarted + timedelta(seconds=44)  # lost in this generation, for 4 s
     t = step(s, at(now), later, now)

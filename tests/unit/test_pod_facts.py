@@ -203,6 +203,7 @@ def test_a_kept_worker_that_stopped_answering_its_probe_after_starting_lost_its_
         p = in_pod(rv, 0, {"running": {"startedAt": started}})
         p["status"]["containerStatuses"][0]["ready"] = ready
         p["status"]["conditions"] = [{"type": "Ready", "status": str(ready), "lastTransitionTime": since}]
+        p["spec"]["containers"] = [{"name": b.CONTAINER, "env": [{"name": contract.GANG_PROBE_PORT, "value": "29499"}]}]
         return p
 
     assert facts(probed("1", False, "2026-01-01T00:01:00Z")).peers_lost_since == contract.parse_time(
@@ -214,3 +215,6 @@ def test_a_kept_worker_that_stopped_answering_its_probe_after_starting_lost_its_
     never = probed("5", False, "2026-01-01T00:01:00Z")
     never["spec"]["restartPolicy"] = "Never"  # no in-place restarts: no launcher waits, no probe
     assert facts(never).peers_lost_since is None
+    theirs = probed("6", False, "2026-01-01T00:01:00Z")
+    theirs["spec"]["containers"][0]["env"] = []  # a readinessProbe of the job's own: not Ready says nothing of peers
+    assert facts(theirs).peers_lost_since is None

@@ -297,9 +297,15 @@ def lost_peers_this_generation(w: WorkerState, told_at: datetime | None, now: da
     """The worker lost its peers while running this generation, for at least PEERS_LOST_MIN_SECONDS: `told_at`
     is when the kept workers were told to run it (generation_told_at; None: the first generation)."""
     since = w.peers_lost_since
-    if since is None or w.held or (now - since).total_seconds() < PEERS_LOST_MIN_SECONDS:
+    if since is None or w.held or now < peers_lost_counts_at(since):
         return False
     return told_at is None or since > told_at + timedelta(seconds=PEERS_LOST_SETTLE_SECONDS)
+
+
+def peers_lost_counts_at(since: datetime) -> datetime:
+    """When a worker not Ready since `since` has been so for PEERS_LOST_MIN_SECONDS (lastTransitionTime is cut
+    to the second: one more)."""
+    return since + timedelta(seconds=PEERS_LOST_MIN_SECONDS + 1)
 
 
 def generation_told_at(spec: TrainingJobSpec, job: JobView) -> datetime | None:
@@ -482,10 +488,12 @@ def next_deadline(spec: TrainingJobSpec, job: JobView, now: datetime, default: f
     if spec.active_deadline_seconds is not None and job.start_time is not None:
         at.append(job.start_time + timedelta(seconds=spec.active_deadline_seconds))
     last_progress = None if job.progress_unknown else job.last_progress_time
-    for w in job.workers:  # when a NotReady node's grace could run out (node_lost)
+    for w in job.workers:  # when a NotReady node's grace could run out (node_lost), or its gang count broken
         if w.node_not_ready_since is not None and job.disruption is None:
             since = w.node_not_ready_since if last_progress is None else last_progress
             at.append(since + timedelta(seconds=policy.node_not_ready_grace_seconds))
+        if w.peers_lost_since is not None and not w.held and peers_lost_counts_at(w.peers_lost_since) > now:
+            at.append(peers_lost_counts_at(w.peers_lost_since))
     return max(0.5, min([default, *((t - now).total_seconds() for t in at)]))
 
 

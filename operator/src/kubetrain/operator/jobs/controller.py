@@ -288,6 +288,8 @@ class JobController:
         soonest = None
         for node in sorted(checks):
             heard = await self.applier.node_heard_at(node)
+            if heard is None and node in self.cache.silent:
+                continue  # not known is not "spoke again": the mark stays until forgotten()
             left = silent_for(heard, self.clock())
             if heard is not None and left == 0.0:
                 if node not in self.cache.silent:

@@ -515,7 +515,7 @@ def silence_checks(pods: Iterable[dict[str, Any]], not_ready: Mapping[str, datet
     nodes = {n for p in pods if (n := (p.get("spec") or {}).get("nodeName")) and not_ready.get(n) is None}
     lost = [p for p in pods if facts(p).peers_lost_since is not None]
     if lost:
-        return nodes - {(p.get("spec") or {}).get("nodeName") for p in lost}
+        return (nodes - {(p.get("spec") or {}).get("nodeName") for p in lost}) | (nodes & set(silent))
     return nodes & set(silent)
 
 

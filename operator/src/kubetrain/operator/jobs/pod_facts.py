@@ -115,7 +115,7 @@ def _read(pod: dict[str, Any]) -> PodFacts:
         unschedulable_since=_unschedulable_since(status), hang=hang, said=said,
         failed_in=init[0] if init is not None else None, fetching=pending and _fetching(status),
         ended_at=contract.parse_time((ended or {}).get("finishedAt")) if phase == WorkerPhase.SUCCEEDED else None,
-        peers_lost_since=_peers_lost_since(status) if phase == WorkerPhase.RUNNING and restarts_here else None,
+        peers_lost_since=_peers_lost_since(status) if phase == WorkerPhase.RUNNING and _gang_probed(pod) else None,
     )
 
 
@@ -263,6 +263,15 @@ def _still_running(status: dict[str, Any]) -> bool:
 def _ready(status: dict[str, Any]) -> bool:
     return status.get("phase") == "Running" and any(
         c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _gang_probed(pod: dict[str, Any]) -> bool:
+    """The trainer container has the gang probe (builders.gang_probe, which sets contract.GANG_PROBE_PORT with
+    it): its readiness says whether its processes lost their peers, and nothing else does."""
+    spec = pod.get("spec") or {}
+    c: dict[str, Any] = next((c for c in spec.get("containers") or [] if c.get("name") == b.CONTAINER), {})
+    return spec.get("restartPolicy") == "OnFailure" and \
+        any(e.get("name") == contract.GANG_PROBE_PORT for e in c.get("env") or [])
 
 
 def _peers_lost_since(status: dict[str, Any]) -> datetime | None:
