@@ -55,6 +55,7 @@ from support.real_pods import (
 from support.waiting import wait_for
 
 from kubetrain.core import contract, hangs
+from kubetrain.trainer.checkpoint.fence import FENCE_FILE
 
 pytestmark = pytest.mark.integration
 
@@ -295,7 +296,7 @@ def test_checkpoints_in_the_object_store_resume_from_the_newest_committed_one(
         fields = {k: st.get(k) for k in ("restartCount", "resumedFrom", "resumedFromStep", "currentStep", "failures")}
         durable = next(c for c in st["conditions"] if c["type"] == "CheckpointsDurable")
         keys = fs.find(f"{bucket}/job", refresh=True)  # objects: SeaweedFS lists emptied folders as well
-        steps = sorted({k.split("/")[2] for k in keys})
+        steps = sorted({k.split("/")[2] for k in keys if k.split("/")[2] != FENCE_FILE})  # the fence beside them
         committed = sorted(k.split("/")[2] for k in keys if k.endswith("/COMMITTED"))
         print(f"object store: Succeeded in {elapsed(start)} s: {json.dumps(fields)}; {durable['reason']}: "
               f"{durable['message']}; bucket: {steps}")
@@ -305,6 +306,7 @@ def test_checkpoints_in_the_object_store_resume_from_the_newest_committed_one(
         assert not jobs.core.list_namespaced_persistent_volume_claim(real_namespace).items  # no claim at all
         # keep 3 of the committed steps 20 ... 120; nothing of the torn step 30 is left
         assert steps == committed == ["step-00000100", "step-00000110", "step-00000120"], keys
+        assert f"{bucket}/job/{FENCE_FILE}" in keys, keys  # the fence, named by the job's uid
         _ends_on_the_reference_loss(jobs, name, reference, "object store")
 
 

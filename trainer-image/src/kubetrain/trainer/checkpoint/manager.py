@@ -230,6 +230,10 @@ class CheckpointManager:
     def _durable_offer(self) -> tuple[tuple[int, str] | None, tuple[str, str] | None]:
         """Rank 0: the durable tier's newest committed checkpoint (step, path or uri), or the error that stops
         the gang (kind, message). In object storage it first checks access and removes torn steps."""
+        if self.store is not None:  # first contact: a missing bucket or refused keys named before the fence's write
+            _, error = _shared_call(self.store.check)
+            if error is not None:
+                return None, error
         _, error = _shared_call(self.fence.claim)
         if error is not None:
             return None, error
