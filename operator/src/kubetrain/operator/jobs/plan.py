@@ -496,8 +496,8 @@ its peers is lost to the job, before the node lifecycle controller says NotReady
 
 def _off_silent(create: list[dict[str, Any]], silent: frozenset[str]) -> None:
     """Keep the worker pods to create off the silent nodes (a required node affinity, for their generation)."""
-    for obj in create:
-        if silent and obj.get("kind") == "Pod":
+    for obj in create if silent else ():
+        if obj.get("kind") == "Pod":
             obj["spec"]["affinity"] = b.avoid_nodes(obj["spec"].get("affinity"), sorted(silent))
 
 
@@ -511,12 +511,10 @@ def silence_checks(pods: Iterable[dict[str, Any]], not_ready: Mapping[str, datet
     """The nodes of the job's pods whose Lease to read now: while one of its workers lost its peers, each one
     not NotReady already, but the nodes of those workers (their kubelets just spoke); otherwise those found
     silent before (to see them speak again)."""
-    pods = list(pods)
-    nodes = {n for p in pods if (n := (p.get("spec") or {}).get("nodeName")) and not_ready.get(n) is None}
-    lost = [p for p in pods if facts(p).peers_lost_since is not None]
-    if lost:
-        return (nodes - {(p.get("spec") or {}).get("nodeName") for p in lost}) | (nodes & set(silent))
-    return nodes & set(silent)
+    seen = [facts(p) for p in pods]
+    nodes = {f.node for f in seen if f.node and not_ready.get(f.node) is None}
+    lost = {f.node for f in seen if f.peers_lost_since is not None}
+    return (nodes - lost if lost else set()) | (nodes & set(silent))
 
 
 def forgotten(silent: Mapping[str, datetime], now: datetime) -> list[str]:
