@@ -9,6 +9,7 @@
 #   hack/images.sh buildah ARG...         buildah on this script's storage (images, inspect, run, rmi)
 #   hack/images.sh ctr ARG...             ctr on the node's containerd, namespace k8s.io (images ls, run)
 #   hack/images.sh registry               print REGISTRY: the test cluster's registry as the node reaches it
+#   hack/images.sh prune                  drop superseded images (every build ends with this; see Disk)
 #
 # When the test cluster's registry runs (hack/registry.sh, started by cluster-up), the images built are
 # also pushed there as REGISTRY/kubetrain-operator:<tag> and REGISTRY/kubetrain-trainer:<tag> (zstd
@@ -30,8 +31,9 @@
 # Loading: skipped when the node's image has the same image ID (config digest); otherwise skopeo
 # writes an OCI layout (uncompressed layers) whose blobs/ starts as hard links to containerd's own
 # blobs, so only new layers are written, and only those go into `ctr images import`.
-# Disk: buildah's layer cache keeps superseded images; `hack/images.sh buildah rmi --prune` frees
-# them (the next build then redoes the steps whose cache it removed).
+# Disk: every build ends by dropping what a rebuild superseded (GBs each time for the trainer): in
+# buildah, the untagged images that are no step of a tagged one (the layer cache of the current builds
+# stays); in each node's containerd, the images no tag names any more (`hack/images.sh prune` alone).
 # Needs root, buildah, skopeo, debootstrap (for the first base) and containerd + ctr
 # (hack/node-deps.sh installs them); starts the node's containerd (hack/containerd.sh) if needed.
 set -euo pipefail
@@ -237,6 +239,50 @@ load_image() {
   log "  loaded ${name} in $((SECONDS - start))s"
 }
 
+# prune_buildah: remove the untagged images whose layers are no prefix of a tagged image's layers, i.e.
+# neither a tagged image nor a cached step of one.
+prune_buildah() {
+  local ids=()
+  mapfile -t ids < <(bld images --all --json | python3 -c '
+import json, subprocess, sys
+def layers(image_id):
+    out = subprocess.run([*sys.argv[1:], "inspect", "--type", "image", "--format",
+                          "{{json .Docker.RootFS.DiffIDs}}", image_id], capture_output=True, text=True)
+    return json.loads(out.stdout or "null") or []
+images = [(i["id"], bool(i.get("names")), layers(i["id"])) for i in json.load(sys.stdin)]
+kept = [ls for _, tagged, ls in images if tagged]
+for image_id, tagged, ls in images:
+    if not tagged and not any(k[: len(ls)] == ls for k in kept):
+        print(image_id)' "${BLD[@]}")
+  [[ ${#ids[@]} -gt 0 ]] || return 0
+  bld rmi "${ids[@]}" >/dev/null 2>&1 || true
+  log "buildah: removed ${#ids[@]} superseded image(s)"
+}
+
+# prune_node: in the selected node's containerd, remove the references to images that no named tag
+# (a name without @digest, not a bare sha256: id) points at any more; containerd then collects their blobs.
+prune_node() {
+  local stale=()
+  mapfile -t stale < <(ctr_node images ls | awk 'NR > 1 {print $1, $3}' | python3 -c '
+import sys
+rows = [line.split() for line in sys.stdin.read().splitlines() if line.strip()]
+named = {d for ref, d in rows if "@" not in ref and not ref.startswith("sha256:")}
+print("\n".join(ref for ref, d in rows if d not in named))' | sed '/^$/d')
+  [[ ${#stale[@]} -gt 0 ]] || return 0
+  ctr_node images rm "${stale[@]}" >/dev/null 2>&1 || true
+  log "${NODE_NAME}: removed ${#stale[@]} superseded image reference(s)"
+}
+
+prune_everywhere() {
+  local k
+  prune_buildah
+  for ((k = 1; k <= REAL_NODES; k++)); do
+    node_vars "$k"
+    if [[ -S "$CONTAINERD_SOCK" ]] && ctr_node version >/dev/null 2>&1; then prune_node; fi
+  done
+  node_vars 1
+}
+
 # load_everywhere <name>: into node 1, and into every other real node whose containerd runs (those
 # exist while the cluster is up; cluster-up's nodes get it from the next `make images`).
 load_everywhere() {
@@ -256,6 +302,7 @@ main() {
     buildah) exec "${BLD[@]}" "${want[@]:1}" ;;
     ctr) ctr_node "${want[@]:1}"; return ;;
     registry) echo "$REGISTRY"; return ;;
+    prune) prune_everywhere; return ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; return ;;
   esac
   read -r operator trainer < <(chart_images)
@@ -287,6 +334,7 @@ main() {
                push_image "$trainer" kubetrain-trainer ;;
     esac
   done
+  prune_everywhere
   log "images ready on the node in $((SECONDS - start))s: ${want[*]}"
 }
 

@@ -49,6 +49,17 @@ server = "http://${NODE_IP}:${PORT}"
 TOML
 }
 
+# Each push of a rebuilt image leaves the old manifest untagged and its layers behind (GBs for the
+# trainer): drop them while the registry is stopped, as Distribution requires (well under a second).
+collect_garbage() {
+  local before after
+  before="$(du -sm "${D}/storage" | cut -f1)"
+  "$1" garbage-collect --delete-untagged "${D}/config.yml" >"${D}/gc.log" 2>&1 \
+    || { log "registry garbage-collect failed (kept going), log ${D}/gc.log"; return 0; }
+  after="$(du -sm "${D}/storage" | cut -f1)"
+  if (( before > after )); then log "registry: freed $((before - after)) MiB of untagged images"; fi
+}
+
 start() {
   local registry started
   registry="$(bin_path registry)"
@@ -57,6 +68,7 @@ start() {
   if ! svc_alive "$S" registry registry; then
     (exec 3<>"/dev/tcp/127.0.0.1/${PORT}") 2>/dev/null && die "port ${PORT} is in use; set KUBETRAIN_REGISTRY_PORT"
     config
+    collect_garbage "$registry"
     svc_launch "$S" registry "$registry" serve "${D}/config.yml"
     log "started registry (pid $(cat "$(svc_pidfile "$S" registry)")), log ${D}/registry.log"
   fi
