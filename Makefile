@@ -54,7 +54,9 @@ lint: $(STAMP)
 crds: $(STAMP)
 	$(BIN)/kubetrain crd -o crds/kubetrain.io_trainingjobs.yaml
 	$(BIN)/kubetrain crd --kind TrainingSweep -o crds/kubetrain.io_trainingsweeps.yaml
-	cp crds/kubetrain.io_trainingjobs.yaml crds/kubetrain.io_trainingsweeps.yaml charts/kubetrain/crds/
+	$(BIN)/kubetrain crd --kind TrainingRuntime -o crds/kubetrain.io_trainingruntimes.yaml
+	$(BIN)/kubetrain crd --kind ClusterTrainingRuntime -o crds/kubetrain.io_clustertrainingruntimes.yaml
+	cp crds/kubetrain.io_*.yaml charts/kubetrain/crds/
 
 clean:
 	rm -rf $(VENV) runs

@@ -142,6 +142,9 @@ not started yet waits for an operator that knows them; a running job goes on wit
 NODES_NOT_READY = "NodesNotReady"
 """Condition: a node running a worker of the current generation is NotReady (the message names it and says whether
 the job still makes progress there, in which case the gang is not restarted)."""
+RUNTIME_RESOLVED = "RuntimeResolved"
+"""Condition (jobs with spec.runtimeRef): its TrainingRuntime or ClusterTrainingRuntime was found and applied; False
+says why the job waits (the runtime does not exist, or the operator may not read it)."""
 NODE_DEGRADED = "NodeDegraded"
 """Condition: the preflight before the current generation's first step found a rank whose compute or neighbour
 exchange is below spec.preflight.degradedFraction of the gang's median (the message names rank, worker and node)."""
@@ -207,6 +210,10 @@ class ConditionReason(enum.StrEnum):
     """NodesNotReady False: every worker's node is Ready (again)."""
     CLUSTER_DISRUPTION = "ClusterDisruption"
     """NodesNotReady: a worker's node is NotReady while so many of the cluster's nodes are (all, or at least 55% and 3 or more) that the cluster, not the node, is likely at fault; the gang is not restarted for it until the disruption ends."""
+    RUNTIME_APPLIED = "RuntimeApplied"
+    """RuntimeResolved: the runtime of spec.runtimeRef is applied (status.runtime)."""
+    RUNTIME_NOT_FOUND = "RuntimeNotFound"
+    """RuntimeResolved False: the runtime of spec.runtimeRef does not exist (or the operator may not read it); the job waits Pending for it."""
     UNKNOWN_FIELDS = "UnknownFields"
     """OperatorOutdated: the spec has fields this operator does not know (the message names them)."""
     PROGRESS_REPORTING_FORBIDDEN = "ProgressReportingForbidden"
@@ -674,7 +681,17 @@ def _built_in_reads_bytes(s: Any) -> bool:
             and s.data.uri is None)
 
 
+DAEMON_IMAGE_RULE = Rule(
+    "fabricOptions.daemonImage",
+    "!has(self.fabricOptions) || !has(self.fabricOptions.daemonImage)",
+    "fabricOptions.daemonImage runs as root with NET_ADMIN beside the workers: only an admin's runtime may name "
+    "it (spec.runtimeRef; docs/runtimes.md)",
+    lambda s: s.fabric_options is None or s.fabric_options.daemon_image is None,
+)
+"""A job never names its fabric's daemon image; a runtime may (kubetrain.core.runtimes merges it in after this rule)."""
+
 SPEC_RULES: list[Rule] = [
+    DAEMON_IMAGE_RULE,
     Rule(
         "profile.steps",
         "!has(self.profile) || (int(self.profile.steps.split('-')[0]) >= 1 && "
@@ -1034,6 +1051,25 @@ SPEC_RULES: list[Rule] = [
     ),
 ]
 
+RUNTIME_FIELDS: Final = frozenset({"image", "podTemplate", "env", "fabric", "fabricOptions", "scheduling",
+                                   "resources", "checkpoint", "s3"})
+"""The spec fields a runtime may set (TrainingRuntimeSpec): a job with spec.runtimeRef may leave them to it."""
+
+
+def _unless_runtime(rule: Rule) -> Rule:
+    """A rule that relates a field a runtime may set to another field holds for the job over its runtime, not for
+    the job alone (`fabricOptions` beside the runtime's `fabric`, `parallelism.tensor` over its GPUs): with
+    spec.runtimeRef the API server leaves it to the merge, which checks every rule (kubetrain.core.runtimes)."""
+    fields = set(re.findall(r"self\.([A-Za-z]+)", rule.cel or ""))
+    if rule.cel is None or len(fields) < 2 or not fields & RUNTIME_FIELDS:
+        return rule
+    check = rule.check
+    return Rule(rule.path, f"has(self.runtimeRef) || ({rule.cel})", rule.message,
+                lambda s: s.runtime_ref is not None or check(s))
+
+
+SPEC_RULES = [_unless_runtime(r) for r in SPEC_RULES]
+
 
 # --------------------------------------------------------------------------- spec and status
 
@@ -1094,6 +1130,20 @@ class PreflightSpec(_Model):
     """A rank whose compute (GFLOP/s) or neighbour exchange speed is below this fraction of the gang's median is degraded: the NodeDegraded condition and a Warning Event name it. Between 0 and 1, both excluded."""
 
 
+RUNTIME_KIND: Final = "TrainingRuntime"
+CLUSTER_RUNTIME_KIND: Final = "ClusterTrainingRuntime"
+RuntimeKind = Literal["TrainingRuntime", "ClusterTrainingRuntime"]
+
+
+class RuntimeRef(_Model):
+    """The admin's runtime a job starts from (docs/runtimes.md)."""
+
+    kind: RuntimeKind = CLUSTER_RUNTIME_KIND
+    """`ClusterTrainingRuntime` (cluster-wide, the default) or `TrainingRuntime` (in the job's namespace)."""
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """The runtime's name."""
+
+
 class TrainingJobSpec(_Model):
     """Desired state of a TrainingJob: what to train, on how many workers, and how to survive failures."""
 
@@ -1103,6 +1153,8 @@ class TrainingJobSpec(_Model):
     """Processes per worker (one per GPU). Default: resources.gpusPerWorker, or 1 without GPUs. At most 256."""
     image: str | None = Field(None, max_length=1024, pattern=IMAGE_PATTERN)
     """Worker container image (`[registry[:port]/]repository[:tag][@digest]`). Default: the operator's trainer image."""
+    runtime_ref: RuntimeRef | None = None
+    """Start from an admin's TrainingRuntime or ClusterTrainingRuntime: its image, podTemplate, env, fabric, scheduling, resources and checkpoint storage are the defaults this spec's own fields override, except the fields it locks (a job that sets one otherwise is refused, naming it). Resolved until the job starts; its status keeps what it started with. Immutable."""
     command: list[str] | None = None
     """Custom script mode: run this command in every worker instead of the built-in trainer. It receives the same environment contract (MASTER_ADDR, RANK, KUBETRAIN_CHECKPOINT_DIR, ...)."""
     args: list[str] | None = None
@@ -1415,6 +1467,20 @@ class LastHang(_Model):
     """Where the workers saved every rank's stacks (inside the pods: the checkpoint volume; locally the logs)."""
 
 
+class AppliedRuntime(_Model):
+    """The runtime a job was resolved with: the operator keeps it from the job's first reconcile on and takes it
+    anew until the job starts, so that an edit of the runtime never changes a job that runs."""
+
+    kind: RuntimeKind
+    """TrainingRuntime or ClusterTrainingRuntime."""
+    name: str
+    """The runtime's name."""
+    resource_version: str | None = None
+    """The runtime's metadata.resourceVersion that was applied."""
+    spec: dict[str, Any] = Field(default_factory=dict)
+    """The runtime's spec as it was applied (only the fields its author set)."""
+
+
 class TrainingJobStatus(_Model):
     """Observed state of a TrainingJob, written by the operator."""
 
@@ -1488,6 +1554,8 @@ class TrainingJobStatus(_Model):
     """The current generation's preflight, as rank 0 reported it (spec.preflight): per-rank compute and exchange, bus bandwidth, slowest and degraded ranks. Unset until reported."""
     memory: MemoryReport | None = None
     """Peak memory per rank (host resident, GPU allocated) of the newest generation that reported it, and what its checkpoints could not keep in the pods' memory. A restarted gang's replaces it once it reports, so a generation that ran out of memory leaves its figures until then."""
+    runtime: AppliedRuntime | None = None
+    """The TrainingRuntime or ClusterTrainingRuntime of spec.runtimeRef as applied: taken anew until the job starts, then kept."""
     avoided_nodes: list[str] = Field(default_factory=list)
     """Nodes where a preflight found a degraded rank, which later worker pods avoid (restartPolicy.avoidDegradedNodes)."""
     last_hang: LastHang | None = None
@@ -1576,6 +1644,93 @@ class TrainingJob(_Model):
     """Desired state."""
     status: TrainingJobStatus | None = None
     """Observed state."""
+
+
+# =========================================================================== runtimes
+
+RUNTIME_PLURAL = "trainingruntimes"
+RUNTIME_SINGULAR = "trainingruntime"
+CLUSTER_RUNTIME_PLURAL = "clustertrainingruntimes"
+CLUSTER_RUNTIME_SINGULAR = "clustertrainingruntime"
+
+
+class RuntimeCheckpointSpec(_Model):
+    """Where a runtime's jobs keep their checkpoints (the fields of a job's spec.checkpoint a runtime may set)."""
+
+    storage_size: str | None = Field(None, max_length=MAX_QUANTITY, pattern=QUANTITY_PATTERN)
+    """checkpoint.storageSize of its jobs."""
+    storage_class_name: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """checkpoint.storageClassName of its jobs."""
+    access_mode: AccessMode | None = None
+    """checkpoint.accessMode of its jobs."""
+    uri: str | None = Field(None, max_length=1024, pattern=S3_URI_PATTERN)
+    """checkpoint.uri of its jobs: an s3:// prefix; each job keeps its checkpoints under it as for its own uri."""
+
+
+class TrainingRuntimeSpec(_Model):
+    """What an admin sets once for the jobs that reference this runtime (spec.runtimeRef): each field is the default
+    of the job's field of the same name, and `locked` names those a job may not set otherwise."""
+
+    image: str | None = Field(None, max_length=1024, pattern=IMAGE_PATTERN)
+    """The workers' image."""
+    pod_template: dict[str, Any] | None = None
+    """A partial core/v1 PodTemplateSpec under the job's own podTemplate (which merges over it as it merges over the generated pod)."""
+    env: list[EnvVar] | None = Field(None, max_length=MAX_ENV_VARS)
+    """Environment variables of the workers; a job's variable of the same name wins unless `env` is locked."""
+    fabric: Fabric | None = None
+    """The network fabric profile. Fabrics whose daemon or host volumes need host privileges (tcpx, tcpxo) are meant to come from here: a job's own is refused unless the chart's podPolicy allows host paths."""
+    fabric_options: FabricOptions | None = None
+    """The fabric's options, daemonImage included (which no job may name itself)."""
+    scheduling: SchedulingSpec | None = None
+    """Placement: node selector and tolerations (a job's add to these), affinity, priority class, queue, gang, scheduler."""
+    resources: ResourcesSpec | None = None
+    """Per-worker resources."""
+    checkpoint: RuntimeCheckpointSpec | None = None
+    """Checkpoint storage."""
+    s3: S3Spec | None = None
+    """The object store of checkpoint.uri (and of the jobs' other s3:// URIs)."""
+    locked: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(None, max_length=64)
+    """Fields a job may not set otherwise than this runtime does, as paths of this spec (`image`, `fabric`, `fabricOptions`, `scheduling.nodeSelector`, `resources.gpusPerWorker`, ...); a path locks everything under it, and a locked field this runtime leaves unset must stay unset."""
+
+
+class RuntimeMeta(ObjectMeta):
+    """The subset of a runtime's metadata kubetrain reads."""
+
+    name: str = Field(..., min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """The runtime's name, which jobs' spec.runtimeRef.name gives."""
+    resource_version: str | None = None
+    """Set by the API server."""
+
+    @field_validator("name")
+    @classmethod
+    def _starts_with_letter(cls, name: str) -> str:
+        return name  # a runtime is no job: no Service or hostname is made of its name
+
+
+class TrainingRuntime(_Model):
+    """Defaults and locked fields for the TrainingJobs of one namespace that reference it (spec.runtimeRef)."""
+
+    api_version: Literal["kubetrain.io/v1alpha1"] = API_VERSION
+    """kubetrain.io/v1alpha1"""
+    kind: Literal["TrainingRuntime"] = RUNTIME_KIND
+    """TrainingRuntime"""
+    metadata: RuntimeMeta
+    """Standard object metadata."""
+    spec: TrainingRuntimeSpec = Field(default_factory=TrainingRuntimeSpec)
+    """What its jobs start from."""
+
+
+class ClusterTrainingRuntime(_Model):
+    """Defaults and locked fields for the TrainingJobs of every namespace that reference it (spec.runtimeRef)."""
+
+    api_version: Literal["kubetrain.io/v1alpha1"] = API_VERSION
+    """kubetrain.io/v1alpha1"""
+    kind: Literal["ClusterTrainingRuntime"] = CLUSTER_RUNTIME_KIND
+    """ClusterTrainingRuntime"""
+    metadata: RuntimeMeta
+    """Standard object metadata."""
+    spec: TrainingRuntimeSpec = Field(default_factory=TrainingRuntimeSpec)
+    """What its jobs start from."""
 
 
 # =========================================================================== TrainingSweep

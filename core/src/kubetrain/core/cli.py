@@ -315,7 +315,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("crd", help="print a CustomResourceDefinition (generated from the API models)")
-    c.add_argument("--kind", choices=sorted(CRDS), default=KIND, help="TrainingJob (default) or TrainingSweep")
+    c.add_argument("--kind", choices=sorted(CRDS), default=KIND, help="TrainingJob (default), TrainingSweep, TrainingRuntime or ClusterTrainingRuntime")
     c.add_argument("-o", "--output", help="write to this file instead of stdout")
     c.set_defaults(func=cmd_crd)
 

@@ -1,4 +1,5 @@
-"""Generate the TrainingJob and TrainingSweep CustomResourceDefinitions from the pydantic models.
+"""Generate kubetrain's CustomResourceDefinitions (TrainingJob, TrainingSweep, TrainingRuntime,
+ClusterTrainingRuntime) from the pydantic models.
 
 Pydantic emits JSON Schema (draft 2020-12, with $ref and anyOf for optionals);
 the API server wants a *structural* OpenAPI v3.0 schema: every node typed, no
@@ -21,6 +22,7 @@ from typing import Any
 import yaml
 
 from kubetrain.core import api
+from kubetrain.core.runtimes import lockable_paths
 
 _DROP = {"title", "additionalProperties"}
 
@@ -153,7 +155,7 @@ def _object_defaults(schema: dict[str, Any], model: type[api._Model]) -> None:
             _object_defaults(sub, ann)
 
 
-def _resolved(model: type[api._Model]) -> dict[str, Any]:
+def _resolved(model: type[api._Model], status: bool = True) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     schema = _structural(_resolve({k: v for k, v in raw.items() if k != "$defs"}, raw.get("$defs", {})))
     schema["properties"]["apiVersion"] = {"type": "string", "description": f"APIVersion of this object: {api.API_VERSION}."}
@@ -162,7 +164,8 @@ def _resolved(model: type[api._Model]) -> dict[str, Any]:
     # spec itself has no default: the API server checks a default against the CEL rules without
     # applying the nested defaults first, and every manifest has a spec anyway.
     schema["required"] = ["spec"]
-    _strip_defaults(schema["properties"]["status"])
+    if status:
+        _strip_defaults(schema["properties"]["status"])
     return schema
 
 
@@ -216,6 +219,18 @@ def sweep_openapi_schema() -> dict[str, Any]:
     return schema
 
 
+def runtime_openapi_schema(model: type[api._Model]) -> dict[str, Any]:
+    """The structural schema of a TrainingRuntime or ClusterTrainingRuntime: no defaults at all, so that what is
+    stored is what the admin wrote (a default would override every job's own value), and `locked` names fields."""
+    schema = _resolved(model, status=False)
+    spec = schema["properties"]["spec"]
+    _strip_defaults(spec)
+    _type_pod_template(spec)
+    spec["properties"]["locked"]["items"]["enum"] = lockable_paths()
+    spec["properties"]["locked"]["x-kubernetes-list-type"] = "set"
+    return schema
+
+
 def _strip_defaults(node: dict[str, Any]) -> None:
     node.pop("default", None)
     for sub in node.get("properties", {}).values():
@@ -254,8 +269,20 @@ SWEEP_PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
+RUNTIME_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Image", "type": "string", "jsonPath": ".spec.image", "description": "The workers' image"},
+    {"name": "Fabric", "type": "string", "jsonPath": ".spec.fabric", "description": "Network fabric profile"},
+    {"name": "Locked", "type": "string", "jsonPath": ".spec.locked", "description": "Fields jobs may not override"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
 def _definition(kind: str, plural: str, singular: str, short: list[str], schema: dict[str, Any],
-                columns: list[dict[str, Any]]) -> dict[str, Any]:
+                columns: list[dict[str, Any]], scope: str = "Namespaced", status: bool = True) -> dict[str, Any]:
+    version = {"name": api.VERSION, "served": True, "storage": True, "schema": {"openAPIV3Schema": schema},
+               "subresources": {"status": {}}, "additionalPrinterColumns": columns}
+    if not status:
+        del version["subresources"]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -265,7 +292,7 @@ def _definition(kind: str, plural: str, singular: str, short: list[str], schema:
         },
         "spec": {
             "group": api.GROUP,
-            "scope": "Namespaced",
+            "scope": scope,
             "names": {
                 "kind": kind,
                 "listKind": f"{kind}List",
@@ -274,16 +301,7 @@ def _definition(kind: str, plural: str, singular: str, short: list[str], schema:
                 "shortNames": list(short),
                 "categories": ["all", "kubetrain"],
             },
-            "versions": [
-                {
-                    "name": api.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": schema},
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
-                }
-            ],
+            "versions": [version],
         },
     }
 
@@ -299,7 +317,20 @@ def sweep_crd() -> dict[str, Any]:
                        sweep_openapi_schema(), SWEEP_PRINTER_COLUMNS)
 
 
-CRDS = {api.KIND: crd, api.SWEEP_KIND: sweep_crd}
+def runtime_crd() -> dict[str, Any]:
+    """The TrainingRuntime CustomResourceDefinition (namespaced)."""
+    return _definition(api.RUNTIME_KIND, api.RUNTIME_PLURAL, api.RUNTIME_SINGULAR, ["trt"],
+                       runtime_openapi_schema(api.TrainingRuntime), RUNTIME_PRINTER_COLUMNS, status=False)
+
+
+def cluster_runtime_crd() -> dict[str, Any]:
+    """The ClusterTrainingRuntime CustomResourceDefinition (cluster-scoped)."""
+    return _definition(api.CLUSTER_RUNTIME_KIND, api.CLUSTER_RUNTIME_PLURAL, api.CLUSTER_RUNTIME_SINGULAR, ["ctrt"],
+                       runtime_openapi_schema(api.ClusterTrainingRuntime), RUNTIME_PRINTER_COLUMNS, "Cluster", False)
+
+
+CRDS = {api.KIND: crd, api.SWEEP_KIND: sweep_crd, api.RUNTIME_KIND: runtime_crd,
+        api.CLUSTER_RUNTIME_KIND: cluster_runtime_crd}
 """Each kind's CRD, by kind; `make crds` writes one file per kind."""
 
 

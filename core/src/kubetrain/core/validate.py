@@ -24,15 +24,21 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from kubetrain.core import runtimes
 from kubetrain.core.api import (
     API_VERSION,
+    CLUSTER_RUNTIME_KIND,
     KIND,
     OWN_ERROR,
     PATTERN_REASONS,
+    RUNTIME_KIND,
     SWEEP_KIND,
+    ClusterTrainingRuntime,
     ObjectMeta,
+    RuntimeMeta,
     SweepMeta,
     TrainingJob,
+    TrainingRuntime,
     TrainingSweep,
 )
 from kubetrain.core.pod_template import MAX_DEPTH
@@ -411,7 +417,8 @@ GENERATED_NAME_CHARACTERS: Final = 5
 """The API server names an object that has metadata.generateName and no name: generateName + 5 random characters."""
 GENERATE_NAME_PATTERN = r"[a-z][-a-z0-9]*"
 """A generateName whose name (with 5 random letters and digits after it) is a DNS-1035 label (api.JOB_NAME_PATTERN)."""
-_METADATA: dict[str, type[ObjectMeta]] = {KIND: ObjectMeta, SWEEP_KIND: SweepMeta}
+_METADATA: dict[str, type[ObjectMeta]] = {KIND: ObjectMeta, SWEEP_KIND: SweepMeta, RUNTIME_KIND: RuntimeMeta,
+                                          CLUSTER_RUNTIME_KIND: RuntimeMeta}
 
 
 def _name_from_generate_name(plain: dict[str, Any], meta: type[ObjectMeta]) -> list[Problem]:
@@ -474,6 +481,45 @@ def check_sweep(doc: Any) -> tuple[TrainingSweep | None, list[Problem]]:
     return (None if found else sweep), found
 
 
+RUNTIME_MODELS: Final = {RUNTIME_KIND: TrainingRuntime, CLUSTER_RUNTIME_KIND: ClusterTrainingRuntime}
+
+
+def check_runtime(doc: Any) -> tuple[TrainingRuntime | ClusterTrainingRuntime | None, list[Problem]]:
+    """The TrainingRuntime or ClusterTrainingRuntime of one parsed manifest document, or None and every problem."""
+    kind = _kind(doc)
+    plain, found = _as_submitted(doc, kind)
+    if plain is None:
+        return None, found
+    try:
+        runtime = RUNTIME_MODELS[kind].model_validate_json(json.dumps(plain), strict=True)
+    except ValidationError as exc:
+        return None, found + _errors(exc)
+    for text in runtimes.runtime_problems(runtime.spec):
+        path, _, reason = text.partition(": ")
+        found.append(Problem(path, reason))
+    return (None if found else runtime), found
+
+
+def with_runtime(job: TrainingJob, docs: list[Any]) -> tuple[TrainingJob | None, list[Problem]]:
+    """A job over the runtime its spec.runtimeRef names, taken from the same file's documents (a local run has
+    no cluster to read it from); a job without one as it is."""
+    ref = job.spec.runtime_ref
+    if ref is None:
+        return job, []
+    found = [d for d in docs if _kind(d) == ref.kind and isinstance(d.get("metadata"), dict)
+             and d["metadata"].get("name") == ref.name]
+    if not found:
+        return None, [Problem("spec.runtimeRef", f"{ref.kind} {ref.name!r} is not in this file: outside a cluster "
+                              "the runtime comes from the job's own manifest (add its document, after ---)")]
+    runtime, problems = check_runtime(found[0])
+    if runtime is None:
+        return None, [Problem("spec.runtimeRef", f"{ref.kind} {ref.name!r}: {p}") for p in problems]
+    resolved = runtimes.resolve(job.spec, ref.kind, ref.name, runtime.spec)
+    if resolved.spec is None:
+        return None, [Problem(*text.split(": ", 1)) for text in resolved.problems]
+    return job.model_copy(update={"spec": resolved.spec}), []
+
+
 Stored = TypeVar("Stored", TrainingJob, TrainingSweep)
 
 
@@ -515,18 +561,23 @@ def _stored_data(body: Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-def problems_of(doc: Any) -> list[Problem]:
-    """Every problem of one parsed manifest document (a TrainingSweep when its kind says so, else a
-    TrainingJob); empty when it is valid."""
+def problems_of(doc: Any, docs: list[Any] | None = None) -> list[Problem]:
+    """Every problem of one parsed manifest document (a TrainingSweep or a runtime when its kind says so, else a
+    TrainingJob, checked over its runtime where `docs`, the file's documents, hold it); empty when it is valid."""
     if isinstance(doc, dict) and doc.get("kind") == SWEEP_KIND:
         return check_sweep(doc)[1]
-    return check(doc)[1]
+    if _kind(doc) in RUNTIME_MODELS:
+        return check_runtime(doc)[1]
+    job, found = check(doc)
+    if job is None or job.spec.runtime_ref is None or not any(_kind(d) == job.spec.runtime_ref.kind for d in docs or []):
+        return found
+    return with_runtime(job, docs or [])[1]
 
 
 # --------------------------------------------------------------------------- judging a file, as kubectl sends it
 
 
-KINDS: Final = (KIND, SWEEP_KIND)
+KINDS: Final = (KIND, SWEEP_KIND, RUNTIME_KIND, CLUSTER_RUNTIME_KIND)
 
 
 def _kind(doc: Any) -> Any:
@@ -579,7 +630,7 @@ def judge(docs: list[Any]) -> list[Verdict]:
              for j, obj in (enumerate(doc["items"]) if is_list(doc) else [(None, doc)])]
     ours = any(_kind(v.obj) in KINDS for v in found)
     return [replace(v, checked=False) if ours and _kind(v.obj) and _kind(v.obj) not in KINDS
-            else replace(v, problems=_inside(v.item, problems_of(v.obj))) for v in found]
+            else replace(v, problems=_inside(v.item, problems_of(v.obj, [x.obj for x in found]))) for v in found]
 
 
 def _single(path: Path, kind: str) -> Any:
@@ -595,8 +646,11 @@ def _single(path: Path, kind: str) -> Any:
 
 
 def load_job(path: Path) -> TrainingJob:
-    """The single TrainingJob in a manifest file, or ManifestError naming every problem."""
+    """The single TrainingJob in a manifest file, over the runtime its spec.runtimeRef names (a document of the same
+    file), or ManifestError naming every problem."""
     job, problems = check(_single(path, KIND))
+    if job is not None:
+        job, problems = with_runtime(job, load_documents(path))
     if job is None:
         raise ManifestError(str(path), problems)
     return job
