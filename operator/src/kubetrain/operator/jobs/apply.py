@@ -43,6 +43,7 @@ from kubetrain.operator.jobs.builders import GANGS
 from kubetrain.operator.jobs.cache import WatchCache, node_not_ready_since
 from kubetrain.operator.jobs.conditions import gang_missing, is_gang_missing
 from kubetrain.operator.jobs.pod_patches import PodPatches
+from kubetrain.operator.jobs.runtimes import RuntimeLookup
 from kubetrain.operator.runtime import metrics
 from kubetrain.operator.runtime.objects import (
     DELETED,
@@ -417,6 +418,25 @@ class Applier:
             if exc.status != 404:
                 raise
             return None
+
+    async def read_runtime(self, ns: str, ref: api.RuntimeRef) -> RuntimeLookup:
+        """A job's runtime as the API server stores it, or why there is none (not found, not readable)."""
+        custom = self.apis.custom
+        try:
+            if ref.kind == api.CLUSTER_RUNTIME_KIND:
+                found = await self.io(custom.get_cluster_custom_object, api.GROUP, api.VERSION,
+                                      api.CLUSTER_RUNTIME_PLURAL, ref.name)
+            else:
+                found = await self.io(custom.get_namespaced_custom_object, api.GROUP, api.VERSION, ns,
+                                      api.RUNTIME_PLURAL, ref.name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return RuntimeLookup(missing="not found")
+            if exc.status == 403:
+                return RuntimeLookup(missing="the operator may not read it (403): its ClusterRole lacks "
+                                     "the runtimes (upgrade the chart)")
+            raise
+        return RuntimeLookup(body=dict(found))
 
     async def refresh(self, key: Key) -> bool:
         """Replace one job's cached pods (and their nodes' readiness) with a live read; True when

@@ -190,7 +190,9 @@ def launcher_files() -> dict[str, str]:
 
 
 def config_map(job: TrainingJob, owner: dict[str, Any] | None = None) -> dict[str, Any]:
-    data = {"config.json": json.dumps(job.spec.dump_changed(), indent=1, sort_keys=True)}
+    config = job.spec.dump_changed()
+    config.pop("runtimeRef", None)  # merged in already (kubetrain.core.runtimes); an older trainer image knows no such field
+    data = {"config.json": json.dumps(config, indent=1, sort_keys=True)}
     if job.spec.command and job.spec.runs_launcher:  # see worker_command
         data.update(launcher_files())
     return {

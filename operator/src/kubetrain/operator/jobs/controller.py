@@ -29,6 +29,7 @@ from kubernetes import client
 
 from kubetrain.core import api, contract
 from kubetrain.core.lifecycle import Action, FailureKind, WorkerPhase, gpu_hours_now
+from kubetrain.operator.jobs import runtimes
 from kubetrain.operator.jobs.apply import Apis, Applier
 from kubetrain.operator.jobs.cache import WatchCache
 from kubetrain.operator.jobs.plan import (
@@ -44,6 +45,7 @@ from kubetrain.operator.jobs.plan import (
 from kubetrain.operator.jobs.pod_facts import facts
 from kubetrain.operator.jobs.pod_patches import overlay
 from kubetrain.operator.jobs.pod_watch import Event, PodList, PodWatch
+from kubetrain.operator.jobs.runtimes import RuntimeLookup
 from kubetrain.operator.kueue.io import KueueIO
 from kubetrain.operator.kueue.plan import QueueView
 from kubetrain.operator.runtime import metrics
@@ -242,11 +244,12 @@ class JobController:
             claim_phase = await self._claim_phase(key, body)
             queue = await self.kueue.view(key, body)
             silence = await self._check_silence(key)
-            p = self._plan(key, body, claim_phase, queue)
+            runtime = await self._read_runtime(key, body)
+            p = self._plan(key, body, claim_phase, queue, runtime)
             confirm = (p.decision is not None and p.decision.failure_kind in CONFIRM_LIVE) or \
                 deletion_overdue(self.cache.pods(key), self.clock(), self.cache.read_live(key))
             if confirm and await self.applier.refresh(key):
-                p = self._plan(key, body, claim_phase, queue)
+                p = self._plan(key, body, claim_phase, queue, runtime)
             carried_out = await self.applier.execute(key, body, p)
             if carried_out:
                 await self.kueue.carry_out(key, body, p.queue)
@@ -263,7 +266,8 @@ class JobController:
         after = self._requeue_after(key, p)
         return silence if after is None or (silence is not None and silence < after) else after
 
-    def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None, queue: QueueView) -> Plan:
+    def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None, queue: QueueView,
+              runtime: RuntimeLookup | None = None) -> Plan:
         cache, now = self.cache, self.clock()
         t0 = time.perf_counter()
         progress = cache.progress(key)
@@ -273,10 +277,18 @@ class JobController:
             status_written=cache.status_written(key), claim_phase=claim_phase,
             gone=cache.disrupted(key), silent=frozenset(cache.silent),
             progress_refused=cache.progress_refused(key), create_refused=cache.create_refused(key),
-            foreign=cache.foreign(key), queue=queue, node_count=len(cache.node_names), terminating=cache.terminating)
+            foreign=cache.foreign(key), queue=queue, node_count=len(cache.node_names), terminating=cache.terminating,
+            runtime=runtime)
         p = plan(seen, self.settings.builders)
         self.paces[key] = pace(time.perf_counter() - t0)
         return p
+
+    async def _read_runtime(self, key: Key, body: dict[str, Any]) -> RuntimeLookup | None:
+        """The job's runtime as stored now, while the job has not started with one (runtimes.to_read)."""
+        ref = runtimes.to_read(body)
+        if ref is None:
+            return None
+        return await self.applier.read_runtime(key[0], ref)
 
     async def _check_silence(self, key: Key) -> float | None:
         """Read the Leases of the job's nodes that plan.silence_checks names: a silent one joins cache.silent

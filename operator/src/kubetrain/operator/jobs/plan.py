@@ -39,6 +39,7 @@ from kubetrain.core.validate import stored_object
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs import fabrics
 from kubetrain.operator.jobs.conditions import (
+    Want,
     announce,
     blocked_pods,
     checkpoints_durable,
@@ -50,6 +51,7 @@ from kubetrain.operator.jobs.conditions import (
     workers_blocked,
 )
 from kubetrain.operator.jobs.pod_facts import container_exit_code, disrupted, facts
+from kubetrain.operator.jobs.runtimes import RUNTIME_LOOK_AGAIN_SECONDS, RuntimeLookup, applied, with_runtime
 from kubetrain.operator.kueue import plan as kueue
 from kubetrain.operator.runtime.objects import owner_reference
 
@@ -232,6 +234,8 @@ class Observation:
     """Kueue's view of a job with a LocalQueue (its Workload, flavors, priority)."""
     terminating: Mapping[str, str] = field(default_factory=dict)
     """Node name -> the termination taint it carries: it is about to go."""
+    runtime: RuntimeLookup | None = None
+    """The live read of the job's runtime (runtimes.to_read); None where none was made."""
 
 
 def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
@@ -250,10 +254,14 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     if job is None:
         return _invalid(old, problems, now, kueue.plan_invalid(view, now))
     if unknown and not _started(old):
-        return _outdated(old, unknown, now)
-    refused = admission_problems(job, old, settings)
+        return _waiting(old, operator_outdated(unknown, started=False), now)
+    stored, rt = old, with_runtime(job, old, seen.runtime)
+    if rt.waiting is not None:
+        return _waiting(old, rt.waiting, now, RUNTIME_LOOK_AGAIN_SECONDS)
+    refused = rt.problems or admission_problems(rt.job, rt.status, settings, rt.trusted_fabric)
     if refused:
         return _invalid(old, refused, now, kueue.plan_invalid(view, now))
+    job, old = rt.job, rt.status
     ours = [p for p in seen.pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
     gang_gone = not any(facts(p).running for p in ours)
     template = functools.partial(b.worker_pod, job, 0, 0, settings)  # a queued job's Workload template
@@ -281,8 +289,8 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
         _patch(out, name, "annotations", notes)
     if t.decision is not None:
         blocked = Blocked(seen.claim_phase, seen.create_refused, seen.foreign, tuple(unknown), seen.nodes,
-                          _last_progress(observed, t.status), disruption)
-        _write_status(out, old.dump(), _presented(job, body, ours, t, blocked, now, out), now, seen.status_written)
+                          _last_progress(observed, t.status), disruption, tuple(filter(None, [applied(old)])))
+        _write_status(out, stored.dump(), _presented(job, body, ours, t, blocked, now, out), now, seen.status_written)
     return out
 
 
@@ -291,13 +299,14 @@ def _last_progress(observed: Observed, status: TrainingJobStatus) -> datetime | 
     return None if observed.progress_unknown else contract.parse_time(status.last_progress_time)
 
 
-def admission_problems(job: TrainingJob, old: TrainingJobStatus, settings: b.WorkerSettings) -> list[str]:
+def admission_problems(job: TrainingJob, old: TrainingJobStatus, settings: b.WorkerSettings,
+                       trusted_fabric: bool = False) -> list[str]:
     """What this operator's settings refuse of a job that has not started (its podTemplate's host-level fields,
-    a missing queue): a job that already ran keeps running when they are tightened (an upgrade never fails a
-    running job)."""
+    a fabric that mounts the node's directories unless a ClusterTrainingRuntime chose it, a missing queue): a job
+    that already ran keeps running when they are tightened (an upgrade never fails a running job)."""
     if _started(old):
         return []
-    found = []
+    found = [] if trusted_fabric else host_fabric_problems(job, settings)
     ns = job.metadata.namespace or ""
     if ns in settings.queue_required_in and job.spec.scheduling.queue is None:
         found.append(f"spec.scheduling.queue: required in namespace {ns} (chart value queues.requiredIn)")
@@ -324,17 +333,28 @@ def _started(old: TrainingJobStatus) -> bool:
     return old.phase not in (Phase.PENDING, None) or bool(old.restart_count)
 
 
-def _outdated(old: TrainingJobStatus, unknown: list[str], now: datetime) -> Plan:
-    """A job not started yet whose spec has fields this operator does not know: it waits, Pending, for an
-    operator that knows them (running it without them could run it wrong; failing it would lose it to a CRD
-    applied a moment before the operator's upgrade)."""
-    out, want = Plan(), operator_outdated(unknown, started=False)
+def host_fabric_problems(job: TrainingJob, settings: b.WorkerSettings) -> list[str]:
+    """A job's own fabric whose profile mounts directories of the node (tcpx, tcpxo: /sys, /proc/sys, beside a root
+    daemon), where the operator's podPolicy does not allow hostPath volumes."""
+    host = [v["hostPath"]["path"] for v in fabrics.profile(job.spec).volumes if "hostPath" in v]
+    if not host or settings.pod_policy.allow_host_path:
+        return []
+    return [f"spec.fabric: {job.spec.fabric} mounts {', '.join(host)} of the node and runs a root daemon: only "
+            "through a ClusterTrainingRuntime (spec.runtimeRef; docs/runtimes.md) or where this cluster's operator "
+            "allows hostPath volumes (chart value podPolicy.allowHostPath)"]
+
+
+def _waiting(old: TrainingJobStatus, want: Want, now: datetime, look_again: float | None = None) -> Plan:
+    """A job not started yet that waits, Pending, with the condition `want` says: for an operator that knows its
+    spec's fields (running it without them could run it wrong; failing it would lose it to a CRD applied a moment
+    before the operator's upgrade), or for its runtime."""
+    out = Plan(requeue_after=look_again)
     raw = [c.dump() for c in old.conditions]
     if announce(raw, want):
         out.events.append(("Warning", want.reason, want.message))
     new = old.model_copy(update={"phase": Phase.PENDING, "reason": want.reason, "message": want.message})
     new.conditions = [Condition.model_validate(c)
-                      for c in set_condition(raw, want.type, want.value, want.reason, want.message, now)]
+                      for c in set_condition(raw, want.type, want.value, want.reason, want.message, now, add_false=True)]
     if new.dump() != old.dump():
         out.status = new.dump()
     return out
@@ -425,6 +445,8 @@ class Blocked:
     """When the job last advanced (status.lastProgressTime); None: unknown, or rank 0 cannot report it."""
     disruption: str | None = None
     """Why the cluster looks disrupted (lifecycle.cluster_disruption); None: it does not."""
+    runtime: tuple[Want, ...] = ()
+    """RuntimeResolved, for a job with a runtime applied."""
 
 
 def _presented(
@@ -459,7 +481,7 @@ def _side_conditions(
         out.events.append(queued)
     down = nodes_not_ready(job, current, blocked.nodes, blocked.last_progress, now, blocked.disruption)
     for want in (checkpoints_durable(job), stuck or workers_blocked(job, pods, blocked.claim_phase),
-                 operator_outdated(blocked.unknown, started=True), down):
+                 operator_outdated(blocked.unknown, started=True), down, *blocked.runtime):
         if want is not stuck and announce(raw, want):
             out.events.append(("Warning", want.reason, want.message))
         # CheckpointsDurable=False is there from the start; WorkersBlocked appears once it holds.
