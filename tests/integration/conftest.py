@@ -28,7 +28,7 @@ from support.builds import shown
 from support.cluster import cache_dir, cluster_down, cluster_running, cluster_up, kubeconfig_path, new_admin_client
 from support.identities import Identity, service_account_identity
 from support.kwok import KWOK_NAMESPACE_ANNOTATIONS
-from support.paths import CRD_FILE, SWEEP_CRD_FILE
+from support.paths import CRD_FILE, RUNTIME_CRD_FILES, SWEEP_CRD_FILE
 from support.resources import apply_crds, not_found_ok, wait_default_service_account
 
 
@@ -84,8 +84,8 @@ def helm_ok() -> None:
 
 @pytest.fixture(scope="session")
 def crd(admin_api: client.ApiClient) -> None:
-    """The TrainingJob and TrainingSweep CRDs from crds/, applied server-side and Established."""
-    apply_crds(admin_api, [yaml.safe_load(path.read_text()) for path in (CRD_FILE, SWEEP_CRD_FILE)])
+    """Every kubetrain CRD from crds/ (jobs, sweeps, runtimes), applied server-side and Established."""
+    apply_crds(admin_api, [yaml.safe_load(path.read_text()) for path in (CRD_FILE, SWEEP_CRD_FILE, *RUNTIME_CRD_FILES)])
 
 
 @pytest.fixture(scope="session")

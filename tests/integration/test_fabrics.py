@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from support.operator_process import OperatorProcess
 from support.resources import not_found_ok
 from support.waiting import wait_for
 
+from kubetrain.core import api
 from kubetrain.operator.jobs import fabrics
 
 NODE_LABEL = "kubetrain.io/fabric-test"
@@ -66,14 +67,41 @@ def env(pod: client.V1Pod) -> dict[str, str]:
     return {e.name: e.value for e in pod.spec.containers[0].env or [] if e.value is not None}
 
 
+@pytest.fixture
+def cluster_runtimes(admin_api: client.ApiClient) -> Iterator[Callable[[str, dict[str, Any]], str]]:
+    """make(name, spec): a ClusterTrainingRuntime of a name unique to this test (runtimes outlive namespaces),
+    deleted afterwards; returns its name."""
+    custom, made = client.CustomObjectsApi(admin_api), []
+
+    def make(name: str, spec: dict[str, Any]) -> str:
+        unique = f"{name}-{uuid.uuid4().hex[:6]}"
+        custom.create_cluster_custom_object(api.GROUP, api.VERSION, api.CLUSTER_RUNTIME_PLURAL, {
+            "apiVersion": api.API_VERSION, "kind": api.CLUSTER_RUNTIME_KIND, "metadata": {"name": unique},
+            "spec": spec})
+        made.append(unique)
+        return unique
+    yield make
+    for name in made:
+        with not_found_ok():
+            custom.delete_cluster_custom_object(api.GROUP, api.VERSION, api.CLUSTER_RUNTIME_PLURAL, name)
+
+
+HOST_FABRICS = ("tcpx", "tcpxo")
+"""Their daemon runs as root and they mount the node's /sys: a job gets them through a ClusterTrainingRuntime."""
+
+
 def test_every_fabric_renders_a_pod_the_api_server_accepts_and_schedules_where_its_devices_are(
         admin_api: client.ApiClient, core_v1: client.CoreV1Api, namespace: str, fabric_node: str,
-        operator: OperatorProcess) -> None:
+        operator: OperatorProcess, cluster_runtimes: Callable[[str, dict[str, Any]], str]) -> None:
     jobs = TrainingJobs(admin_api, namespace, operator)
     options = {"efa": {"instanceType": "p5.48xlarge"}}
     for fabric in fabrics.RENDERERS:
-        spec = {"workers": 1, "fabric": fabric, "resources": {"gpusPerWorker": 1},
-                "scheduling": {"nodeSelector": {NODE_LABEL: fabric_node}}}
+        spec: dict[str, Any] = {"workers": 1, "resources": {"gpusPerWorker": 1},
+                                "scheduling": {"nodeSelector": {NODE_LABEL: fabric_node}}}
+        if fabric in HOST_FABRICS:
+            spec["runtimeRef"] = {"name": cluster_runtimes(fabric, {"fabric": fabric, "locked": ["fabric"]})}
+        else:
+            spec["fabric"] = fabric
         if fabric in options:
             spec["fabricOptions"] = options[fabric]
         jobs.submit(kwok_job(f"f-{fabric}", spec))
@@ -128,3 +156,40 @@ def test_the_api_server_refuses_fabric_options_that_cannot_apply_naming_the_fiel
     with pytest.raises(ApiException) as orphan:
         jobs.submit(kwok_job("bad-orphan", {"fabricOptions": {"gidIndex": 1}}))
     assert "spec.fabricOptions" in orphan.value.body and "needs a fabric" in orphan.value.body
+
+
+def test_a_runtime_gives_its_jobs_a_locked_image_and_fabric_and_refuses_overrides(
+        admin_api: client.ApiClient, namespace: str, fabric_node: str, operator: OperatorProcess,
+        cluster_runtimes: Callable[[str, dict[str, Any]], str]) -> None:
+    """An admin's ClusterTrainingRuntime locks the image and the TCPX fabric with its daemon image: a tenant's job
+    that references it runs with them; one that sets the image otherwise fails naming the field; a tenant's own
+    daemon image is refused by the API server, and a tenant's own TCPX (host /sys, a root daemon) by the operator,
+    whose podPolicy allows no hostPath."""
+    image, daemon = "registry.example/ml/trainer:2.1", "registry.example/gke/tcpgpudmarxd:v2.0.12"
+    runtime = cluster_runtimes("gpu-tcpx", {
+        "image": image, "fabric": "tcpx", "fabricOptions": {"daemonImage": daemon},
+        "scheduling": {"nodeSelector": {NODE_LABEL: fabric_node}}, "resources": {"gpusPerWorker": 1},
+        "locked": ["image", "fabric", "fabricOptions"]})
+    jobs = TrainingJobs(admin_api, namespace, operator)
+    ref = {"kind": "ClusterTrainingRuntime", "name": runtime}
+    jobs.submit(kwok_job("rt-ok", {"runtimeRef": ref, "workers": 1}))
+    jobs.submit(kwok_job("rt-image", {"runtimeRef": ref, "workers": 1, "image": "registry.example/mine:1"}))
+    jobs.submit(kwok_job("rt-own-tcpx", {"workers": 1, "fabric": "tcpx",
+                                         "scheduling": {"nodeSelector": {NODE_LABEL: fabric_node}}}))
+    with pytest.raises(ApiException) as daemon_refused:
+        jobs.submit(kwok_job("rt-daemon", {"runtimeRef": ref, "fabricOptions": {"daemonImage": "evil.example/d:1"}}))
+
+    pod = scheduled_pod(jobs, "rt-ok")
+    assert pod.spec.containers[0].image == image
+    assert [(c.name, c.image) for c in pod.spec.init_containers] == [("tcpx-daemon", daemon)]
+    recorded = jobs.wait_status("rt-ok", lambda s: s.get("runtime"), 60, what="status.runtime")["runtime"]
+    assert (recorded["kind"], recorded["name"], recorded["spec"]["image"]) == ("ClusterTrainingRuntime", runtime, image)
+    failed = jobs.wait_status("rt-image", lambda s: s.get("phase") == "Failed", 60, what="rt-image Failed")
+    assert failed["reason"] == "InvalidSpec" and \
+        f'spec.image: locked by ClusterTrainingRuntime {runtime} to "{image}"' in failed["message"], failed
+    own = jobs.wait_status("rt-own-tcpx", lambda s: s.get("phase") == "Failed", 60, what="rt-own-tcpx Failed")
+    assert "spec.fabric: tcpx mounts" in own["message"] and "podPolicy.allowHostPath" in own["message"], own
+    assert not jobs.pods("rt-image") and not jobs.pods("rt-own-tcpx")
+    assert daemon_refused.value.status == 422 and "spec.fabricOptions.daemonImage" in daemon_refused.value.body
+    print(f"runtime {runtime}: pod image {pod.spec.containers[0].image}, daemon {pod.spec.init_containers[0].image}; "
+          f"override: {failed['message']}; own tcpx: {own['message'][:90]}...; daemonImage: 422")

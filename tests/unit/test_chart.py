@@ -124,9 +124,10 @@ def test_namespaced_mode(helm_ok: None) -> None:
     assert role["metadata"]["namespace"] == "ml"
     assert any("pods" in r["resources"] for r in role["rules"])
     cluster_resources = {res for r in ht.find(docs, "ClusterRole", "kubetrain")["rules"] for res in r["resources"]}
-    # Cluster-scoped reads only: Kueue's flavors and the priority classes a Workload's priority comes from.
+    # Cluster-scoped reads only: Kueue's flavors, the priority classes a Workload's priority comes from, and the
+    # cluster-wide runtimes jobs reference.
     assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces", "resourceflavors",
-                                 "workloadpriorityclasses", "priorityclasses"}
+                                 "workloadpriorityclasses", "priorityclasses", "clustertrainingruntimes"}
     assert {v for r in ht.find(docs, "ClusterRole", "kubetrain")["rules"] if "resourceflavors" in r["resources"] for v in r["verbs"]} == {"get"}
     assert any("workloads" in r["resources"] for r in role["rules"])
     off = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespace": "ml", "rbac.kueue": False})

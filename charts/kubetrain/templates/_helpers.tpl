@@ -89,6 +89,10 @@ release: {{ . | quote }}
 - apiGroups: ["kubetrain.io"]
   resources: ["trainingjobs/status"]
   verbs: ["get", "patch"]
+# A job's spec.runtimeRef: read while the job has not started (status.runtime keeps it then).
+- apiGroups: ["kubetrain.io"]
+  resources: ["trainingruntimes"]
+  verbs: ["get"]
 # patch: a profile request (the job's kubetrain.io/profile annotation) copied onto worker 0, and so that
 # the per-job Role below may grant it (the API server refuses a Role that grants more than its creator holds).
 - apiGroups: [""]
