@@ -161,26 +161,27 @@ def test_leader_releases_the_lease_on_shutdown(
         assert took < 12, f"handover took {took:.1f}s: the Lease was not released"
 
 
-def _may(admin: client.ApiClient, user: str, namespace: str, verb: str) -> bool:
+def _may(admin: client.ApiClient, user: str, namespace: str, verb: str, resource: str = "trainingjobs") -> bool:
     review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
         user=user, resource_attributes=client.V1ResourceAttributes(
-            namespace=namespace, verb=verb, group="kubetrain.io", resource="trainingjobs")))
+            namespace=namespace, verb=verb, group="kubetrain.io", resource=resource)))
     return bool(client.AuthorizationV1Api(admin).create_subject_access_review(review).status.allowed)
 
 
 def test_namespace_editors_run_training_jobs_and_viewers_read_them(
     helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str
 ) -> None:
-    """The chart's kubetrain-edit and kubetrain-view, aggregated by the cluster's own controller into `edit` and
-    `view`: a person bound to either in a namespace gets exactly that over TrainingJobs there."""
-    roles = [d for d in ht.render() if d["kind"] == "ClusterRole"
-             and d["metadata"]["name"] in ("kubetrain-edit", "kubetrain-view")]
-    assert sorted(r["metadata"]["name"] for r in roles) == ["kubetrain-edit", "kubetrain-view"]
+    """The chart's kubetrain-edit, kubetrain-runtime-admin and kubetrain-view, aggregated by the cluster's own
+    controller into `edit`, `admin` and `view`: a person bound to one in a namespace gets exactly that over
+    TrainingJobs there, and only the namespace's admins write its TrainingRuntimes."""
+    names = ("kubetrain-edit", "kubetrain-runtime-admin", "kubetrain-view")
+    roles = [d for d in ht.render() if d["kind"] == "ClusterRole" and d["metadata"]["name"] in names]
+    assert sorted(r["metadata"]["name"] for r in roles) == list(names)
     rbac = client.RbacAuthorizationV1Api(admin_api)
     try:
         for role in roles:
             apply(admin_api, role)
-        for who, cluster_role in (("alice", "edit"), ("bob", "view")):
+        for who, cluster_role in (("alice", "edit"), ("bob", "view"), ("carol", "admin")):
             rbac.create_namespaced_role_binding(namespace, client.V1RoleBinding(
                 metadata=client.V1ObjectMeta(name=f"{who}-{cluster_role}"),
                 role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=cluster_role),
@@ -190,6 +191,11 @@ def test_namespace_editors_run_training_jobs_and_viewers_read_them(
         assert _may(admin_api, "alice", namespace, "delete")
         assert not _may(admin_api, "bob", namespace, "create") and not _may(admin_api, "bob", namespace, "delete")
         assert not _may(admin_api, "alice", "default", "create")  # bound in one namespace only
+        wait_for(lambda: _may(admin_api, "carol", namespace, "create", "trainingruntimes"), 60,
+                 what="kubetrain-runtime-admin aggregated into admin")
+        assert _may(admin_api, "alice", namespace, "get", "trainingruntimes")
+        assert not _may(admin_api, "alice", namespace, "create", "trainingruntimes")
+        assert _may(admin_api, "bob", namespace, "list", "trainingruntimes")
     finally:  # cluster-scoped: a later `helm install` of the chart must find no such ClusterRole it does not own
         for role in roles:
             delete(admin_api, role)
