@@ -218,3 +218,75 @@ def test_a_fabric_that_mounts_the_node_comes_from_a_cluster_runtime_or_the_pod_p
     assert (p.status["phase"] == "Failed") is refused
     if refused:
         assert "spec.fabric: tcpx mounts /home/kubernetes/bin/nvidia/lib64, /sys, /proc/sys of the node" in p.status["message"]
+
+
+# --------------------------------------------------------------------------- what a podTemplate or an edit could get around
+
+
+def test_a_job_s_pod_template_cannot_set_what_its_runtime_locks():
+    template = {"spec": {"containers": [{"name": "trainer", "image": "evil.example/t:1", "env": [{"name": "A"}]}],
+                         "nodeSelector": {"pool": "cpu"}}}
+    r = resolved({**EFA, "locked": ["image", "scheduling"]}, podTemplate=template)
+    assert r.spec is None and sorted(p.split(":")[0] for p in r.problems) == [
+        "spec.podTemplate.spec.containers[trainer].image", "spec.podTemplate.spec.nodeSelector"]
+    assert resolved({**EFA, "locked": ["scheduling.tolerations"]}, podTemplate=template).problems == []
+
+
+def test_a_job_s_pod_template_cannot_take_its_fabric_s_daemon_or_node_directories():
+    template = {"spec": {"initContainers": [{"name": "tcpx-daemon", "image": "evil.example/d:1"}],
+                         "containers": [{"name": "trainer", "volumeMounts": [{"name": "sys", "mountPath": "/s"}]}]}}
+    p = plan(Observation(body(podTemplate=template), [], {}, T0, runtime=stored(TCPX)), S)
+    assert p.status["phase"] == "Failed" and p.create == []
+    message = p.status["message"]
+    assert "spec.podTemplate.spec.initContainers[tcpx-daemon]: the tcpx fabric's own sidecar" in message
+    assert "spec.podTemplate.spec.containers[trainer].volumeMounts[sys]: a directory of the node" in message
+
+
+def test_a_job_s_own_daemon_image_stored_before_the_rule_fails_only_a_job_not_started():
+    spec = {"fabric": "tcpx", "fabricOptions": {"daemonImage": "old.example/d:1"}}
+    fresh = dict(body(), spec=spec)
+    p = plan(Observation(fresh, [], {}, T0), b.WorkerSettings(trainer_image="t:1", pod_policy=PodPolicy(allow_host_path=True)))
+    assert p.status["phase"] == "Failed" and "spec.fabricOptions.daemonImage" in p.status["message"]
+    running = dict(body(status={"phase": "Running", "startTime": "2026-03-01T11:00:00Z"}), spec=spec)
+    p = plan(Observation(running, [], {}, T0), S)
+    assert p.status is None or p.status["phase"] != "Failed"
+
+
+def test_a_started_job_s_edit_of_a_locked_field_is_not_applied_and_said():
+    runtime = {**EFA, "locked": ["scheduling.nodeSelector"]}
+    first = plan(Observation(body(), [], {}, T0, runtime=stored(runtime)), S)
+    edited = body(status={**first.status, "phase": "Running"}, scheduling={"nodeSelector": {"pool": "cpu"}})
+    again = plan(Observation(edited, [], {}, T0), S)
+    assert again.status["phase"] != "Failed"
+    assert all(o["spec"]["nodeSelector"]["pool"] == "gpu" for o in again.create if o["kind"] == "Pod")
+    resolved_condition = next(c for c in again.status["conditions"] if c["type"] == "RuntimeResolved")
+    assert "edits not applied: spec.scheduling.nodeSelector: locked by" in resolved_condition["message"]
+
+
+def test_a_job_suspended_from_the_start_reads_its_runtime_until_it_first_runs():
+    suspended = body(status={"phase": "Suspended", "runtime": {"kind": "ClusterTrainingRuntime", "name": "gpu"}})
+    assert op.to_read(suspended) == api.RuntimeRef(name="gpu")
+    ran = body(status={"phase": "Suspended", "startTime": "2026-03-01T11:00:00Z",
+                       "runtime": {"kind": "ClusterTrainingRuntime", "name": "gpu"}})
+    assert op.to_read(ran) is None
+
+
+def test_env_of_the_same_name_replaces_whole_and_a_checkpoint_lock_covers_storage_only():
+    runtime = {"podTemplate": {"spec": {"containers": [{"name": "trainer", "env": [
+        {"name": "TOK", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]}},
+        "checkpoint": {"storageClassName": "efs-sc"}, "locked": ["checkpoint"]}
+    r = resolved(runtime, podTemplate={"spec": {"containers": [{"name": "trainer", "env": [{"name": "TOK", "value": "x"}]}]}},
+                 checkpoint={"everySteps": 7})
+    assert r.problems == [] and r.spec.checkpoint.every_steps == 7
+    assert r.spec.pod_template["spec"]["containers"][0]["env"] == [{"name": "TOK", "value": "x"}]
+    assert resolved(runtime, checkpoint={"storageClassName": "gp3"}).problems[0].startswith("spec.checkpoint: locked")
+
+
+def test_a_runtime_gives_no_queue_and_a_file_with_another_runtime_leaves_the_job_to_the_cluster():
+    queued = {"apiVersion": api.API_VERSION, "kind": "ClusterTrainingRuntime", "metadata": {"name": "gpu"},
+              "spec": {"scheduling": {"queue": "team-a"}}}
+    assert [p.path for p in validate.check_runtime(queued)[1]] == ["spec.scheduling.queue"]
+    other = {**queued, "metadata": {"name": "other"}, "spec": {}}
+    job = {"apiVersion": api.API_VERSION, "kind": "TrainingJob", "metadata": {"name": "j"},
+           "spec": {"runtimeRef": {"name": "gpu"}}}
+    assert [v.problems for v in validate.judge([other, job])] == [[], []]

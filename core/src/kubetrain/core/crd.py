@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from kubetrain.core import api
-from kubetrain.core.runtimes import lockable_paths
+from kubetrain.core.runtimes import QUEUE_REASON, lockable_paths
 
 _DROP = {"title", "additionalProperties"}
 
@@ -228,6 +228,9 @@ def runtime_openapi_schema(model: type[api._Model]) -> dict[str, Any]:
     _type_pod_template(spec)
     spec["properties"]["locked"]["items"]["enum"] = lockable_paths()
     spec["properties"]["locked"]["x-kubernetes-list-type"] = "set"
+    spec["x-kubernetes-validations"] = [{"rule": "!has(self.scheduling) || !has(self.scheduling.queue)",
+                                         "message": f"spec.scheduling.queue: {QUEUE_REASON}",
+                                         "fieldPath": ".scheduling.queue"}]
     return schema
 
 

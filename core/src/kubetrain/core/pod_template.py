@@ -183,3 +183,32 @@ def _container_host_problems(at: str, c: Mapping[str, Any], policy: PodPolicy, a
 
 def _refused(what: str, setting: str) -> str:
     return f"{what}: not allowed by this cluster's operator (chart value podPolicy.{setting})"
+
+
+MERGE_BY_NAME = frozenset({"containers", "initContainers", "volumes", "env", "volumeMounts", "ports"})
+"""Lists of a pod whose items a podTemplate merges by `name`."""
+REPLACED_WHOLE = frozenset({"env"})
+"""Of those, the lists whose items replace the base's item of their name whole: an EnvVar holds a value or a
+valueFrom, never both, so merging a `value` over a `valueFrom` would make one the API server refuses."""
+
+
+def merge(base: Any, override: Any, key: str = "") -> Any:
+    """Deep-merge `override` into `base` (new object): maps key by key, named lists by `name`, the rest replaced.
+    How a podTemplate merges over the generated pod, and a job's over its runtime's."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for k, v in override.items():
+            out[k] = merge(base[k], v, k) if k in base else v
+        return out
+    if key in MERGE_BY_NAME and isinstance(base, list) and isinstance(override, list):
+        out_list = list(base)
+        index = {item.get("name"): i for i, item in enumerate(out_list) if isinstance(item, dict)}
+        for item in override:
+            name = item.get("name") if isinstance(item, dict) else None
+            if name in index:
+                i = index[name]
+                out_list[i] = item if key in REPLACED_WHOLE else merge(out_list[i], item, key)
+            else:
+                out_list.append(item)
+        return out_list
+    return override

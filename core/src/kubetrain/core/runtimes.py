@@ -22,11 +22,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubetrain.core import api, pod_template
+from kubetrain.core import api, contract, pod_template
 
-NAMED_LISTS = frozenset({"containers", "initContainers", "ephemeralContainers", "volumes", "env", "volumeMounts",
-                         "ports", "envFrom"})
-"""podTemplate lists whose items merge by `name` (as builders merge a job's podTemplate over the pod)."""
+QUEUE_REASON = ("a job's Kueue LocalQueue is its own (a quota of its namespace): set scheduling.queue in the job, "
+                "or require one there (chart value queues.requiredIn)")
 MAX_SHOWN = 80
 """Characters of a locked value quoted in a refusal."""
 
@@ -72,31 +71,69 @@ def runtime_problems(runtime: api.TrainingRuntimeSpec) -> list[str]:
     known = set(lockable_paths())
     found = [f"spec.locked[{i}]: {path!r} is no field of a runtime (one of: {', '.join(sorted(known))})"
              for i, path in enumerate(runtime.locked or []) if path not in known]
+    if runtime.scheduling is not None and runtime.scheduling.queue is not None:
+        found.append(f"spec.scheduling.queue: {QUEUE_REASON}")
     if runtime.pod_template is not None:
         shape = pod_template.shape_problems(runtime.pod_template)
         found += [f"spec.{p}: {m}" for p, m in shape or pod_template.owned_problems(runtime.pod_template)]
     return found
 
 
-def resolve(job: api.TrainingJobSpec, kind: str, name: str, runtime: api.TrainingRuntimeSpec) -> Resolved:
-    """The job's spec over the runtime's, or every reason why not."""
+TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
+    "image": ("containers", "image"), "env": ("containers", "env"), "resources": ("containers", "resources"),
+    "scheduling.nodeSelector": ("spec", "nodeSelector"), "scheduling.tolerations": ("spec", "tolerations"),
+    "scheduling.affinity": ("spec", "affinity"), "scheduling.priorityClassName": ("spec", "priorityClassName"),
+    "scheduling.schedulerName": ("spec", "schedulerName"),
+}
+"""Runtime fields a job's podTemplate could set around them: the trainer container's image, env and resources,
+the pod's placement. Under a lock, a job's own podTemplate may not set them either."""
+
+
+def resolve(job: api.TrainingJobSpec, kind: str, name: str, runtime: api.TrainingRuntimeSpec,
+            enforce: bool = True) -> Resolved:
+    """The job's spec over the runtime's, or every reason why not. `enforce` False (a job already started, whose
+    scheduling was edited since): a locked field keeps the runtime's value, and `problems` say what was ignored."""
     problems = runtime_problems(runtime)
     if problems:
         return Resolved(None, [f"spec.runtimeRef: {kind} {name} is not valid: {'; '.join(problems)}"])
     base, own = runtime_values(runtime), job.dump_changed()
     merged = merge(base, own)
-    problems = [f"spec.{path}: locked by {kind} {name}{_shown(_at(base, path))}"
-                for path in runtime.locked or [] if _at(merged, path) != _at(base, path)]
+    locked = [path for path in runtime.locked or [] if _lockable(merged, path) != _lockable(base, path)]
+    problems = [f"spec.{path}: locked by {kind} {name}{_shown(_at(base, path))}" for path in locked]
+    problems += [f"spec.podTemplate.{where}: sets {path}, locked by {kind} {name}"
+                 for path, where in template_overrides(own.get("podTemplate"), runtime.locked or [])]
+    if not enforce:
+        merged = merge(merged, {"podTemplate": base.get("podTemplate")} if "podTemplate" in locked else {})
+        for path in locked:
+            _put(merged, path, _at(base, path))
     try:  # without runtimeRef: the rules a job with one leaves to the merge hold here
         spec = api.TrainingJobSpec.model_validate_json(json.dumps({k: v for k, v in merged.items() if k != "runtimeRef"}))
     except ValidationError as exc:
         return Resolved(None, problems + [f"spec.{_loc(e['loc'])}: {e['msg']} (with {kind} {name})"
                                           for e in exc.errors()])
-    problems += [f"spec.{path}: {message} (with {kind} {name})" for path, message in spec.rule_violations()
-                 if path != api.DAEMON_IMAGE_RULE.path]
+    invalid = [f"spec.{path}: {message} (with {kind} {name})" for path, message in spec.rule_violations()
+               if path != api.DAEMON_IMAGE_RULE.path]
     fabric_from_runtime = "fabric" in base and _at(merged, "fabric") == base["fabric"]
     spec = spec.model_copy(update={"runtime_ref": job.runtime_ref})
-    return Resolved(None if problems else spec, problems, fabric_from_runtime)
+    ok = not invalid and (not problems or not enforce)
+    return Resolved(spec if ok else None, problems + invalid, fabric_from_runtime)
+
+
+def template_overrides(template: Any, locked: list[str]) -> list[tuple[str, str]]:
+    """(locked path, where) for each field a job's own podTemplate sets that a lock covers (TEMPLATE_FIELDS)."""
+    spec = (template or {}).get("spec") if isinstance(template, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return []
+    found = []
+    for path, (part, field) in TEMPLATE_FIELDS.items():
+        if not any(path == lock or path.startswith(lock + ".") or lock.startswith(path + ".") for lock in locked):
+            continue
+        if part == "spec" and field in spec:
+            found.append((path, f"spec.{field}"))
+        elif part == "containers":
+            found += [(path, f"spec.containers[{c.get('name')}].{field}") for c in spec.get("containers") or []
+                      if isinstance(c, Mapping) and c.get("name") == contract.CONTAINER and field in c]
+    return found
 
 
 def merge(base: Mapping[str, Any], own: Mapping[str, Any], path: str = "") -> dict[str, Any]:
@@ -105,7 +142,9 @@ def merge(base: Mapping[str, Any], own: Mapping[str, Any], path: str = "") -> di
     for key, value in own.items():
         at = f"{path}{key}"
         have = out.get(key)
-        if isinstance(value, Mapping) and isinstance(have, Mapping):
+        if at == "podTemplate" and isinstance(have, Mapping):
+            out[key] = pod_template.merge(have, value)
+        elif isinstance(value, Mapping) and isinstance(have, Mapping):
             out[key] = merge(have, value, at + ".")
         elif isinstance(value, list) and isinstance(have, list):
             out[key] = _merge_list(at, have, value)
@@ -115,26 +154,43 @@ def merge(base: Mapping[str, Any], own: Mapping[str, Any], path: str = "") -> di
 
 
 def _merge_list(path: str, base: list[Any], own: list[Any]) -> list[Any]:
-    key = path.rsplit(".", 1)[-1]
-    if path == "env" or (path.startswith("podTemplate.") and key in NAMED_LISTS):
-        return _by_name(path, base, own)
+    if path == "env":
+        return pod_template.merge(base, own, "env")
     if path == "scheduling.tolerations":
         return [*base, *(t for t in own if t not in base)]
     return list(own)
 
 
-def _by_name(path: str, base: list[Any], own: list[Any]) -> list[Any]:
-    """Items with a name replace (or, mappings, merge over) the base's item of that name; the rest are added."""
-    out = list(base)
-    index = {item.get("name"): i for i, item in enumerate(out) if isinstance(item, Mapping) and item.get("name")}
-    for item in own:
-        name = item.get("name") if isinstance(item, Mapping) else None
-        if name in index:
-            i = index[name]
-            out[i] = item if path == "env" else merge(out[i], item, f"{path}.")
-        else:
-            out.append(item)
-    return out
+def _lockable(values: Mapping[str, Any], path: str) -> Any:
+    """The value at `path`, with only what a runtime can set under it: a lock on `checkpoint` covers storage, not
+    how often the job saves."""
+    return _project(_at(values, path), _model_at(path))
+
+
+def _model_at(path: str) -> type[api._Model] | None:
+    model: type[api._Model] | None = api.TrainingRuntimeSpec
+    for part in path.split("."):
+        info = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None) if model else None
+        model = _model_of(info.annotation) if info is not None else None
+    return model
+
+
+def _project(value: Any, model: type[api._Model] | None) -> Any:
+    if model is None or not isinstance(value, Mapping):
+        return value
+    fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+    return {k: _project(v, _model_of(fields[k].annotation)) for k, v in value.items() if k in fields}
+
+
+def _put(values: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    node = values
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is None:
+        node.pop(last, None)
+    else:
+        node[last] = value
 
 
 def _at(values: Mapping[str, Any], path: str) -> Any:

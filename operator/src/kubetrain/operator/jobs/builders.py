@@ -36,6 +36,7 @@ from kubetrain.core.contract import (  # also read as builders.LABEL_JOB etc. by
     LABEL_JOB,
     LABEL_ROLE,
 )
+from kubetrain.core.pod_template import merge
 from kubetrain.core.quantity import add_quantities, quantity_value, scale_quantity
 from kubetrain.operator.jobs import fabrics
 
@@ -737,29 +738,6 @@ def _user_container(user_spec: dict[str, Any]) -> dict[str, Any]:
     mine = [c for c in containers if isinstance(c, dict) and c.get("name") == CONTAINER] \
         if isinstance(containers, list) else []
     return mine[0] if mine else {}
-
-
-_MERGE_BY_NAME = {"containers", "initContainers", "volumes", "env", "volumeMounts", "ports"}
-
-
-def merge(base: Any, override: Any, key: str = "") -> Any:
-    """Deep-merge `override` into `base` (new object): maps key by key, named lists by `name`, the rest replaced."""
-    if isinstance(base, dict) and isinstance(override, dict):
-        out = dict(base)
-        for k, v in override.items():
-            out[k] = merge(base[k], v, k) if k in base else v
-        return out
-    if key in _MERGE_BY_NAME and isinstance(base, list) and isinstance(override, list):
-        out_list = list(base)
-        index = {item.get("name"): i for i, item in enumerate(out_list) if isinstance(item, dict)}
-        for item in override:
-            name = item.get("name") if isinstance(item, dict) else None
-            if name in index:
-                out_list[index[name]] = merge(out_list[index[name]], item, key)
-            else:
-                out_list.append(item)
-        return out_list
-    return override
 
 
 def worker_requests(job: TrainingJob) -> dict[str, str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kubetrain.core import contract, pod_template
+from kubetrain.core import api, contract, pod_template
 from kubetrain.core import lifecycle as lc
 from kubetrain.core.api import FINISHED_PHASES, Condition, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
 from kubetrain.core.contract import format_time
@@ -51,7 +51,13 @@ from kubetrain.operator.jobs.conditions import (
     workers_blocked,
 )
 from kubetrain.operator.jobs.pod_facts import container_exit_code, disrupted, facts
-from kubetrain.operator.jobs.runtimes import RUNTIME_LOOK_AGAIN_SECONDS, RuntimeLookup, applied, with_runtime
+from kubetrain.operator.jobs.runtimes import (
+    RUNTIME_LOOK_AGAIN_SECONDS,
+    RuntimeLookup,
+    WithRuntime,
+    applied,
+    with_runtime,
+)
 from kubetrain.operator.kueue import plan as kueue
 from kubetrain.operator.runtime.objects import owner_reference
 
@@ -258,7 +264,7 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     stored, rt = old, with_runtime(job, old, seen.runtime)
     if rt.waiting is not None:
         return _waiting(old, rt.waiting, now, RUNTIME_LOOK_AGAIN_SECONDS)
-    refused = rt.problems or admission_problems(rt.job, rt.status, settings, rt.trusted_fabric)
+    refused = rt.problems or admission_problems(rt.job, rt.status, settings, rt)
     if refused:
         return _invalid(old, refused, now, kueue.plan_invalid(view, now))
     job, old = rt.job, rt.status
@@ -289,7 +295,7 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
         _patch(out, name, "annotations", notes)
     if t.decision is not None:
         blocked = Blocked(seen.claim_phase, seen.create_refused, seen.foreign, tuple(unknown), seen.nodes,
-                          _last_progress(observed, t.status), disruption, tuple(filter(None, [applied(old)])))
+                          _last_progress(observed, t.status), disruption, tuple(filter(None, [applied(old, rt.ignored)])))
         _write_status(out, stored.dump(), _presented(job, body, ours, t, blocked, now, out), now, seen.status_written)
     return out
 
@@ -300,20 +306,50 @@ def _last_progress(observed: Observed, status: TrainingJobStatus) -> datetime | 
 
 
 def admission_problems(job: TrainingJob, old: TrainingJobStatus, settings: b.WorkerSettings,
-                       trusted_fabric: bool = False) -> list[str]:
-    """What this operator's settings refuse of a job that has not started (its podTemplate's host-level fields,
-    a fabric that mounts the node's directories unless a ClusterTrainingRuntime chose it, a missing queue): a job
-    that already ran keeps running when they are tightened (an upgrade never fails a running job)."""
+                       rt: WithRuntime | None = None) -> list[str]:
+    """What this operator's settings refuse of a job that has not started (its podTemplate's host-level fields and
+    what it would take of its fabric's own, a fabric that mounts the node's directories unless a
+    ClusterTrainingRuntime chose it, a daemon image of its own, a missing queue): a job that already ran keeps
+    running when they are tightened (an upgrade never fails a running job). `job` is over its runtime (`rt`)."""
     if _started(old):
         return []
-    found = [] if trusted_fabric else host_fabric_problems(job, settings)
+    own = rt.own if rt is not None else job.spec
+    found = [] if rt is not None and rt.trusted_fabric else host_fabric_problems(job, settings)
+    if own.fabric_options is not None and own.fabric_options.daemon_image is not None:
+        found.append(f"spec.{api.DAEMON_IMAGE_RULE.path}: {api.DAEMON_IMAGE_RULE.message}")
     ns = job.metadata.namespace or ""
     if ns in settings.queue_required_in and job.spec.scheduling.queue is None:
         found.append(f"spec.scheduling.queue: required in namespace {ns} (chart value queues.requiredIn)")
-    if job.spec.pod_template is not None:
+    template = rt.own_template if rt is not None else job.spec.pod_template
+    if own.pod_template is not None:
+        found += fabric_owned_problems(job, own.pod_template)
+    if template is not None:
         caps = fabrics.profile(job.spec).all_capabilities()
         found += [f"spec.{path}: {reason}" for path, reason in
-                  pod_template.host_problems(job.spec.pod_template, settings.pod_policy, caps)]
+                  pod_template.host_problems(template, settings.pod_policy, caps)]
+    return found
+
+
+def fabric_owned_problems(job: TrainingJob, template: dict[str, Any]) -> list[str]:
+    """What a job's own podTemplate would take of its fabric's: a sidecar of the profile's name (its image, its
+    command, as root), or a mount of the profile's node directories into a container of the job's."""
+    profile = fabrics.profile(job.spec)
+    sidecars = {c["name"] for c in profile.sidecars}
+    host = {v["name"] for v in profile.volumes if "hostPath" in v}
+    raw = template.get("spec")
+    spec: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    found = []
+    for kind in pod_template.CONTAINER_LISTS:
+        for c in spec.get(kind) or []:
+            if not isinstance(c, dict):
+                continue
+            if c.get("name") in sidecars:
+                found.append(f"spec.podTemplate.spec.{kind}[{c['name']}]: the {job.spec.fabric} fabric's own sidecar")
+            found += [f"spec.podTemplate.spec.{kind}[{c.get('name')}].volumeMounts[{m['name']}]: a directory of "
+                      f"the node that the {job.spec.fabric} fabric mounts for its own use"
+                      for m in c.get("volumeMounts") or [] if isinstance(m, dict) and m.get("name") in host]
+    found += [f"spec.podTemplate.spec.volumes[{v['name']}]: the {job.spec.fabric} fabric's own volume"
+              for v in spec.get("volumes") or [] if isinstance(v, dict) and v.get("name") in host]
     return found
 
 
