@@ -53,6 +53,8 @@ TOML
 # trainer): drop them while the registry is stopped, as Distribution requires (well under a second).
 collect_garbage() {
   local before after
+  # A registry that never stored an image has nothing to collect (and its collector fails on that).
+  [[ -d "${D}/storage/docker/registry/v2/repositories" ]] || return 0
   before="$(du -sm "${D}/storage" | cut -f1)"
   "$1" garbage-collect --delete-untagged "${D}/config.yml" >"${D}/gc.log" 2>&1 \
     || { log "registry garbage-collect failed (kept going), log ${D}/gc.log"; return 0; }
