@@ -112,6 +112,17 @@ def r(rank, where="in all_reduce (torch.distributed)", step=10, state="running")
     return RankReport(rank, step, state, where)
 
 
+def test_a_rank_in_uninterruptible_sleep_for_a_moment_is_running_and_one_that_stays_is_in_the_kernel(monkeypatch):
+    # A process held in uninterruptible sleep cannot be made on demand here, so /proc's answers are scripted:
+    # rank 0 is caught once in D (a write under I/O load), rank 1 stays there (a dead mount), rank 2 runs.
+    looks = {100: iter([hangs.UNINTERRUPTIBLE, "running"]), 101: None, 102: None}
+    answers = {101: hangs.UNINTERRUPTIBLE, 102: "running"}
+    monkeypatch.setattr(hangs, "proc_state", lambda pid: next(looks[pid]) if looks[pid] else answers[pid])
+    states = hangs.settled_states({0: 100, 1: 101, 2: 102}, settle_s=0.3)
+    assert states == {0: "running", 1: hangs.UNINTERRUPTIBLE, 2: "running"}
+    assert hangs.suspects([RankReport(r, 5, s, "in step") for r, s in states.items()]) == [1]
+
+
 def test_the_odd_one_out():
     assert hangs.suspects([r(0), r(1, state="stopped (SIGSTOP)", where="stopped (SIGSTOP)"), r(2)]) == [1]
     assert hangs.suspects([r(0), r(1, step=9), r(2)]) == [1]  # behind the others

@@ -255,8 +255,12 @@ class HangReport:
 
 
 STOPPED = "stopped (SIGSTOP)"
-_STATES = {"T": STOPPED, "t": "stopped (traced)", "D": "in the kernel (uninterruptible)",
-           "Z": "exited (zombie)", "X": "exited"}
+UNINTERRUPTIBLE = "in the kernel (uninterruptible)"
+_STATES = {"T": STOPPED, "t": "stopped (traced)", "D": UNINTERRUPTIBLE, "Z": "exited (zombie)", "X": "exited"}
+UNINTERRUPTIBLE_SECONDS = 1.0
+"""A rank counts as in the kernel only when it stays in uninterruptible sleep this long: a running rank passes
+through it for milliseconds at a time (a page fault, a write) and, on a machine busy with I/O, is often caught
+there by a single look."""
 
 
 def proc_state(pid: int) -> str:
@@ -267,6 +271,16 @@ def proc_state(pid: int) -> str:
     except (OSError, IndexError):
         return "exited"
     return _STATES.get(letter, "running")
+
+
+def settled_states(pids: Mapping[int, int], settle_s: float = UNINTERRUPTIBLE_SECONDS) -> dict[int, str]:
+    """rank -> proc_state of its pid, where uninterruptible sleep counts only once it has lasted `settle_s`
+    (looked at every 50 ms, all ranks at once)."""
+    states, deadline = {rank: proc_state(pid) for rank, pid in pids.items()}, time.monotonic() + settle_s
+    while UNINTERRUPTIBLE in states.values() and time.monotonic() < deadline:
+        time.sleep(0.05)
+        states.update({r: proc_state(pids[r]) for r, s in states.items() if s == UNINTERRUPTIBLE})
+    return states
 
 
 def catches_usr1(pid: int) -> bool:
@@ -282,9 +296,9 @@ def catches_usr1(pid: int) -> bool:
 def capture(pids: Mapping[int, int], where: str, wait_s: float = STACK_WAIT_SECONDS) -> dict[int, tuple[str, str]]:
     """rank -> (state, stack text) for each rank's process (`pids`: rank -> pid); asks every live one that
     registered a dump for its stacks and waits up to `wait_s` for them."""
-    asked = {}
+    asked, states = {}, settled_states(pids)
     for rank, pid in pids.items():
-        state = proc_state(pid)
+        state = states[rank]
         stack = os.path.join(where, f"{pid}.stack")
         if state == "running" and os.path.exists(stack) and catches_usr1(pid):
             try:
@@ -296,11 +310,8 @@ def capture(pids: Mapping[int, int], where: str, wait_s: float = STACK_WAIT_SECO
     while asked and time.monotonic() < deadline and not all(_dumped(p) for p in asked.values()):
         time.sleep(0.1)
     time.sleep(0.2)  # let the last frames land
-    out = {}
-    for rank, pid in pids.items():
-        text = _read(asked[rank]) if rank in asked else ""
-        out[rank] = (proc_state(pid), text)
-    return out
+    states = settled_states(pids)
+    return {rank: (states[rank], _read(asked[rank]) if rank in asked else "") for rank in pids}
 
 
 def _dumped(path: str) -> bool:
