@@ -29,7 +29,7 @@ def main() -> int:
         batch = load_next_batch(step, first and rank == hang_rank and step == hang_step)
         dist.all_reduce(batch)
         hangs.write_beat(step)
-        time.sleep(0.05)
+        time.sleep(0.25)  # longer than write_beat's 0.2 s between beats of one phase: every step is recorded
     print(f"done rank={rank}", flush=True)
     dist.destroy_process_group()
     return 0

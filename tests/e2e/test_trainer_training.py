@@ -37,6 +37,10 @@ for _s in SPECS.values():
     _s.update(maxSteps=STEPS, checkpoint={"everySteps": EVERY, "keep": 3})
 FAIL_AT = {"fsdp": "1:5", "ds2": "0:8", "ds3": "1:4"}
 """Injected failures: rank:step. Newest checkpoints before them: 3, 6, 3."""
+GANG_TIMEOUT_S = 900.0
+"""Eight gangs (16 processes) start at once: on 2 cores beside the other test lane's builds and pods a gang took
+79 s to its device mesh and 8 s a step, past the harness's default 240 s. A bound against a wedged run, not a
+speed target."""
 FAIL_SPECS = {name: {**SPECS[name], "checkpoint": {**SPECS[name]["checkpoint"], "asyncSave": False}} for name in FAIL_AT}
 """The same, saving synchronously: a save is committed before the next step, so the newest checkpoint before
 each failure is known (a background write commits a step or more later: test_async_checkpoint.py)."""
@@ -50,20 +54,25 @@ def _wait_all(gangs: dict[str, Gang]) -> dict[str, Run]:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     root = tmp_path_factory.mktemp("trainer")
     # Phase 1: the uninterrupted runs and the generation-0 runs that fail, all at once.
-    gangs = {name: Gang(root / name, spec) for name, spec in SPECS.items()}
+    gangs = {name: Gang(root / name, spec, timeout=GANG_TIMEOUT_S) for name, spec in SPECS.items()}
     gangs.update(
         {
-            f"{name}_fail": Gang(root / f"{name}_fail", FAIL_SPECS[name], env={"KUBETRAIN_FAIL_AT": at})
+            f"{name}_fail": Gang(root / f"{name}_fail", FAIL_SPECS[name], env={"KUBETRAIN_FAIL_AT": at},
+                                 timeout=GANG_TIMEOUT_S)
             for name, at in FAIL_AT.items()
         }
     )
     done = _wait_all(gangs)
+    fsdp = done["fsdp"]
+    assert fsdp.exit_codes == [0, 0], (f"the fsdp gang ended {fsdp.exit_codes} after {fsdp.seconds:.0f}s (killed "
+                                       f"past {GANG_TIMEOUT_S:.0f}s?):\n" + fsdp.log(0)[-3000:])
     # Phase 2: the restarted generations, and FSDP's step-6 checkpoint resumed at world size 1
     # with twice the micro batch (the same global batch, so the same trajectory).
-    gangs = {f"{name}_resumed": Gang(root / f"{name}_fail", FAIL_SPECS[name], generation=1) for name in FAIL_AT}
+    gangs = {f"{name}_resumed": Gang(root / f"{name}_fail", FAIL_SPECS[name], generation=1, timeout=GANG_TIMEOUT_S)
+             for name in FAIL_AT}
     ws1 = root / "fsdp_ws1"
     shutil.copytree(root / "fsdp" / "checkpoints" / "step-00000006", ws1 / "checkpoints" / "step-00000006")
-    gangs["fsdp_ws1"] = Gang(ws1, {**SPECS["fsdp"], "microBatchSize": 4}, world_size=1)
+    gangs["fsdp_ws1"] = Gang(ws1, {**SPECS["fsdp"], "microBatchSize": 4}, world_size=1, timeout=GANG_TIMEOUT_S)
     done.update(_wait_all(gangs))
     return done
 

@@ -253,8 +253,11 @@ def test_ephemeral_checkpoints_warn_before_the_job_runs(jobs: Jobs) -> None:
 def test_unschedulable_workers_say_why_and_clear_once_they_start(jobs: Jobs) -> None:
     pool = {"kubetrain.io/test-pool": jobs.ns}  # no node has it yet
     jobs.create("nowhere", workers=2, scheduling={"nodeSelector": pool})
-    blocked = jobs.wait_condition("nowhere", "WorkersBlocked", "True", timeout=60)
-    assert blocked["reason"] == "Unschedulable", blocked
+    # A pod is named once its own grace after the scheduler's verdict ends: the two may be a reconcile apart.
+    st = jobs.wait_status("nowhere", lambda s: "(and 1 more pod(s) alike)" in conditions_of(s).get(
+        "WorkersBlocked", {}).get("message", ""), 90, what="WorkersBlocked naming both workers")
+    blocked = conditions_of(st)["WorkersBlocked"]
+    assert (blocked["status"], blocked["reason"]) == ("True", "Unschedulable"), blocked
     assert blocked["message"].startswith("worker pods cannot start; the job waits: nowhere-worker-0 cannot be "
                                          "scheduled: 0/"), blocked
     assert "node affinity/selector" in blocked["message"] and "(and 1 more pod(s) alike)" in blocked["message"]
