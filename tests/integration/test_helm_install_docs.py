@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from support import helm_tool as ht
 from support.cluster import kubeconfig_path
+from support.doc_blocks import marked_block
 from support.kubectl import kubectl_binary
 from support.paths import REPO_ROOT
 
@@ -25,10 +26,7 @@ REGISTRY = subprocess.run(["hack/images.sh", "registry"], cwd=REPO_ROOT, capture
 
 
 def documented_steps() -> list[str]:
-    text = DOC.read_text()
-    block = re.search(re.escape(MARKER) + r"\s*```bash\n(.*?)```", text, re.S)
-    assert block, f"{DOC}: no ```bash block after {MARKER}"
-    return [line for line in block.group(1).splitlines() if line.strip()]
+    return marked_block(DOC, MARKER)
 
 
 def test_doc_block_covers_the_newcomer_path() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import tarfile
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import yaml
 from kubernetes import client
 from support import helm_tool as ht
 from support.cluster import kubeconfig_path
+from support.doc_blocks import marked_block
 from support.kubectl import kubectl_binary
 from support.paths import CRD_FILE, REPO_ROOT, RUNTIME_CRD_FILES, SWEEP_CRD_FILE
 from support.resources import FIELD_MANAGER, apply, apply_crds, not_found_ok, wait_gone
@@ -33,9 +33,7 @@ RELEASE, NAMESPACE = "kubetrain", "kubetrain-system"  # the documented names
 
 
 def documented_steps() -> list[str]:
-    block = re.search(re.escape(MARKER) + r"\s*```bash\n(.*?)```", DOC.read_text(), re.S)
-    assert block, f"{DOC}: no ```bash block after {MARKER}"
-    return [line for line in block.group(1).splitlines() if line.strip()]
+    return marked_block(DOC, MARKER)
 
 
 def test_the_upgrade_applies_the_crds_server_side_before_the_release() -> None:
