@@ -365,12 +365,15 @@ forward_up() {
     "TCP:127.0.0.1:${APISERVER_PORT}"
 }
 
-# local-path-provisioner with one shared directory: ReadWriteOnce and ReadWriteMany claims,
-# as one machine's directory is shared by every pod on it. Default StorageClass `local-path`.
+# local-path-provisioner with two classes. `local-path` (the default) over one shared directory: ReadWriteOnce
+# and ReadWriteMany claims, as one machine's directory is shared by every pod on it. `local-rwo` over a
+# directory per node (nodePathMap): ReadWriteOnce only, bound to the node of its first consumer, as a cloud's
+# block storage (EBS, Persistent Disk, Azure Disk) is; it refuses ReadWriteMany claims.
 provisioner_up() {
-  mkdir -p "$VOLUMES"
+  mkdir -p "$VOLUMES" "${VOLUMES}-rwo"
   cat > "${N}/local-path.json" <<EOF
-{"sharedFileSystemPath": "${VOLUMES}"}
+{"storageClassConfigs": {"local-path": {"sharedFileSystemPath": "${VOLUMES}"},
+ "local-rwo": {"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": ["${VOLUMES}-rwo"]}]}}}
 EOF
   kubectl_admin apply --server-side --field-manager=kubetrain-hack -f - >/dev/null <<EOF
 apiVersion: v1
@@ -388,6 +391,15 @@ metadata:
   annotations: {storageclass.kubernetes.io/is-default-class: "true"}
 provisioner: rancher.io/local-path
 volumeBindingMode: Immediate
+reclaimPolicy: Delete
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: local-rwo
+  annotations: {kubetrain.io/access-modes: ReadWriteOnce}
+provisioner: rancher.io/local-path
+volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Delete
 ---
 apiVersion: v1
@@ -502,7 +514,7 @@ node_down() {
   "${HACK_DIR}/containerd.sh" stop
   rm -rf --one-file-system "$KUBELET_ROOT" || log "left behind: a mount under ${KUBELET_ROOT}"
   if ((NODE_INDEX == 1)); then
-    rm -rf --one-file-system "$VOLUMES" || true
+    rm -rf --one-file-system "$VOLUMES" "${VOLUMES}-rwo" || true
     net_down
     # The kubelet also writes here whatever --root-dir says.
     rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null || true

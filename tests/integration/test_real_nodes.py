@@ -7,8 +7,10 @@ node's pods, DNS and the API server through routes, as across machines.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -28,15 +30,21 @@ from support.real_pods import (
     across_nodes,
     chaos,
     claim_dir,
+    cluster_bucket,
+    cluster_object_store,
     elapsed,
     node_healthy,
     node_ready,
+    object_store,
     pod_logs_dir,
     progress_step,
     quickstart,
+    trainer_ranks,
+    wait_step,
 )
 from support.waiting import wait_for
 
+from kubetrain.operator.runtime.settings import ENV_CHECKPOINT_STORE
 from kubetrain.trainer.checkpoint.fence import FENCE_FILE, Fence, parse
 
 pytestmark = pytest.mark.integration
@@ -45,9 +53,22 @@ UNDO = {"freeze-node": "thaw-node", "kill-node": "restore-node", "partition-node
 
 
 @pytest.fixture(scope="module")
-def operator(crd: None, real_node: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def store(real_node: None) -> Iterator[tuple[str, Any, str]]:
+    """A bucket of the cluster's object store for the operator's checkpointStore: endpoint, client, bucket."""
+    endpoint, fs = object_store()
+    with cluster_bucket(fs, "operator-store") as bucket:
+        yield endpoint, fs, bucket
+
+
+@pytest.fixture(scope="module")
+def operator(crd: None, real_node: None, store: tuple[str, Any, str],
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The operator, cluster-wide, with the chart value checkpointStore on the cluster's object store."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    with OperatorProcess(kubeconfig_path(), log, trainer_image=TRAINER_IMAGE) as op:
+    endpoint, _, bucket = store
+    checkpoint_store = {"uri": f"s3://{bucket}/jobs", "s3": {"endpoint": endpoint, "credentialsSecret": "kubetrain-s3"}}
+    with OperatorProcess(kubeconfig_path(), log, trainer_image=TRAINER_IMAGE,
+                         env={ENV_CHECKPOINT_STORE: json.dumps(checkpoint_store)}) as op:
         yield op
 
 
@@ -72,6 +93,54 @@ def test_the_cluster_has_two_real_nodes_and_a_gang_trains_across_them(jobs: Real
     print(f"a gang across {placed}: Succeeded in {elapsed(start)} s at step {st['currentStep']}, loss {st.get('loss')}")
     assert placed == {0: NODE_NAME, 1: EXTRA_NODE} or placed == {0: EXTRA_NODE, 1: NODE_NAME}
     assert st["currentStep"] == 60 and not st.get("restartCount"), jobs.describe(name)
+
+
+def test_two_workers_on_read_write_once_storage_resume_from_the_operators_store_after_a_kill(
+        jobs: RealJobs, store: tuple[str, Any, str]) -> None:
+    """The class local-rwo provisions ReadWriteOnce only (a directory per node, as a cloud's block storage; a
+    ReadWriteMany claim of it fails to provision). A 2-worker job on it, one worker per real node, keeps its
+    checkpoints in the operator's checkpoint store under a prefix of its own, and no claim is made. Worker 1's
+    rank is SIGKILLed from the host after a committed checkpoint: the gang resumes from the store and Succeeds."""
+    _, fs, bucket = store
+    cluster_object_store(jobs.ns)  # the store's keys, as the Secret that checkpointStore.s3 names
+    body = quickstart(precision="fp32", maxSteps=120, checkpoint={"everySteps": 10, "keep": 3,
+                      "storageClassName": "local-rwo", "memory": {"enabled": False}},
+                      restartPolicy={"backoffLimit": 3, "backoffSeconds": 1})
+    body["metadata"]["name"] = "rwo-only"
+    start = time.monotonic()
+    name = jobs.create(across_nodes(body))
+    st = wait_step(jobs, name, 20)
+    placed = _nodes_of(jobs, name)
+    assert sorted(placed.values()) == sorted([NODE_NAME, EXTRA_NODE]), f"not one worker per node: {placed}"
+    prefix = st["checkpointStore"]["uri"]
+    assert prefix == f"s3://{bucket}/jobs/{jobs.ns}/{name}-{jobs.get(name)['metadata']['uid']}", prefix
+    victim = jobs.core.read_namespaced_pod(f"{name}-worker-1", jobs.ns)
+    t0, at = time.monotonic(), progress_step(jobs.core, jobs.ns, name)
+    os.kill(_rank_of(victim), signal.SIGKILL)
+    resumed = jobs.wait(name, lambda st: st.get("restartCount") == 1 and st.get("resumedFrom"), 300,
+                        "the gang resumed after the kill")
+    recovery = elapsed(t0)
+    done = jobs.wait_phase(name, "Succeeded", timeout=600)
+    durable = next(c for c in done["conditions"] if c["type"] == "CheckpointsDurable")
+    keys = fs.find(prefix.removeprefix("s3://"), refresh=True)
+    committed = sorted(k.split("/")[-2] for k in keys if k.endswith("/COMMITTED"))
+    writes = sorted(float(x) for x in re.findall(r"committed: write took ([0-9.]+) s", jobs.log(f"{name}-worker-0")))
+    print(f"background writes and uploads of rank 0 until committed: median {writes[len(writes) // 2]} s of "
+          f"{len(writes)}")
+    print(f"RWO-only, 2 workers on {sorted(placed.values())}: killed at step {at}, resumed from step "
+          f"{resumed.get('resumedFromStep')} ({resumed.get('resumedFrom')}) {recovery} s after the kill; "
+          f"Succeeded in {elapsed(start)} s with {done.get('restartCount')} restart(s); {durable['reason']}: "
+          f"{durable['message']}; committed in the store: {committed}")
+    assert done["currentStep"] == 120 and done.get("restartCount") == 1, jobs.describe(name)
+    assert done.get("resumedFrom") == "durable" and done["resumedFromStep"] >= 20, jobs.describe(name)
+    assert durable["reason"] == "OperatorStore" and prefix in durable["message"]
+    assert not jobs.core.list_namespaced_persistent_volume_claim(jobs.ns).items  # no claim at all
+    assert committed == ["step-00000100", "step-00000110", "step-00000120"], keys
+
+
+def _rank_of(pod: client.V1Pod) -> int:
+    """The host PID of the pod's trainer rank (one process per worker), on either real node."""
+    return wait_for(lambda: next(iter(trainer_ranks(pod.metadata.uid)), None), 30, what="the worker's trainer rank")
 
 
 FAULTS = ["partition-node", "kill-node"] + (["freeze-node"] if os.environ.get("KUBETRAIN_NODE_FAULTS") == "all" else [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from .ports import free_port
@@ -16,13 +17,15 @@ class OperatorProcess:
     start/stop/kill for tests that kill and restart it.
 
     ``own_session``: in a process group of its own, signalled as a whole (a wrapper such as
-    `buildah run` around the operator); ``grace``: seconds from SIGTERM to SIGKILL.
+    `buildah run` around the operator); ``grace``: seconds from SIGTERM to SIGKILL; ``env``: settings the chart would
+    set in the operator's environment (KUBETRAIN_*).
     """
 
     def __init__(self, kubeconfig: Path, log: Path, *args: str, metrics_port: int = 0,
                  command: list[str] | None = None, trainer_image: str = "kubetrain/trainer:test",
-                 own_session: bool = False, grace: float = 15.0):
+                 own_session: bool = False, grace: float = 15.0, env: Mapping[str, str] | None = None):
         self.kubeconfig, self.log_path, self.args, self.metrics_port = kubeconfig, log, args, metrics_port
+        self.env = dict(env or {})
         self.command, self.trainer_image = command, trainer_image
         self.own_session, self.grace = own_session, grace
         self.proc: subprocess.Popen[bytes] | None = None
@@ -32,7 +35,7 @@ class OperatorProcess:
         command = self.command or [sys.executable, "-m", "kubetrain.operator",
                                    "--liveness", f"http://127.0.0.1:{free_port()}/healthz"]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "KUBETRAIN_METRICS_PORT": str(self.metrics_port),
-               "KUBETRAIN_TRAINER_IMAGE": self.trainer_image}
+               "KUBETRAIN_TRAINER_IMAGE": self.trainer_image, **self.env}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([*command, *self.args], env=env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=self.own_session)

@@ -234,10 +234,10 @@ def wait_step(jobs: RealJobs, name: str, step: int, timeout: float = 300) -> dic
                      f"a checkpoint at step >= {step}")
 
 
-POD_CGROUPS = ("/sys/fs/cgroup/{controller}/kubepods/pod{uid}", "/sys/fs/cgroup/{controller}/kubepods/*/pod{uid}",
-               "/sys/fs/cgroup/kubepods/pod{uid}", "/sys/fs/cgroup/kubepods/*/pod{uid}")
-"""Where the real node's kubelet (cgroupfs driver, hack/real-node.sh) puts a pod's cgroup: v1's hierarchy of the
-controller, or v2's one hierarchy."""
+POD_CGROUPS = tuple(f"/sys/fs/cgroup/{hierarchy}{root}kubepods/{qos}pod{{uid}}" for hierarchy in ("{controller}/", "")
+                    for root in ("", "kubetrain-node-*/") for qos in ("", "*/"))
+"""Where a real node's kubelet (cgroupfs driver, hack/real-node.sh) puts a pod's cgroup: v1's hierarchy of the
+controller, or v2's one hierarchy; under node k's own root (kubetrain-node-K) for the nodes after the first."""
 
 
 def throttle_pod_cpu(uid: str, cores: float, timeout: float = 60) -> Path:
@@ -362,12 +362,17 @@ def store_keys(namespace: str) -> dict[str, str]:
 def cluster_object_store(namespace: str, secret: str = "kubetrain-s3") -> tuple[str, Any]:
     """The test cluster's object store (hack/objectstore.sh, started by cluster-up): its endpoint as pods reach it,
     and an s3fs client for the test on loopback. The store's keys go into `secret` in `namespace`."""
-    import s3fs  # noqa: PLC0415 - only the object-store tests need it
-
     manifest = store_secret(namespace, secret)
     subprocess.run([str(kubectl_binary()), "--kubeconfig", str(kubeconfig_path()), "apply", "-f", "-"],
                    input=manifest, capture_output=True, text=True, check=True)
-    keys = yaml.safe_load(manifest)["stringData"]
+    return object_store(manifest)
+
+
+def object_store(manifest: str | None = None) -> tuple[str, Any]:
+    """The test cluster's object store: its endpoint as pods reach it, and an s3fs client on loopback."""
+    import s3fs  # noqa: PLC0415 - only the object-store tests need it
+
+    keys = yaml.safe_load(manifest or store_secret("default"))["stringData"]
     fs = s3fs.S3FileSystem(key=keys["AWS_ACCESS_KEY_ID"], secret=keys["AWS_SECRET_ACCESS_KEY"],
                            endpoint_url=keys["AWS_ENDPOINT_URL"].replace(NODE_IP, "127.0.0.1"),
                            client_kwargs={"region_name": keys["AWS_REGION"]}, use_listings_cache=False)

@@ -125,9 +125,10 @@ def test_namespaced_mode(helm_ok: None) -> None:
     assert any("pods" in r["resources"] for r in role["rules"])
     cluster_resources = {res for r in ht.find(docs, "ClusterRole", "kubetrain")["rules"] for res in r["resources"]}
     # Cluster-scoped reads only: Kueue's flavors, the priority classes a Workload's priority comes from, and the
-    # cluster-wide runtimes jobs reference.
+    # cluster-wide runtimes jobs reference, the StorageClasses of their checkpoint claims.
     assert cluster_resources == {"nodes", "customresourcedefinitions", "namespaces", "resourceflavors",
-                                 "workloadpriorityclasses", "priorityclasses", "clustertrainingruntimes"}
+                                 "workloadpriorityclasses", "priorityclasses", "clustertrainingruntimes",
+                                 "storageclasses"}
     assert {v for r in ht.find(docs, "ClusterRole", "kubetrain")["rules"] if "resourceflavors" in r["resources"] for v in r["verbs"]} == {"get"}
     assert any("workloads" in r["resources"] for r in role["rules"])
     off = ht.render(set_values={"rbac.scope": "namespaced", "rbac.watchNamespace": "ml", "rbac.kueue": False})

@@ -203,6 +203,15 @@ def test_a_started_job_keeps_the_runtime_it_started_with():
                if o["kind"] == "Pod")
 
 
+@pytest.mark.parametrize(("own", "uri"), [(None, "s3://team/ckpt/ns/j-uid-1"), ("s3://mine/run", "s3://mine/run")])
+def test_a_runtime_s_checkpoint_uri_is_a_prefix_with_one_of_its_own_for_each_job(own, uri):
+    spec = {"checkpoint": {"uri": own}} if own else {}
+    p = plan(Observation(body(**spec), [], {}, T0, runtime=stored({"checkpoint": {"uri": "s3://team/ckpt/"}})), S)
+    pod = next(o for o in p.create if o["kind"] == "Pod")
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["KUBETRAIN_CHECKPOINT_URI"] == uri
+
+
 @pytest.mark.parametrize(("source", "allow_host_path", "refused"), [
     ("job", False, True), ("job", True, False), ("ClusterTrainingRuntime", False, False),
     ("TrainingRuntime", False, True),

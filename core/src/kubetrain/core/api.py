@@ -52,6 +52,17 @@ class Phase(enum.StrEnum):
 
 FINISHED_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
 AccessMode = Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"]
+ACCESS_MODES_ANNOTATION: Final = "kubetrain.io/access-modes"
+"""On a StorageClass: the access modes its volumes offer, comma-separated (`ReadWriteOnce`, or
+`ReadWriteOnce,ReadWriteMany`). It overrides what kubetrain knows of the class's provisioner (RWO_ONLY_PROVISIONERS)."""
+RWO_ONLY_PROVISIONERS: Final = (
+    "ebs.csi.aws.com", "kubernetes.io/aws-ebs",
+    "pd.csi.storage.gke.io", "kubernetes.io/gce-pd",
+    "disk.csi.azure.com", "kubernetes.io/azure-disk",
+    "cinder.csi.openstack.org", "csi.vsphere.vmware.com", "rbd.csi.ceph.com",
+)
+"""Block-storage provisioners whose volumes attach to one node at a time (ReadWriteOnce): the clouds' default
+classes (EKS gp2/gp3, GKE standard-rwo/pd-balanced, AKS managed-csi) and common on-premises ones."""
 
 DEFAULT_CHECKPOINT_STORAGE = "10Gi"
 """Size of the checkpoint claim the operator creates when spec.checkpoint.storageSize is not set."""
@@ -210,6 +221,10 @@ class ConditionReason(enum.StrEnum):
     """NodesNotReady False: every worker's node is Ready (again)."""
     CLUSTER_DISRUPTION = "ClusterDisruption"
     """NodesNotReady: a worker's node is NotReady while so many of the cluster's nodes are (all, or at least 55% and 3 or more) that the cluster, not the node, is likely at fault; the gang is not restarted for it until the disruption ends."""
+    OPERATOR_STORE = "OperatorStore"
+    """CheckpointsDurable: in the operator's object store (status.checkpointStore), since the job's StorageClass offers ReadWriteOnce only."""
+    NO_SHARED_STORAGE = "NoSharedStorage"
+    """CheckpointsDurable False: several workers would share a claim of a StorageClass that offers ReadWriteOnce only, and the operator has no checkpointStore; the job waits Pending."""
     RUNTIME_APPLIED = "RuntimeApplied"
     """RuntimeResolved: the runtime of spec.runtimeRef is applied (status.runtime)."""
     RUNTIME_NOT_FOUND = "RuntimeNotFound"
@@ -1467,6 +1482,27 @@ class LastHang(_Model):
     """Where the workers saved every rank's stacks (inside the pods: the checkpoint volume; locally the logs)."""
 
 
+class CheckpointStore(_Model):
+    """An object store for checkpoints: the operator's default (chart value checkpointStore) for jobs with several
+    workers on a StorageClass that offers ReadWriteOnce only, and what such a job got (status.checkpointStore)."""
+
+    uri: str = Field(..., max_length=1024, pattern=S3_URI_PATTERN)
+    """`s3://bucket/prefix`: each job keeps its checkpoints under `<prefix>/<namespace>/<job>-<uid>`."""
+    s3: S3Spec | None = None
+    """How workers reach it, as a job's spec.s3 (endpoint, region, addressingStyle, credentialsSecret: a Secret of
+    that name in each job's namespace). Unset: AWS S3 with the pods' cloud identity."""
+
+    def for_job(self, namespace: str, name: str, uid: str) -> CheckpointStore:
+        """The store with the prefix of one job."""
+        return self.model_copy(update={"uri": job_prefix(self.uri, namespace, name, uid)})
+
+
+def job_prefix(uri: str, namespace: str, name: str, uid: str) -> str:
+    """A job's own prefix under a shared one (a runtime's or the operator's checkpoint store): one per job object,
+    so that a job created anew under an old name starts afresh, as it would on a new claim."""
+    return f"{uri.rstrip('/')}/{namespace}/{name}-{uid}"
+
+
 class AppliedRuntime(_Model):
     """The runtime a job was resolved with: the operator keeps it from the job's first reconcile on and takes it
     anew until the job starts, so that an edit of the runtime never changes a job that runs."""
@@ -1556,6 +1592,8 @@ class TrainingJobStatus(_Model):
     """Peak memory per rank (host resident, GPU allocated) of the newest generation that reported it, and what its checkpoints could not keep in the pods' memory. A restarted gang's replaces it once it reports, so a generation that ran out of memory leaves its figures until then."""
     runtime: AppliedRuntime | None = None
     """The TrainingRuntime or ClusterTrainingRuntime of spec.runtimeRef as applied: taken anew until the job starts, then kept."""
+    checkpoint_store: CheckpointStore | None = None
+    """Where the operator put the checkpoints of a job with several workers whose StorageClass offers ReadWriteOnce only: the chart's checkpointStore, under a prefix of this job's own. Chosen before the job starts, then kept."""
     avoided_nodes: list[str] = Field(default_factory=list)
     """Nodes where a preflight found a degraded rank, which later worker pods avoid (restartPolicy.avoidDegradedNodes)."""
     last_hang: LastHang | None = None
@@ -1664,7 +1702,7 @@ class RuntimeCheckpointSpec(_Model):
     access_mode: AccessMode | None = None
     """checkpoint.accessMode of its jobs."""
     uri: str | None = Field(None, max_length=1024, pattern=S3_URI_PATTERN)
-    """checkpoint.uri of its jobs: an s3:// prefix; each job keeps its checkpoints under it as for its own uri."""
+    """An s3:// prefix: each of its jobs that sets no checkpoint.uri of its own keeps its checkpoints under `<uri>/<namespace>/<job>-<uid>` (a job created anew under an old name starts afresh)."""
 
 
 class TrainingRuntimeSpec(_Model):

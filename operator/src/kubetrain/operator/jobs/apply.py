@@ -452,6 +452,18 @@ class Applier:
             log.info("%s/%s: the cache lagged the API server; re-planned from a live read", ns, name)
         return changed
 
+    async def storage_classes(self) -> list[dict[str, Any]] | None:
+        """The cluster's StorageClasses (storage.place reads their names, default annotations and provisioners);
+        None when the operator may not list them (a trimmed ClusterRole: claims are then made as before)."""
+        try:
+            found = await self.io(self.apis.custom.list_cluster_custom_object, "storage.k8s.io", "v1", "storageclasses")
+        except ApiException as exc:
+            if exc.status == 403:
+                return None
+            raise
+        return [{"metadata": c.get("metadata") or {}, "provisioner": c.get("provisioner")}
+                for c in (found or {}).get("items") or []]
+
     async def claim_phase(self, ns: str, name: str) -> str | None:
         """A claim's phase (CLAIM_MISSING when absent); None when the operator may not read claims."""
         try:

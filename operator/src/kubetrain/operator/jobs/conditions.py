@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from kubetrain.core import api
 from kubetrain.core.api import (
     CHECKPOINTS_DURABLE,
     NODES_NOT_READY,
@@ -73,8 +74,14 @@ class BlockedPod:
     """The kubelet's or the scheduler's own message."""
 
 
-def checkpoints_durable(job: TrainingJob) -> Want:
+def checkpoints_durable(job: TrainingJob, store: api.CheckpointStore | None = None) -> Want:
     ck, name = job.spec.checkpoint, job.metadata.name
+    if store is not None:
+        return Want(CHECKPOINTS_DURABLE, True, R.OPERATOR_STORE,
+                    f"checkpoints are kept in object storage at {store.uri} (status.checkpointStore), the operator's "
+                    f"checkpoint store: {job.spec.workers} workers cannot share a claim of the job's StorageClass, "
+                    "which offers ReadWriteOnce only; each worker stages its part in its own emptyDir and uploads it",
+                    bad_value=False)
     if ck.ephemeral:
         return Want(
             CHECKPOINTS_DURABLE, False, R.EPHEMERAL_CHECKPOINTS,

@@ -29,7 +29,7 @@ from kubernetes import client
 
 from kubetrain.core import api, contract
 from kubetrain.core.lifecycle import Action, FailureKind, WorkerPhase, gpu_hours_now
-from kubetrain.operator.jobs import runtimes
+from kubetrain.operator.jobs import runtimes, storage
 from kubetrain.operator.jobs.apply import Apis, Applier
 from kubetrain.operator.jobs.cache import WatchCache
 from kubetrain.operator.jobs.plan import (
@@ -245,11 +245,12 @@ class JobController:
             queue = await self.kueue.view(key, body)
             silence = await self._check_silence(key)
             runtime = await self._read_runtime(key, body)
-            p = self._plan(key, body, claim_phase, queue, runtime)
+            classes = await self.applier.storage_classes() if storage.to_read(body) else None
+            p = self._plan(key, body, claim_phase, queue, runtime, classes)
             confirm = (p.decision is not None and p.decision.failure_kind in CONFIRM_LIVE) or \
                 deletion_overdue(self.cache.pods(key), self.clock(), self.cache.read_live(key))
             if confirm and await self.applier.refresh(key):
-                p = self._plan(key, body, claim_phase, queue, runtime)
+                p = self._plan(key, body, claim_phase, queue, runtime, classes)
             carried_out = await self.applier.execute(key, body, p)
             if carried_out:
                 await self.kueue.carry_out(key, body, p.queue)
@@ -267,7 +268,7 @@ class JobController:
         return silence if after is None or (silence is not None and silence < after) else after
 
     def _plan(self, key: Key, body: dict[str, Any], claim_phase: str | None, queue: QueueView,
-              runtime: RuntimeLookup | None = None) -> Plan:
+              runtime: RuntimeLookup | None = None, classes: list[dict[str, Any]] | None = None) -> Plan:
         cache, now = self.cache, self.clock()
         t0 = time.perf_counter()
         progress = cache.progress(key)
@@ -278,7 +279,7 @@ class JobController:
             gone=cache.disrupted(key), silent=frozenset(cache.silent),
             progress_refused=cache.progress_refused(key), create_refused=cache.create_refused(key),
             foreign=cache.foreign(key), queue=queue, node_count=len(cache.node_names), terminating=cache.terminating,
-            runtime=runtime)
+            runtime=runtime, storage_classes=classes)
         p = plan(seen, self.settings.builders)
         self.paces[key] = pace(time.perf_counter() - t0)
         return p

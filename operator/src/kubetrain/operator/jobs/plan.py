@@ -37,7 +37,7 @@ from kubetrain.core.lifecycle import (
 from kubetrain.core.progress import Progress
 from kubetrain.core.validate import stored_object
 from kubetrain.operator.jobs import builders as b
-from kubetrain.operator.jobs import fabrics
+from kubetrain.operator.jobs import fabrics, storage
 from kubetrain.operator.jobs.conditions import (
     Want,
     announce,
@@ -242,6 +242,9 @@ class Observation:
     """Node name -> the termination taint it carries: it is about to go."""
     runtime: RuntimeLookup | None = None
     """The live read of the job's runtime (runtimes.to_read); None where none was made."""
+    storage_classes: Sequence[dict[str, Any]] | None = None
+    """The StorageClasses, read live for a job whose checkpoint claim may need sharing (storage.to_read); None where
+    they were not read."""
 
 
 def plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
@@ -262,12 +265,10 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     if unknown and not _started(old):
         return _waiting(old, operator_outdated(unknown, started=False), now)
     stored, rt = old, with_runtime(job, old, seen.runtime)
-    if rt.waiting is not None:
-        return _waiting(old, rt.waiting, now, RUNTIME_LOOK_AGAIN_SECONDS)
-    refused = rt.problems or admission_problems(rt.job, rt.status, settings, rt)
-    if refused:
-        return _invalid(old, refused, now, kueue.plan_invalid(view, now))
-    job, old = rt.job, rt.status
+    ready = _effective(seen, rt, settings)
+    if isinstance(ready, Plan):
+        return ready
+    job, old = ready.job, ready.status
     ours = [p for p in seen.pods if _pod_labels(p).get(b.LABEL_JOB) == job.metadata.name]
     gang_gone = not any(facts(p).running for p in ours)
     template = functools.partial(b.worker_pod, job, 0, 0, settings)  # a queued job's Workload template
@@ -298,6 +299,21 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
                           _last_progress(observed, t.status), disruption, tuple(filter(None, [applied(old, rt.ignored)])))
         _write_status(out, stored.dump(), _presented(job, body, ours, t, blocked, now, out), now, seen.status_written)
     return out
+
+
+def _effective(seen: Observation, rt: WithRuntime, settings: b.WorkerSettings) -> storage.Placed | Plan:
+    """The job to run, over its runtime and with its checkpoint storage settled; or the plan of a job that waits
+    for either, or is refused."""
+    old, now = _status_of(seen.body), seen.now
+    if rt.waiting is not None:
+        return _waiting(old, rt.waiting, now, RUNTIME_LOOK_AGAIN_SECONDS)
+    refused = rt.problems or admission_problems(rt.job, rt.status, settings, rt)
+    if refused:
+        return _invalid(old, refused, now, kueue.plan_invalid(seen.queue, now))
+    placed = storage.place(rt.job, rt.status, seen.storage_classes, settings.checkpoint_store)
+    if placed.waiting is not None:
+        return _waiting(old, placed.waiting, now, storage.LOOK_AGAIN_SECONDS)
+    return placed
 
 
 def _last_progress(observed: Observed, status: TrainingJobStatus) -> datetime | None:
@@ -497,13 +513,14 @@ def _presented(
     gone = d.action in (Action.RESTART_GANG, Action.SUSPEND)
     status.workers_ready = 0 if gone else sum(1 for p in current if facts(p).ready)
     status.workers_summary = f"{status.workers_ready}/{job.spec.workers}"
-    status.conditions = _side_conditions(job, d, current, blocked, status.conditions, now, out)
+    status.conditions = _side_conditions(job, d, current, blocked, status.conditions, now, out,
+                                         status.checkpoint_store)
     return status.dump()
 
 
 def _side_conditions(
     job: TrainingJob, d: Decision, current: list[dict[str, Any]], blocked: Blocked,
-    conds: list[Condition], now: datetime, out: Plan,
+    conds: list[Condition], now: datetime, out: Plan, store: api.CheckpointStore | None = None,
 ) -> list[Condition]:
     """CheckpointsDurable and WorkersBlocked over the phase conditions; one Warning Event each time
     one of them turns bad (not on every reconcile; a refused create has its Event from the I/O layer)."""
@@ -516,7 +533,7 @@ def _side_conditions(
     if queued is not None:
         out.events.append(queued)
     down = nodes_not_ready(job, current, blocked.nodes, blocked.last_progress, now, blocked.disruption)
-    for want in (checkpoints_durable(job), stuck or workers_blocked(job, pods, blocked.claim_phase),
+    for want in (checkpoints_durable(job, store), stuck or workers_blocked(job, pods, blocked.claim_phase),
                  operator_outdated(blocked.unknown, started=True), down, *blocked.runtime):
         if want is not stuck and announce(raw, want):
             out.events.append(("Warning", want.reason, want.message))

@@ -98,9 +98,20 @@ def with_runtime(job: TrainingJob, status: TrainingJobStatus, lookup: RuntimeLoo
         return WithRuntime(job, status, resolved.problems, job.spec)
     cluster = ref.kind == api.CLUSTER_RUNTIME_KIND
     template = job.spec.pod_template if cluster else resolved.spec.pod_template
-    return WithRuntime(job.model_copy(update={"spec": resolved.spec}), status.model_copy(update={"runtime": applied}),
+    spec = own_prefix(job, resolved.spec)
+    return WithRuntime(job.model_copy(update={"spec": spec}), status.model_copy(update={"runtime": applied}),
                        [], job.spec, trusted_fabric=resolved.fabric_from_runtime and cluster, own_template=template,
                        ignored=resolved.problems)
+
+
+def own_prefix(job: TrainingJob, spec: api.TrainingJobSpec) -> api.TrainingJobSpec:
+    """A runtime's checkpoint.uri is a prefix shared by its jobs: a job that sets none of its own keeps its
+    checkpoints under a prefix of its own there (api.job_prefix)."""
+    uri, meta = spec.checkpoint.uri, job.metadata
+    if uri is None or job.spec.checkpoint.uri is not None:
+        return spec
+    mine = api.job_prefix(uri, meta.namespace or "default", meta.name, meta.uid or "")
+    return spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"uri": mine})})
 
 
 def not_found(ref: api.RuntimeRef, why: str) -> Want:

@@ -17,6 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
+
+from kubetrain.core.api import CheckpointStore
 from kubetrain.core.pod_template import PodPolicy
 
 # The operator's own environment (the chart's Deployment sets these; workers never see them).
@@ -43,6 +46,9 @@ ENV_WORKER_NETWORK_POLICY = "KUBETRAIN_WORKER_NETWORK_POLICY"
 """JSON: the chart's workerNetworkPolicy values ({"enabled": bool, "metricsFrom": [NetworkPolicyPeer, ...]})."""
 NETWORK_POLICY_PEER_KEYS = ("podSelector", "namespaceSelector", "ipBlock")
 """The fields of a networking.k8s.io/v1 NetworkPolicyPeer."""
+ENV_CHECKPOINT_STORE = "KUBETRAIN_CHECKPOINT_STORE"
+"""JSON: the chart's checkpointStore ({"uri": "s3://bucket/prefix", "s3": {...spec.s3}}), api.CheckpointStore: where
+jobs with several workers keep their checkpoints when their StorageClass offers ReadWriteOnce only."""
 ENV_TERMINATION_TAINTS = "KUBETRAIN_TERMINATION_TAINTS"
 """Comma-separated taint keys that announce a node's end (the chart's nodeTermination.taints); empty: none."""
 TERMINATION_TAINTS = (
@@ -94,6 +100,8 @@ class WorkerSettings:
     """Namespaces whose jobs must name a Kueue queue (KUBETRAIN_QUEUE_REQUIRED_IN, comma-separated)."""
     network_policy: WorkerNetworkPolicy | None = None
     """Each job's NetworkPolicy (KUBETRAIN_WORKER_NETWORK_POLICY); None: the operator makes none."""
+    checkpoint_store: CheckpointStore | None = None
+    """The object store for jobs whose claim cannot be shared (KUBETRAIN_CHECKPOINT_STORE); None: such jobs wait."""
 
 
 
@@ -226,15 +234,25 @@ def pod_policy(raw: str | None) -> PodPolicy:
     return PodPolicy(**flags, allowed_capabilities=frozenset(c.upper().removeprefix("CAP_") for c in caps))
 
 
+def checkpoint_store(raw: str | None) -> CheckpointStore | None:
+    """KUBETRAIN_CHECKPOINT_STORE as a CheckpointStore (None when unset or its uri is empty); ValueError naming
+    the field that is wrong."""
+    given = _json(raw, ENV_CHECKPOINT_STORE)
+    if not isinstance(given, dict) or not given.get("uri"):
+        return None
+    try:
+        return CheckpointStore.model_validate(given)
+    except ValidationError as exc:
+        bad = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"{ENV_CHECKPOINT_STORE} (chart value checkpointStore): {bad}") from None
+
+
 def worker_network_policy(raw: str | None) -> WorkerNetworkPolicy | None:
     """KUBETRAIN_WORKER_NETWORK_POLICY as a WorkerNetworkPolicy (None when unset or not enabled); ValueError
     naming what is wrong."""
-    if not raw:
+    given = _json(raw, ENV_WORKER_NETWORK_POLICY)
+    if given is None:
         return None
-    try:
-        given = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{ENV_WORKER_NETWORK_POLICY} is not JSON: {exc}") from None
     if not isinstance(given, dict) or set(given) - {"enabled", "metricsFrom"}:
         raise ValueError(f"{ENV_WORKER_NETWORK_POLICY} must be a JSON object with the keys enabled and metricsFrom, "
                          f"not {raw!r}")
@@ -246,6 +264,16 @@ def worker_network_policy(raw: str | None) -> WorkerNetworkPolicy | None:
         raise ValueError(f"{ENV_WORKER_NETWORK_POLICY}: metricsFrom must be a list of NetworkPolicyPeers "
                          f"(objects of {', '.join(NETWORK_POLICY_PEER_KEYS)}), not {peers!r}")
     return WorkerNetworkPolicy(metrics_from=tuple(peers)) if given.get("enabled") else None
+
+
+def _json(raw: str | None, name: str) -> Any:
+    """An environment variable's JSON value (None when unset or empty); ValueError naming the variable."""
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name} is not JSON: {exc}") from None
 
 
 def names(lists: Iterable[str]) -> tuple[str, ...]:
@@ -276,6 +304,7 @@ def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Operat
                 pod_policy=pod_policy(env.get(ENV_POD_POLICY)),
                 queue_required_in=frozenset(names([env.get(ENV_QUEUE_REQUIRED_IN) or ""])),
                 network_policy=worker_network_policy(env.get(ENV_WORKER_NETWORK_POLICY)),
+                checkpoint_store=checkpoint_store(env.get(ENV_CHECKPOINT_STORE)),
             ),
             namespaces=namespaces,
             metrics_port=_env_number(p, env, ENV_METRICS_PORT, DEFAULTS.metrics_port),
