@@ -1,5 +1,6 @@
 """The operator's pure reconcile: (job, pods, nodes, now) -> Plan. No API server here."""
 
+import copy
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -11,6 +12,7 @@ from kubetrain.core.api import Fetch, TrainingJob
 from kubetrain.core.progress import CheckpointRecord, Progress
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs.apply import namespace_terminating
+from kubetrain.operator.jobs.cache import slim_pod
 from kubetrain.operator.jobs.plan import (
     Observation,
     claim_to_check,
@@ -20,7 +22,7 @@ from kubetrain.operator.jobs.plan import (
     silence_checks,
     silent_for,
 )
-from kubetrain.operator.jobs.pod_facts import container_exit_code
+from kubetrain.operator.jobs.pod_facts import container_exit_code, facts
 from kubetrain.operator.jobs.pod_patches import overlay
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -841,6 +843,15 @@ def test_after_a_silent_node_s_restart_its_new_worker_avoids_the_node_and_the_wa
     placed = [peers_lost(pod(0, gen=1)), pod(1, gen=1, node="n2")]  # had it gone there anyway
     again = plan(Observation(body(status={**p.status, "phase": "Running"}), placed, silent, later), S)
     assert again.decision is None or again.decision.failure_kind is None, again.decision  # no second NodeLost
+
+
+def test_the_operators_slim_copy_of_a_pod_still_says_it_lost_its_peers():
+    """The pod cache drops the containers of every pod (slim_pod) but the gang probe's variable, from which
+    pod_facts knows that the pod's readiness is the probe's: without it a lost peer was never seen."""
+    whole = peers_lost(pod(0))
+    assert facts(whole).peers_lost_since is not None
+    assert facts(slim_pod(copy.deepcopy(whole))).peers_lost_since == facts(whole).peers_lost_since
+    assert silence_checks([slim_pod(copy.deepcopy(whole)), slim_pod(pod(1, node="n2"))], {}, {}) == {"n2"}
 
 
 def test_leases_are_read_while_a_worker_lost_its_peers_and_while_a_node_is_silent():

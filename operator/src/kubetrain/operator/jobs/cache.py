@@ -54,11 +54,16 @@ def _node_of(pod: dict[str, Any]) -> str | None:
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    """A pod as the operator reads it: metadata, status, its node, restart policy and tolerations. The containers,
+    """A pod as the operator reads it: metadata, status, its node, restart policy, tolerations and the gang probe's
+    variable (pod_facts: the pod's readiness then says whether its processes lost their peers). The containers,
     volumes and scheduling of the spec the operator wrote itself were most of each cached pod's memory.
     In place."""
     spec = pod.get("spec") or {}
+    probed = [{"name": c.get("name"), "env": [e for e in c.get("env") or [] if e.get("name") == contract.GANG_PROBE_PORT]}
+              for c in spec.get("containers") or [] if c.get("name") == b.CONTAINER]
     pod["spec"] = {k: spec[k] for k in ("nodeName", "restartPolicy", "tolerations") if spec.get(k)}
+    if probed and probed[0]["env"]:  # pod_facts reads from it whether the pod's readiness is the gang probe's
+        pod["spec"]["containers"] = probed
     return slim(pod)
 
 
