@@ -1492,15 +1492,15 @@ class CheckpointStore(_Model):
     """How workers reach it, as a job's spec.s3 (endpoint, region, addressingStyle, credentialsSecret: a Secret of
     that name in each job's namespace). Unset: AWS S3 with the pods' cloud identity."""
 
-    def for_job(self, namespace: str, name: str, uid: str) -> CheckpointStore:
+    def for_job(self, meta: ObjectMeta) -> CheckpointStore:
         """The store with the prefix of one job."""
-        return self.model_copy(update={"uri": job_prefix(self.uri, namespace, name, uid)})
+        return self.model_copy(update={"uri": job_prefix(self.uri, meta)})
 
 
-def job_prefix(uri: str, namespace: str, name: str, uid: str) -> str:
+def job_prefix(uri: str, meta: ObjectMeta) -> str:
     """A job's own prefix under a shared one (a runtime's or the operator's checkpoint store): one per job object,
     so that a job created anew under an old name starts afresh, as it would on a new claim."""
-    return f"{uri.rstrip('/')}/{namespace}/{name}-{uid}"
+    return f"{uri.rstrip('/')}/{meta.namespace or 'default'}/{meta.name}-{meta.uid or ''}"
 
 
 class AppliedRuntime(_Model):

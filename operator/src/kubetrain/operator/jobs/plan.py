@@ -265,7 +265,7 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     if unknown and not _started(old):
         return _waiting(old, operator_outdated(unknown, started=False), now)
     stored, rt = old, with_runtime(job, old, seen.runtime)
-    ready = _effective(seen, rt, settings)
+    ready = _effective(seen, old, rt, settings)
     if isinstance(ready, Plan):
         return ready
     job, old = ready.job, ready.status
@@ -301,10 +301,11 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     return out
 
 
-def _effective(seen: Observation, rt: WithRuntime, settings: b.WorkerSettings) -> storage.Placed | Plan:
+def _effective(seen: Observation, old: TrainingJobStatus, rt: WithRuntime,
+               settings: b.WorkerSettings) -> storage.Placed | Plan:
     """The job to run, over its runtime and with its checkpoint storage settled; or the plan of a job that waits
-    for either, or is refused."""
-    old, now = _status_of(seen.body), seen.now
+    for either, or is refused (`old`: the stored status)."""
+    now = seen.now
     if rt.waiting is not None:
         return _waiting(old, rt.waiting, now, RUNTIME_LOOK_AGAIN_SECONDS)
     refused = rt.problems or admission_problems(rt.job, rt.status, settings, rt)

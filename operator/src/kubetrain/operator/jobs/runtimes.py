@@ -107,10 +107,10 @@ def with_runtime(job: TrainingJob, status: TrainingJobStatus, lookup: RuntimeLoo
 def own_prefix(job: TrainingJob, spec: api.TrainingJobSpec) -> api.TrainingJobSpec:
     """A runtime's checkpoint.uri is a prefix shared by its jobs: a job that sets none of its own keeps its
     checkpoints under a prefix of its own there (api.job_prefix)."""
-    uri, meta = spec.checkpoint.uri, job.metadata
+    uri = spec.checkpoint.uri
     if uri is None or job.spec.checkpoint.uri is not None:
         return spec
-    mine = api.job_prefix(uri, meta.namespace or "default", meta.name, meta.uid or "")
+    mine = api.job_prefix(uri, job.metadata)
     return spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"uri": mine})})
 
 

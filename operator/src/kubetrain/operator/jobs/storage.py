@@ -88,8 +88,7 @@ def place(job: TrainingJob, status: TrainingJobStatus, classes: Sequence[dict[st
             and needs_shared_claim(job.spec):
         if store is None or job.spec.s3 is not None:
             return Placed(job, status, no_shared_storage(job, found, store))
-        meta = job.metadata
-        chosen = store.for_job(meta.namespace or "default", meta.name, meta.uid or "")
+        chosen = store.for_job(job.metadata)
         status = status.model_copy(update={"checkpoint_store": chosen})
     if chosen is None:
         return Placed(job, status)
