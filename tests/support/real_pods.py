@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -203,11 +204,20 @@ def kubelet_pid() -> int:
     return int((cluster_dir() / "node" / "kubelet.pid").read_text())
 
 
+LEASE_FRESH_SECONDS = 11.0
+"""A kubelet renews its Lease every 10 s."""
+
+
 def node_healthy(core: client.CoreV1Api, node: str) -> bool:
-    """Ready, and without the taints the node lifecycle controller put on it while it was away (they go a
-    moment after Ready: a pod scheduled before would avoid the node)."""
+    """Ready, without the taints the node lifecycle controller put on it while it was away (they go a moment
+    after Ready: a pod scheduled before would avoid the node), and its Lease renewed since it came back (a node
+    frozen for less than the node lifecycle controller's grace never went NotReady, and the operator keeps the
+    pods of new jobs off it until its kubelet speaks again)."""
     taints = {t.key for t in core.read_node(node).spec.taints or []}
-    return node_ready(core, node) and not any(t.startswith("node.kubernetes.io/") for t in taints)
+    lease = client.CoordinationV1Api(core.api_client).read_namespaced_lease(node, "kube-node-lease")
+    renewed = lease.spec.renew_time
+    fresh = renewed is not None and (datetime.now(UTC) - renewed).total_seconds() < LEASE_FRESH_SECONDS
+    return fresh and node_ready(core, node) and not any(t.startswith("node.kubernetes.io/") for t in taints)
 
 
 def node_ready(core: client.CoreV1Api, name: str = NODE_NAME) -> bool:

@@ -389,6 +389,20 @@ def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_fil
                                    "successThreshold": 1, "failureThreshold": 1}
 
 
+def test_each_worker_watches_the_next_two_round_the_ring_and_a_lone_worker_none():
+    """contract.PEER_HOSTS: whom a worker's launcher asks while its ranks are quiet (hangs.PeerWatch)."""
+    peers = [env_of(b.worker_pod(job(workers=4, restartPolicy={"inPlace": True}), i, 0, b.WorkerSettings()))
+             .get(contract.PEER_HOSTS) for i in range(4)]
+    assert peers[0] == "1=llm-worker-1.llm.team-a.svc,2=llm-worker-2.llm.team-a.svc"
+    assert peers[3] == "0=llm-worker-0.llm.team-a.svc,1=llm-worker-1.llm.team-a.svc"
+    assert contract.parse_peer_hosts(peers[3]) == {0: "llm-worker-0.llm.team-a.svc", 1: "llm-worker-1.llm.team-a.svc"}
+    two = env_of(b.worker_pod(job(workers=2, restartPolicy={"inPlace": True}), 1, 0, b.WorkerSettings()))
+    assert two[contract.PEER_HOSTS] == "0=llm-worker-0.llm.team-a.svc"
+    alone = env_of(b.worker_pod(job(workers=1, restartPolicy={"inPlace": True}), 0, 0, b.WorkerSettings()))
+    assert contract.GANG_PROBE_PORT in alone and contract.PEER_HOSTS not in alone
+    assert contract.parse_peer_hosts("x=a,1=,2=b") == {2: "b"}
+
+
 @pytest.mark.parametrize(("spec", "why"), [
     ({"podTemplate": {"spec": {"hostNetwork": True}}}, "another pod's launcher on the node could answer"),
     ({"podTemplate": {"spec": {"containers": [{"name": "trainer", "readinessProbe": {"exec": {"command": ["ok"]}}}]}}},

@@ -229,3 +229,27 @@ def test_a_report_of_a_stopped_rank_keeps_the_workers_that_had_no_time_to_report
     t = lc.step(spec(restartPolicy={"inPlace": True}).spec, running_status(),
                 lc.Observed(workers=(lc.WorkerState(0, lc.WorkerPhase.RUNNING, in_place=True), stopped)), NOW)
     assert t.decision.action == lc.Action.RESTART_GANG and t.decision.keep == (0, 1)
+
+
+def test_a_report_naming_a_worker_that_does_not_answer_restarts_at_once_and_recreates_only_that_worker():
+    """A frozen node's worker cannot report; its peer's launcher found it not answering (hangs.PeerWatch). The
+    verdict does not wait for the gathering: it names that worker, keeps the reporting one in place and
+    recreates the silent one."""
+    s = spec(restartPolicy={"inPlace": True}).spec
+    w0 = lc.WorkerState(0, lc.WorkerPhase.FAILED, exit_code=contract.HUNG_EXIT_CODE, in_place=True, restartable=True,
+                        hang=HangReport(10, 9.0, 5.0, (r(0),), "/d", at=NOW.timestamp() - 1, unanswered=(1,)),
+                        pod="j-worker-0", node="node-0")
+    frozen = lc.WorkerState(1, lc.WorkerPhase.RUNNING, in_place=True, restartable=False, pod="j-worker-1",
+                            node="node-1")
+    t = lc.step(s, running_status(), lc.Observed(workers=(w0, frozen)), NOW)
+    assert t.decision.action == lc.Action.RESTART_GANG and t.decision.keep == (0,), t.decision
+    hang = t.status.last_hang
+    assert hang.message == ("worker 1 (pod j-worker-1, node node-1) does not answer (its node frozen, cut off or "
+                            "gone): rank 0 waits in all_reduce (torch.distributed); no report from rank 1")
+    assert [(x.rank, x.worker, x.node, x.where) for x in hang.suspects] == [(1, 1, "node-1", hangs.NOT_ANSWERING)]
+
+
+def test_a_report_says_which_peers_did_not_answer():
+    report = HangReport(10, 9.0, 5.0, (r(0),), "/d", at=5.0, generation=3, unanswered=(1, 7))
+    assert HangReport.decode(report.encode()) == report
+    assert HangReport.decode(HangReport(10, 9.0, 5.0, (r(0),)).encode()).unanswered == ()

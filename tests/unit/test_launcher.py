@@ -525,3 +525,79 @@ def test_a_stop_signal_that_comes_while_a_rank_is_started_reaches_it(monkeypatch
                            stop)
     assert code is None and len(children) == 1
     assert children[0].wait(timeout=20) == -signal.SIGTERM
+
+
+def test_a_peer_answers_while_its_launcher_lives_and_not_while_it_is_stopped(tmp_path):
+    """hangs.peer_answers against a real launcher's probe: a live one accepts, a SIGSTOPped one leaves the
+    connection in its kernel's backlog, a port nobody listens on refuses (the backend learns of that worker
+    otherwise), and a name that does not resolve is no verdict."""
+    port = ports.free_port()
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); import launcher; "
+            f"p = launcher.GangProbe({port}); p.open(); print('listening', flush=True); time.sleep(600)")
+    peer = subprocess.Popen([sys.executable, "-S", "-c", code, str(Path(launcher.__file__).parent)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert peer.stdout is not None and peer.stdout.readline().strip() == "listening"
+        assert hangs.peer_answers("127.0.0.1", port, timeout=1.0) is True
+        os.kill(peer.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert hangs.peer_answers("127.0.0.1", port, timeout=1.0) is False
+        assert 0.9 < time.monotonic() - t0 < 5
+        watch = hangs.PeerWatch({1: "127.0.0.1"}, port)
+        assert watch.silent() == [] and watch.silent() == [1]  # named on the second miss in a row
+        os.kill(peer.pid, signal.SIGCONT)
+        assert hangs.peer_answers("127.0.0.1", port, timeout=1.0) is True and watch.silent() == []
+    finally:
+        os.kill(peer.pid, signal.SIGCONT)
+        peer.kill()
+        peer.wait()
+    assert hangs.peer_answers("127.0.0.1", port, timeout=1.0) is True  # refused: nothing listens
+    assert hangs.peer_answers("no-such-worker.invalid", port, timeout=1.0) is None
+
+
+WAITING_RANK = """
+import json, os, time
+where, rank = os.environ["KUBETRAIN_HEARTBEAT_DIR"], os.environ["RANK"]
+def in_all_reduce():
+    time.sleep(600)
+for step in range(1, 4):
+    with open(os.path.join(where, "rank-%s.beat.tmp" % rank), "w") as f:
+        f.write(json.dumps({"step": step, "phase": "train"}))
+    os.replace(os.path.join(where, "rank-%s.beat.tmp" % rank), os.path.join(where, "rank-%s.beat" % rank))
+    time.sleep(0.1)
+in_all_reduce()
+"""
+
+
+def test_a_worker_whose_peer_froze_names_it_in_seconds_and_not_while_it_answers(configmap_dir, tmp_path):
+    """Two launchers as two workers' pods. Worker 0's rank waits in a collective (quiet, running) under a
+    minSeconds of 120; worker 1's launcher answers on its probe port, so worker 0 waits on. Worker 1's whole
+    pod is then stopped (its node frozen): worker 0 names it within seconds and exits 124."""
+    port, gen = ports.free_port(), tmp_path / "generation"
+    gen.write_text("0")
+    peer_env = {"PET_NPROC_PER_NODE": "1", contract.RESTART_GENERATION: "0", contract.GENERATION_FILE: str(gen),
+                contract.IN_PLACE_WAIT: "600", contract.GANG_PROBE_PORT: str(port)}
+    peer = pod_launcher(configmap_dir, sys.executable, "-c", "import time; time.sleep(600)", env=peer_env,
+                        start_new_session=True)
+    env = {"PET_NPROC_PER_NODE": "1", contract.HANG: "min=120,factor=10,phase=120,start=120",
+           contract.OUTPUT_DIR: str(tmp_path / "out"), contract.HANG_DIR: str(tmp_path / "hangs"),
+           contract.PEER_HOSTS: "1=127.0.0.1", contract.GANG_PROBE_PORT: str(port)}
+    try:
+        wait_for(lambda: _accepts(port), 30, interval=0.1, what="worker 1's probe port")
+        worker = pod_launcher(configmap_dir, sys.executable, "-c", WAITING_RANK, env=env)
+        with pytest.raises(subprocess.TimeoutExpired):  # quiet past PEER_ASK_SECONDS, but its peer answers
+            worker.wait(timeout=hangs.PEER_ASK_SECONDS + 6)
+        os.killpg(peer.pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        _out, err = worker.communicate(timeout=60)
+        took = time.monotonic() - frozen
+    finally:
+        os.killpg(peer.pid, signal.SIGCONT)
+        os.killpg(peer.pid, signal.SIGKILL)
+        peer.wait()
+    assert worker.returncode == contract.HUNG_EXIT_CODE, err
+    lines = [line for line in err.splitlines() if "hang:" in line]
+    assert "worker 1 (127.0.0.1) does not answer (its node frozen, cut off or gone): rank 0 waits in " \
+           "in_all_reduce" in lines[0], lines
+    assert took < hangs.PEER_ANSWER_SECONDS * hangs.PEER_MISSES + 4, took
+    assert (tmp_path / "hangs" / "gen-0" / "rank-0.txt").exists()

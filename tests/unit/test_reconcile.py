@@ -1,29 +1,38 @@
 """The operator's pure reconcile: (job, pods, nodes, now) -> Plan. No API server here."""
 
+import asyncio
 import copy
 import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from kubetrain.core import contract
+from kubetrain.core import contract, hangs
 from kubetrain.core.api import Fetch, TrainingJob
+from kubetrain.core.hangs import HangReport, RankReport
 from kubetrain.core.progress import CheckpointRecord, Progress
+from kubetrain.operator.controller import Controller
 from kubetrain.operator.jobs import builders as b
 from kubetrain.operator.jobs.apply import namespace_terminating
 from kubetrain.operator.jobs.cache import slim_pod
 from kubetrain.operator.jobs.plan import (
+    PEERS_LOST_SETTLE_SECONDS,
+    SILENT_FORGET_SECONDS,
     Observation,
     claim_to_check,
     forgotten,
     plan,
     set_condition,
+    settles_in,
     silence_checks,
     silent_for,
+    unanswering_nodes,
 )
 from kubetrain.operator.jobs.pod_facts import container_exit_code, facts
 from kubetrain.operator.jobs.pod_patches import overlay
+from kubetrain.operator.runtime.settings import OperatorSettings
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 S = b.WorkerSettings(trainer_image="trainer:test")
@@ -864,3 +873,113 @@ def test_leases_are_read_while_a_worker_lost_its_peers_and_while_a_node_is_silen
     assert silent_for(None, T0) is None
     assert silent_for(T0 - timedelta(seconds=5), T0) == 15.0
     assert silent_for(T0 - timedelta(seconds=25), T0) == 0.0
+
+
+def reported_frozen(at: datetime) -> list[dict]:
+    """Worker 0 ended hung, its report naming worker 1 (on n2) as not answering; worker 1's pod still Running."""
+    w0 = pod(0, phase="Failed", exit_code=contract.HUNG_EXIT_CODE)
+    report = HangReport(40, 9.0, 5.0, (RankReport(0, 40, "running", "in all_reduce"),), "/d", at=at.timestamp(),
+                        generation=0, unanswered=(1,))
+    w0["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = report.encode()
+    w1 = pod(1, node="n2")
+    for p in (w0, w1):
+        p["metadata"]["creationTimestamp"] = "2026-03-01T11:00:00Z"
+    return [w0, w1]
+
+
+def test_the_node_of_a_worker_that_did_not_answer_is_read_and_its_successor_is_not():
+    pods = reported_frozen(T0 - timedelta(seconds=1))
+    assert facts(pods[0]).hang is not None and facts(pods[0]).hang.unanswered == (1,)
+    assert unanswering_nodes(pods, T0) == {"n2": T0 - timedelta(seconds=1)}
+    pods[1]["metadata"]["creationTimestamp"] = "2026-03-01T12:00:00Z"  # worker 1's next pod, made after the report
+    assert unanswering_nodes(pods, T0) == {}
+    assert unanswering_nodes([pod(0), pod(1, node="n2")], T0) == {}
+
+
+@pytest.mark.parametrize(("renewed", "silent"), [(-4.0, True), (+2.0, False)])
+def test_a_node_whose_worker_did_not_answer_is_silent_until_its_kubelet_speaks_after(renewed, silent):
+    """The controller reads the node's Lease: renewed before the report (4 s earlier: nowhere near the 20 s
+    that would say so alone), the kubelet fell silent with its worker, and the node is lost to the job now;
+    renewed after it, only the worker failed."""
+    reported = T0 - timedelta(seconds=1)
+    ctl = Controller(client.ApiClient(), OperatorSettings(), clock=lambda: T0)
+    try:
+        key = ("ns", "j")
+        ctl.job_event("ADDED", body())
+        for p in reported_frozen(reported):
+            p["metadata"].update(resourceVersion="5", ownerReferences=[{"uid": "uid-1"}])
+            ctl.pod_event("ADDED", p)
+        assert len(ctl.cache.pods(key)) == 2
+
+        async def heard_at(node):
+            return reported + timedelta(seconds=renewed) if node == "n2" else T0
+
+        ctl.applier.node_heard_at = heard_at  # the Lease, as the API server would give it
+        asyncio.run(ctl._check_silence(key))
+        assert ("n2" in ctl.cache.silent) is silent, ctl.cache.silent
+        assert "n1" not in ctl.cache.silent
+    finally:
+        ctl.applier.close()
+
+
+def test_a_worker_still_ready_seconds_after_its_peer_lost_it_has_its_node_read():
+    """A killed node: worker 0 lost its peers at 11:59:50 (its kubelet said so within a second), and worker 1's
+    pod on n2 still says Ready, as it did before: its kubelet reports nothing. Its node is read against that
+    moment once PEERS_LOST_SETTLE_SECONDS have passed; a pod Ready again since, or made since, is not."""
+    lost = datetime(2026, 3, 1, 11, 59, 50, tzinfo=UTC)
+    w1 = pod(1, node="n2")
+    w1["status"]["conditions"][0]["lastTransitionTime"] = "2026-03-01T11:00:30Z"
+    pods = [peers_lost(pod(0)), w1]
+    for p in pods:
+        p["metadata"]["creationTimestamp"] = "2026-03-01T11:00:00Z"
+    assert unanswering_nodes(pods, lost + timedelta(seconds=PEERS_LOST_SETTLE_SECONDS)) == {"n2": lost}
+    assert unanswering_nodes(pods, lost + timedelta(seconds=3)) == {}  # its kubelet may still say so
+    assert settles_in(pods, lost + timedelta(seconds=3)) == pytest.approx(PEERS_LOST_SETTLE_SECONDS - 3)
+    assert settles_in(pods, lost + timedelta(seconds=9)) is None
+    again = copy.deepcopy(pods)
+    again[1]["status"]["conditions"][0]["lastTransitionTime"] = "2026-03-01T11:59:52Z"  # restarted, Ready again
+    assert unanswering_nodes(again, T0) == {}
+    successor = copy.deepcopy(pods)
+    successor[1]["metadata"]["creationTimestamp"] = "2026-03-01T11:59:55Z"
+    assert unanswering_nodes(successor, T0) == {}
+    assert unanswering_nodes([pods[0], pod(1, node="n2", ready=False)], T0) == {}
+
+
+def test_a_silent_node_that_speaks_again_leaves_the_mark_though_no_pod_of_the_job_is_there():
+    """A node marked silent is read again by any job's reconcile: restored, it must not keep every job's new
+    pods off it until the mark is forgotten."""
+    reported = T0 - timedelta(seconds=1)
+    ctl = Controller(client.ApiClient(), OperatorSettings(), clock=lambda: T0)
+    lease = {"n2": reported - timedelta(seconds=4)}
+
+    async def heard_at(node):
+        return lease.get(node, T0)
+
+    try:
+        ctl.job_event("ADDED", body())
+        for p in reported_frozen(reported):
+            p["metadata"].update(resourceVersion="5", ownerReferences=[{"uid": "uid-1"}])
+            ctl.pod_event("ADDED", p)
+        ctl.applier.node_heard_at = heard_at
+        asyncio.run(ctl._check_silence(("ns", "j")))
+        assert "n2" in ctl.cache.silent
+        other = body()
+        other["metadata"].update(name="other", uid="uid-2")
+        ctl.job_event("ADDED", other)  # no pod anywhere
+        lease["n2"] = T0  # its kubelet is back
+        ctl._leases.clear()  # past LEASE_READ_SECONDS
+        asyncio.run(ctl._check_silence(("ns", "other")))
+        assert "n2" not in ctl.cache.silent and "n2" not in ctl.cache.unanswering
+    finally:
+        ctl.applier.close()
+
+
+def test_a_recent_verdict_of_a_worker_not_answering_names_its_node_after_the_report_is_gone():
+    """The restart a report began clears it from the pods (worker 0 runs the next generation); the verdict in
+    status.lastHang still names the node, so a reconcile that missed the report marks the node all the same."""
+    verdict = {"time": "2026-03-01T11:59:58Z", "generation": 0, "suspects": [
+        {"rank": 1, "worker": 1, "pod": "j-worker-1", "node": "n2", "where": hangs.NOT_ANSWERING},
+        {"rank": 0, "worker": 0, "pod": "j-worker-0", "node": "n1", "where": "in all_reduce"}]}
+    assert unanswering_nodes([pod(0)], T0, verdict) == {"n2": T0 - timedelta(seconds=2)}
+    assert unanswering_nodes([pod(0)], T0 + timedelta(seconds=SILENT_FORGET_SECONDS), verdict) == {}
+    assert unanswering_nodes([pod(0)], T0, {**verdict, "suspects": verdict["suspects"][1:]}) == {}

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 # torch.distributed's own
 MASTER_ADDR = "MASTER_ADDR"
@@ -102,6 +102,11 @@ Ready, and the operator learns the gang broke even when the worker that broke it
 died). The port is DEFAULT_GANG_PROBE_PORT."""
 DEFAULT_GANG_PROBE_PORT = 29499
 """Beside MASTER_PORT's default (29500), below the kernel's ephemeral range (gloo's and NCCL's connections)."""
+PEER_HOSTS = "KUBETRAIN_PEER_HOSTS"
+"""In a pod with the gang probe, of a gang of several workers: `INDEX=HOST,...`, the workers whose launchers this
+one asks whether they answer on GANG_PROBE_PORT while its own ranks are quiet (hangs.PeerWatch): the next
+PEERS_WATCHED workers round the ring, so every worker is watched by that many others whatever the gang's size."""
+PEERS_WATCHED = 2
 STANDBY = "KUBETRAIN_STANDBY"
 """Set on a rank of kubetrain's trainer that its launcher starts while it waits for the next generation:
 the rank imports what training needs, then reads the generation to run from one line on its stdin (end
@@ -466,3 +471,19 @@ def kubetrain_env(
     if run_id:
         env[RUN_ID] = run_id
     return env
+
+
+def peer_hosts(index: int, workers: int, host: Callable[[int], str]) -> str:
+    """PEER_HOSTS's value for worker `index` of `workers`; `host`: a worker's index -> its name."""
+    peers = sorted({(index + k) % workers for k in range(1, min(PEERS_WATCHED, workers - 1) + 1)})
+    return ",".join(f"{i}={host(i)}" for i in peers)
+
+
+def parse_peer_hosts(text: str | None) -> dict[int, str]:
+    """PEER_HOSTS's value read back (index -> host); a malformed entry is left out."""
+    out = {}
+    for item in (text or "").split(","):
+        index, _, host = item.partition("=")
+        if index.strip().isdigit() and host.strip():
+            out[int(index)] = host.strip()
+    return out

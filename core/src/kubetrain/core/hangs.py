@@ -11,6 +11,11 @@ first on the ranks' PYTHONPATH: kubetrain's trainer and a custom command alike),
 kernel-bound process is read from /proc.
 verdict() compares the ranks and names the odd one out.
 
+A rank waits for its peers in every collective, so a peer whose whole worker stopped (its node frozen, cut off or
+gone) leaves the ranks here running and silent. While they are quiet, the supervisor asks the launchers of the
+workers it watches (contract.PEER_HOSTS) whether they answer (PeerWatch): one that does not is named at once,
+without waiting out the ranks' limit.
+
 A rank that never wrote a heartbeat is never judged: a command that does not report is not taken for hung.
 
 Shipped in a job's ConfigMap beside launcher.py and contract.py: standard library only, Python 3.8+.
@@ -23,6 +28,8 @@ import json
 import os
 import re
 import signal
+import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -234,13 +241,16 @@ class HangReport:
     generation: int | None = None
     """The restart generation the hung ranks ran: a report that arrives after the gang moved on is an old
     generation's, not a failure of the new one."""
+    unanswered: tuple[int, ...] = ()
+    """The workers whose launchers did not answer this one's (PeerWatch): the cause, found before any limit."""
 
     def encode(self) -> str:
         ranks = [[r.rank, r.step, r.state, r.where[:WHERE_LIMIT]] for r in self.ranks[:MAX_REPORTED_RANKS]]
         return json.dumps({"hang": {"step": self.step, "silent": round(self.silent_seconds, 1),
                                     "limit": round(self.limit_seconds, 1), "ranks": ranks,
                                     "dumps": self.dumps[:300], "at": round(self.at, 1),
-                                    "gen": self.generation}}, separators=(",", ":"))
+                                    "gen": self.generation, "peers": list(self.unanswered)}},
+                          separators=(",", ":"))
 
     @classmethod
     def decode(cls, text: str | None) -> HangReport | None:
@@ -249,7 +259,8 @@ class HangReport:
             ranks = tuple(RankReport(int(r[0]), None if r[1] is None else int(r[1]), str(r[2]), str(r[3]))
                           for r in h["ranks"])
             return cls(h.get("step"), float(h["silent"]), float(h["limit"]), ranks, str(h.get("dumps") or ""),
-                       float(h.get("at") or 0.0), None if h.get("gen") is None else int(h["gen"]))
+                       float(h.get("at") or 0.0), None if h.get("gen") is None else int(h["gen"]),
+                       tuple(int(i) for i in h.get("peers") or ()))
         except (ValueError, KeyError, TypeError, IndexError):
             return None
 
@@ -407,11 +418,17 @@ def suspects(reports: Sequence[RankReport]) -> list[int]:
     return sorted(r for g in groups.values() if len(g) < biggest for r in g)
 
 
-def verdict(reports: Sequence[RankReport], expected: Sequence[int], name_rank: Mapping[int, str] | None = None) -> str:
+def verdict(reports: Sequence[RankReport], expected: Sequence[int], name_rank: Mapping[int, str] | None = None,
+            unanswered: Sequence[str] = ()) -> str:
     """One sentence: the suspects and where they are, then where the others wait.
-    `name_rank`: rank -> `worker-1 on node n1`, where the backend knows it."""
+    `name_rank`: rank -> `worker-1 on node n1`, where the backend knows it; `unanswered`: the workers (named)
+    whose launchers did not answer, the cause before any rank."""
     name_rank = name_rank or {}
     odd = suspects(reports)
+    lead = ""
+    if unanswered:
+        verb = "does" if len(unanswered) == 1 else "do"
+        lead = f"{', '.join(unanswered)} {verb} not answer (its node frozen, cut off or gone): "
     by_rank = {r.rank: r for r in reports}
     missing = [r for r in expected if r not in by_rank]
     parts = []
@@ -429,8 +446,91 @@ def verdict(reports: Sequence[RankReport], expected: Sequence[int], name_rank: M
         parts.append(f"{label} {verb} {where}" if where.startswith("in ") else f"{label}: {where}")
     if missing:
         parts.append(f"no report from {'rank' if len(missing) == 1 else 'ranks'} {_span(missing)}")
-    head = "" if odd else "no single rank stands out: "
+    head = lead or ("" if odd else "no single rank stands out: ")
     return head + "; ".join(parts)
+
+
+# ---------------------------------------------------------------- peers
+
+
+PEER_ASK_SECONDS = 2.0
+"""A rank quiet this long has its worker ask its peers whether they answer: asking costs one connection per peer,
+and a live peer answers however long a step, a save or an evaluation takes."""
+PEER_ANSWER_SECONDS = 1.5
+"""How long a peer's launcher has to take a connection on its gang probe port. A live launcher accepts at once
+(a thread of its own, whatever its ranks do); a stopped one leaves it unaccepted in its kernel's backlog, and a
+node cut off or gone drops it."""
+PEER_MISSES = 2
+"""Unanswered asks in a row that make a peer silent: one dropped packet is not a frozen node."""
+NOT_ANSWERING = "its worker does not answer"
+"""Where a verdict says a rank is when a peer's launcher found its worker not answering."""
+
+
+def peer_answers(host: str, port: int, timeout: float = PEER_ANSWER_SECONDS) -> bool | None:
+    """Whether the launcher at host:port answers: True once it accepts (and closes) the connection, or when
+    nothing listens there (refused: that launcher waits for the next generation, or is gone, which the backend
+    learns by itself); False when the connection or its acceptance does not come within `timeout`, or the
+    address is unreachable; None when the name does not resolve (a pod not there yet)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, IndexError):
+        return None
+    with socket.socket(family, kind, proto) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(addr)
+            sock.recv(1)  # end of file once the peer's launcher accepts and closes
+        except socket.timeout:  # noqa: UP041 - TimeoutError only from Python 3.10; this file runs on 3.8+
+            return False
+        except (ConnectionRefusedError, ConnectionResetError):
+            return True
+        except OSError:  # no route to the peer's address: its node is gone or cut off
+            return False
+    return True
+
+
+def silent_peers(peers: Mapping[int, str], port: int, timeout: float = PEER_ANSWER_SECONDS) -> list[int]:
+    """The workers of `peers` (index -> host) whose launchers do not answer, all asked at once; one whose name
+    takes longer than the answer to resolve is not counted."""
+    answers: dict[int, bool | None] = {}
+
+    def ask(index: int, host: str) -> None:
+        answers[index] = peer_answers(host, port, timeout)
+
+    threads = [threading.Thread(target=ask, args=item, daemon=True) for item in sorted(peers.items())]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout + 1.0
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return sorted(i for i, answer in list(answers.items()) if answer is False)
+
+
+class PeerWatch:
+    """Whether the workers this one watches (contract.PEER_HOSTS) answer, asked while its ranks are quiet."""
+
+    def __init__(self, peers: Mapping[int, str], port: int) -> None:
+        self.peers = dict(peers)
+        self.port = port
+        self.misses: dict[int, int] = {}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> PeerWatch | None:
+        peers = contract.parse_peer_hosts(env.get(contract.PEER_HOSTS))
+        port = contract.env_int(env, contract.GANG_PROBE_PORT, default=0)
+        return cls(peers, port) if peers and port > 0 else None
+
+    def silent(self) -> list[int]:
+        """Ask every peer once: those unanswered PEER_MISSES times in a row."""
+        found = set(silent_peers(self.peers, self.port))
+        self.misses = {i: self.misses.get(i, 0) + 1 for i in found}
+        return sorted(i for i, n in self.misses.items() if n >= PEER_MISSES)
+
+    def reset(self) -> None:
+        self.misses = {}
+
+    def name(self, index: int) -> str:
+        return f"worker {index} ({self.peers[index]})" if index in self.peers else f"worker {index}"
 
 
 # ---------------------------------------------------------------- the supervisor's guard
@@ -465,22 +565,37 @@ class Guard:
         """Where the stacks (and the flight recorder's traces) are saved."""
         self.stacks: dict[int, str] = {}
 
-    def hung(self, pids: Mapping[int, int], now: float) -> HangReport | None:
-        """A report when a live rank (`pids`: rank -> pid) is silent past its limit, after capturing
-        every rank's stacks; None while all advance."""
+    def hung(self, pids: Mapping[int, int], now: float, peers: PeerWatch | None = None) -> HangReport | None:
+        """A report when a live rank (`pids`: rank -> pid) is silent past its limit, or quiet while a peer
+        does not answer (`peers`), after capturing every rank's stacks; None while all advance."""
         self.watch.observe(read_beats(self.where, list(pids)), now)
         stopped = [r for r in self.watch.quiet(now, STOPPED_SECONDS) if r in pids and proc_state(pids[r]) == STOPPED]
         silent = [s for s in self.watch.silent(now, stopped) if s[0] in pids]
+        quiet = [r for r in self.watch.quiet(now, PEER_ASK_SECONDS) if r in pids]
+        unanswered = self._unanswered(peers, quiet) if not silent else ()
+        if unanswered:
+            silent = [(r, now - self.watch.ranks[r].since, PEER_ASK_SECONDS) for r in quiet]
         if not silent:
             return None
         _write(os.path.join(self.where, DUMP_REQUEST), self.dest)
         caught = capture(pids, self.where)
-        self._await_traces([r for r, (state, _text) in caught.items() if state == "running"])
+        if not unanswered:  # the cause is known: no flight recorder to wait for
+            self._await_traces([r for r, (state, _text) in caught.items() if state == "running"])
         self.stacks = {r: text for r, (_state, text) in caught.items()}
         ranks = tuple(rank_report(r, self._step(r), state, text) for r, (state, text) in sorted(caught.items()))
         steps = [r.step for r in ranks if r.step is not None]
-        _rank, quiet, limit = silent[0]
-        return HangReport(max(steps) if steps else None, quiet, limit, ranks, at=time.time())
+        _rank, silence, limit = silent[0]
+        return HangReport(max(steps) if steps else None, silence, limit, ranks, at=time.time(), unanswered=unanswered)
+
+    @staticmethod
+    def _unanswered(peers: PeerWatch | None, quiet: Sequence[int]) -> tuple[int, ...]:
+        """The peers that do not answer, asked only while a rank here is quiet."""
+        if peers is None:
+            return ()
+        if not quiet:
+            peers.reset()
+            return ()
+        return tuple(peers.silent())
 
     def _await_traces(self, ranks: Sequence[int]) -> None:
         """Give the live ranks that answer DUMP_REQUEST up to TRACE_WAIT_SECONDS to write their traces."""

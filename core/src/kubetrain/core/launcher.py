@@ -171,6 +171,7 @@ class HangWatch:
     guard: hangs.Guard | None = None
     next_check: float = 0.0
     generation: int = 0
+    peers: hangs.PeerWatch | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], envs: list[dict[str, str]]) -> HangWatch | None:
@@ -178,7 +179,7 @@ class HangWatch:
         if limits is None:
             return None
         ranks = [contract.env_int(e, contract.RANK, default=i) for i, e in enumerate(envs)]
-        return cls(limits, env, ranks)
+        return cls(limits, env, ranks, peers=hangs.PeerWatch.from_env(env))
 
     def child_env(self) -> dict[str, str]:
         """The variables every rank gets: the heartbeat directory and the sitecustomize for stack dumps."""
@@ -191,6 +192,8 @@ class HangWatch:
         hangs.clear_beats(self.beats)
         dest = hangs.dump_dir(self.env, generation)
         self.guard, self.next_check, self.generation = hangs.Guard(self.limits, self.beats, dest), 0.0, generation
+        if self.peers is not None:
+            self.peers.reset()
 
     def check(self, children: list[Any], now: float) -> bool:
         """True when the worker is hung: its stacks are saved, its report written and printed."""
@@ -198,14 +201,15 @@ class HangWatch:
             return False
         self.next_check = now + HANG_CHECK_SECONDS
         pids = {self.ranks[i]: c.pid for i, c in enumerate(children) if c.poll() is None}
-        report = self.guard.hung(pids, now)
+        report = self.guard.hung(pids, now, self.peers)
         if report is None:
             return False
         report = dataclasses.replace(self.guard.save(report), generation=self.generation)
-        for line in hangs.report_lines(report, hangs.verdict(report.ranks, self.ranks)):
+        named = [self.peers.name(i) for i in report.unanswered] if self.peers is not None else []
+        for line in hangs.report_lines(report, hangs.verdict(report.ranks, self.ranks, unanswered=named)):
             _say(line)
         termination_message(report.encode())
-        if not any(r.state == hangs.STOPPED for r in report.ranks):
+        if not report.unanswered and not any(r.state == hangs.STOPPED for r in report.ranks):
             time.sleep(HANG_SETTLE_SECONDS)
         return True
 

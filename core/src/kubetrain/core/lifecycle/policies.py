@@ -212,7 +212,7 @@ def describe(w: WorkerState, kind: FailureKind) -> str:
                     "in time to restart in place)")
         return f"{who} exited with code {w.exit_code}" + (f" ({w.said})" if w.said else "")
     if kind == FailureKind.NODE_LOST:
-        return f"worker {w.index}'s node is NotReady"
+        return f"worker {w.index}'s node is NotReady or its kubelet silent"
     if kind == FailureKind.DISRUPTED and w.ended_before:
         return f"worker {w.index} had finished before this generation began (it was kept in place as it ended)"
     if kind == FailureKind.DISRUPTED and w.node_terminating is not None:
@@ -387,14 +387,13 @@ about the same moment but end a few seconds apart."""
 
 def gather_hang_reports(job: JobView, now: datetime) -> Decision | None:
     """Wait while a worker of the gang still runs and the first hang report is younger than HANG_GATHER_SECONDS,
-    unless a report names a stopped rank: that worker ended without waiting out its silence limit, the others
-    are not past theirs, and the culprit is known."""
+    unless a report names the culprit, a stopped rank or a worker that does not answer (_culprit_named): that
+    worker ended without waiting out its silence limit, and the others are not past theirs."""
     reports = [w.hang for w in job.workers if w.hang is not None]
     running = [w.index for w in job.workers if w.phase == WorkerPhase.RUNNING]
     first = min(r.at for r in reports) if reports else 0.0
     left = HANG_GATHER_SECONDS - (now.timestamp() - first)
-    stopped = any(r.state == hangs.STOPPED for h in reports for r in h.ranks)
-    if not running or not first or left <= 0 or stopped:
+    if not running or not first or left <= 0 or _culprit_named(job):
         return None
     return Decision(Action.WAIT, Phase.RUNNING, Reason.HANG_FOUND,
                     f"worker(s) {', '.join(str(w.index) for w in job.workers if w.hang)} hung; waiting up to "
@@ -408,15 +407,19 @@ def hang_verdict(spec: TrainingJobSpec, job: JobView, now: datetime) -> LastHang
     worker_of = {r.rank: w for w in hung for r in w.hang.ranks}
     reports = [r for w in hung for r in w.hang.ranks]
     names = {rank: _worker_name(w) for rank, w in worker_of.items()}
+    silent = [w for w in job.workers if w.index in {i for h in hung for i in h.hang.unanswered}]
+    unanswered = [_worker_name(w) for w in silent]
     by_rank = {r.rank: r for r in reports}
-    suspects = [HangSuspect(rank=r, worker=worker_of[r].index, pod=worker_of[r].pod, node=worker_of[r].node,
-                            where=by_rank[r].where) for r in hangs.suspects(reports)]
+    suspects = [HangSuspect(rank=r, worker=w.index, pod=w.pod, node=w.node, where=hangs.NOT_ANSWERING)
+                for w in silent for r in range(w.index * spec.procs, (w.index + 1) * spec.procs)]
+    suspects += [HangSuspect(rank=r, worker=worker_of[r].index, pod=worker_of[r].pod, node=worker_of[r].node,
+                             where=by_rank[r].where) for r in ([] if silent else hangs.suspects(reports))]
     steps = [r.step for r in reports if r.step is not None]
     first = min((w.hang for w in hung), key=lambda h: h.at)
     dumps = sorted({w.hang.dumps for w in hung if w.hang.dumps})
     return LastHang(time=contract.format_time(now), generation=job.generation, step=max(steps) if steps else None,
                     silent_seconds=round(first.silent_seconds, 1), limit_seconds=round(first.limit_seconds, 1),
-                    suspects=suspects[:64], message=hangs.verdict(reports, range(spec.world_size), names),
+                    suspects=suspects[:64], message=hangs.verdict(reports, range(spec.world_size), names, unanswered),
                     dumps="; ".join(dumps))
 
 
@@ -446,13 +449,21 @@ def _unheard_in_hang(job: JobView, failures: list[Failure]) -> set[int]:
     """In a hang judged from the launchers' reports, the running workers that sent none while the verdict
     waited for them (gather_hang_reports): every launcher of a hung gang finds its ranks silent within
     moments of the others, so one that did not report does not answer (its node frozen, cut off or gone)
-    and would not answer an in-place restart either. A report naming a stopped rank decides without
-    waiting: the others are not past their limits yet, and are kept."""
+    and would not answer an in-place restart either. A report that names its culprit decides without
+    waiting: the workers a report says do not answer are those; with a stopped rank, none (the others are
+    not past their limits yet, and are kept)."""
     if not failures or failures[0].worker.hang is None:
         return set()
-    if any(r.state == hangs.STOPPED for w in job.workers if w.hang is not None for r in w.hang.ranks):
-        return set()
+    unanswered = {i for w in job.workers if w.hang is not None for i in w.hang.unanswered}
+    if unanswered or _culprit_named(job):
+        return {w.index for w in job.workers if w.index in unanswered and w.hang is None}
     return {w.index for w in job.workers if w.hang is None and w.phase == WorkerPhase.RUNNING}
+
+
+def _culprit_named(job: JobView) -> bool:
+    """Whether a hang report names its culprit: a stopped rank, or a worker that does not answer."""
+    reports = [w.hang for w in job.workers if w.hang is not None]
+    return any(h.unanswered or any(r.state == hangs.STOPPED for r in h.ranks) for h in reports)
 
 
 def start(spec: TrainingJobSpec, job: JobView, now: datetime) -> Decision | None:

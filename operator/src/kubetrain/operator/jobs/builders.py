@@ -376,6 +376,9 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
                 {"name": contract.RAN_FILE, "value": RAN_FILE}]
     if gang_probe(spec):
         env.append({"name": contract.GANG_PROBE_PORT, "value": str(contract.DEFAULT_GANG_PROBE_PORT)})
+        if spec.workers > 1:  # the peers this worker's launcher asks while its ranks are quiet (hangs.PeerWatch)
+            hosts = contract.peer_hosts(index, spec.workers, lambda i: f"{worker_name(name, i)}.{service_name(name)}.{ns}.svc")
+            env.append({"name": contract.PEER_HOSTS, "value": hosts})
     if spec.progress_reporting:  # the pod's own identity, for rank 0's progress annotation (Downward API)
         env += [
             {"name": contract.POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},

@@ -113,6 +113,9 @@ class WatchCache:
         """Node name -> when its kubelet last renewed its Lease, for nodes found silent for NODE_SILENT_SECONDS
         while a job on them had lost peers (Controller.check_silent): NotReady to the lifecycle until the
         node lifecycle controller says so or the Lease is renewed."""
+        self.unanswering: dict[str, datetime] = {}
+        """Node name -> when a peer's launcher found the job's worker there not answering (plan.unanswering_nodes):
+        silent from then until its kubelet renews its Lease after it (Controller._check_silence)."""
 
     # ------------------------------------------------------------------ reads
 
@@ -310,6 +313,7 @@ class WatchCache:
         before = self.nodes.get(name)
         if not_ready_since is not None or before is not None:  # NotReady says more; back from NotReady: heard
             self.silent.pop(name, None)
+            self.unanswering.pop(name, None)
         if not_ready_since is None:
             self.nodes.pop(name, None)  # a Ready node and an unknown one read the same: keep neither
         else:

@@ -22,7 +22,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes import client
@@ -33,14 +33,17 @@ from kubetrain.operator.jobs import runtimes, storage
 from kubetrain.operator.jobs.apply import Apis, Applier
 from kubetrain.operator.jobs.cache import WatchCache
 from kubetrain.operator.jobs.plan import (
+    SILENT_FORGET_SECONDS,
     Observation,
     Plan,
     claim_to_check,
     deletion_overdue,
     forgotten,
     plan,
+    settles_in,
     silence_checks,
     silent_for,
+    unanswering_nodes,
 )
 from kubetrain.operator.jobs.pod_facts import facts
 from kubetrain.operator.jobs.pod_patches import overlay
@@ -66,6 +69,8 @@ CONFIRM_LIVE = frozenset({FailureKind.DELETED, FailureKind.NO_PROGRESS, FailureK
 GANG_GOING = frozenset({Action.RESTART_GANG, Action.SUSPEND, Action.FAIL, Action.SUCCEED})
 """Decisions that take the gang away: what its creates met (a refusal, a foreign object) no longer holds."""
 GAUGE_PERIOD = 5.0
+LEASE_READ_SECONDS = 1.0
+"""How long a node's Lease, once read, serves every job that asks (a silent node is read by each reconcile)."""
 """Seconds between two refreshes of the jobs-by-phase gauge."""
 PACE_FACTOR = 20.0
 """A paced pod event waits this many times the last plan of its job: planning takes at most about
@@ -110,6 +115,8 @@ class JobController:
         self.first_step: set[Key] = set()
         """Jobs whose first step was observed (kubetrain_operator_time_to_first_step_seconds)."""
         self.paces: dict[Key, float] = {}
+        self._leases: dict[str, tuple[float, datetime | None]] = {}
+        """Node -> (when read, monotonic; its kubelet's last Lease renewal): _heard_at's."""
         """Per job, the pause of its paced pod events (`pace` of its last plan)."""
         self.tasks: list[asyncio.Task[None]] = []
         self.pod_watches = [PodWatch(api_client, scope, self.pod_events, self.pods_listed)
@@ -292,17 +299,30 @@ class JobController:
         return await self.applier.read_runtime(key[0], ref)
 
     async def _check_silence(self, key: Key) -> float | None:
-        """Read the Leases of the job's nodes that plan.silence_checks names: a silent one joins cache.silent
-        (NotReady to the lifecycle), one that spoke again leaves it. Seconds until one could turn silent (the
-        reconcile's next look), or None."""
-        for node in forgotten(self.cache.silent, self.clock()):
-            del self.cache.silent[node]
-        checks = silence_checks(self.cache.pods(key), self.cache.nodes, self.cache.silent)
-        soonest = None
+        """Read the Leases of the job's nodes that plan.silence_checks names, and of those whose worker did not
+        answer a peer (plan.unanswering_nodes): a silent one joins cache.silent (NotReady to the lifecycle), one
+        that spoke again leaves it. Seconds until one could turn silent (the reconcile's next look), or None."""
+        cache = self.cache
+        for node in forgotten(cache.silent, self.clock()):
+            del cache.silent[node]
+            cache.unanswering.pop(node, None)
+        body = cache.job(key) or {}
+        named = unanswering_nodes(cache.pods(key), self.clock(), (body.get("status") or {}).get("lastHang"))
+        for node, at in named.items():
+            if at > cache.unanswering.get(node, at) + timedelta(seconds=SILENT_FORGET_SECONDS):
+                del cache.unanswering[node]  # an incident long past: this report is a new one
+            cache.unanswering.setdefault(node, at)
+        # Every silent node is read again, not only this job's: one that spoke again must not stay off the
+        # pods of every job until forgotten().
+        checks = silence_checks(cache.pods(key), cache.nodes, cache.silent) | set(cache.silent) | \
+            (set(named) - set(cache.nodes))
+        soonest = settles_in(cache.pods(key), self.clock())
         for node in sorted(checks):
-            heard = await self.applier.node_heard_at(node)
-            if heard is None and node in self.cache.silent:
+            heard = await self._heard_at(node)
+            if heard is None and node in cache.silent:
                 continue  # not known is not "spoke again": the mark stays until forgotten()
+            if self._unanswering(node, heard):
+                continue
             left = silent_for(heard, self.clock())
             if heard is not None and left == 0.0:
                 if node not in self.cache.silent:
@@ -314,6 +334,31 @@ class JobController:
             if left is not None:
                 soonest = left if soonest is None else min(soonest, left)
         return None if soonest is None else max(1.0, soonest)
+
+    async def _heard_at(self, node: str) -> datetime | None:
+        """The node's Lease renewal, read at most once a LEASE_READ_SECONDS for all the jobs reconciled meanwhile."""
+        now = time.monotonic()
+        read = self._leases.get(node)
+        if read is None or now - read[0] >= LEASE_READ_SECONDS:
+            read = self._leases[node] = (now, await self.applier.node_heard_at(node))
+        return read[1]
+
+    def _unanswering(self, node: str, heard: datetime | None) -> bool:
+        """Whether the node's worker did not answer a peer and its kubelet has not renewed its Lease since: the
+        kubelet and the worker fell silent together, so the node is lost to its jobs now (cache.silent), many
+        seconds before its Lease is old enough to say so alone."""
+        at = self.cache.unanswering.get(node)
+        if at is None:
+            return False
+        if heard is not None and heard > at:
+            del self.cache.unanswering[node]  # its kubelet spoke after: the worker alone failed
+            return False
+        if node not in self.cache.silent:
+            log.warning("node %s: its worker fell silent at %s (it did not answer a peer, or stayed Ready after a "
+                        "peer lost it), and its kubelet last renewed its Lease at %s: lost to its jobs before it is "
+                        "NotReady", node, contract.format_time(at), contract.format_time(heard) if heard else "never")
+        self.cache.silent[node] = heard or at
+        return True
 
     def _requeue_after(self, key: Key, p: Plan) -> float | None:
         """The plan's time to look again; with a pod create refused or a child's name taken, the backoff's

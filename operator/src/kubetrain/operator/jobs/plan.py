@@ -13,12 +13,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
 
-from kubetrain.core import api, contract, pod_template
+from kubetrain.core import api, contract, hangs, pod_template
 from kubetrain.core import lifecycle as lc
 from kubetrain.core.api import FINISHED_PHASES, Condition, Phase, TrainingJob, TrainingJobSpec, TrainingJobStatus
 from kubetrain.core.contract import format_time
@@ -50,7 +50,7 @@ from kubetrain.operator.jobs.conditions import (
     waits_for_volume,
     workers_blocked,
 )
-from kubetrain.operator.jobs.pod_facts import container_exit_code, disrupted, facts
+from kubetrain.operator.jobs.pod_facts import PodFacts, container_exit_code, disrupted, facts
 from kubetrain.operator.jobs.runtimes import (
     RUNTIME_LOOK_AGAIN_SECONDS,
     RuntimeLookup,
@@ -591,6 +591,68 @@ def silence_checks(pods: Iterable[dict[str, Any]], not_ready: Mapping[str, datet
     nodes = {f.node for f in seen if f.node and not_ready.get(f.node) is None}
     lost = {f.node for f in seen if f.peers_lost_since is not None}
     return (nodes - lost if lost else set()) | (nodes & set(silent))
+
+
+PEERS_LOST_SETTLE_SECONDS = 5.0
+"""How long after a worker lost its peers the other workers' kubelets have to say so of theirs (the gang probe
+fails within a second, a container that ended is reported at once): one still Ready since before, on a node whose
+kubelet has not renewed its Lease since, fell silent with its kubelet."""
+
+
+def unanswering_nodes(pods: Iterable[dict[str, Any]], now: datetime,
+                      last_hang: Mapping[str, Any] | None = None) -> dict[str, datetime]:
+    """The nodes whose worker went silent, each with when that was seen, for the controller to hold against
+    their Leases: a worker that a hang report names as not answering its launcher (hangs.PeerWatch), and one
+    still Ready PEERS_LOST_SETTLE_SECONDS after another worker lost its peers. Either one's pod from before
+    that moment: a successor placed after it, or a container Ready again since, is not the one gone silent.
+    The report is gone from the pods once its restart began, so the verdict it left (`last_hang`, the job's
+    status.lastHang) names such nodes too, for SILENT_FORGET_SECONDS."""
+    seen = [(facts(p), p) for p in pods]
+    out = _named_by_verdict(last_hang, now)
+    named: dict[int, datetime] = {}
+    for f, _p in seen:
+        for index in f.hang.unanswered if f.hang is not None else ():
+            reported = datetime.fromtimestamp(f.hang.at, UTC)
+            named[index] = min(reported, named.get(index, reported))
+    lost = peers_lost_at(f for f, _p in seen)
+    if lost is not None and (now - lost).total_seconds() < PEERS_LOST_SETTLE_SECONDS:
+        lost = None
+    for f, p in seen:
+        at = named.get(f.index) or (lost if lost is not None and _ready_since_before(f, p, lost) else None)
+        created = contract.parse_time(p["metadata"].get("creationTimestamp"))
+        if f.node and at is not None and created is not None and created <= at:
+            out[f.node] = at
+    return out
+
+
+def _named_by_verdict(last_hang: Mapping[str, Any] | None, now: datetime) -> dict[str, datetime]:
+    """The nodes of the suspects a recent hang verdict found not answering, with its time."""
+    when = contract.parse_time((last_hang or {}).get("time"))
+    if last_hang is None or when is None or (now - when).total_seconds() > SILENT_FORGET_SECONDS:
+        return {}
+    return {s["node"]: when for s in last_hang.get("suspects") or []
+            if s.get("where") == hangs.NOT_ANSWERING and s.get("node")}
+
+
+def peers_lost_at(seen: Iterable[PodFacts]) -> datetime | None:
+    """When the first of the job's workers that lost their peers did."""
+    return min((f.peers_lost_since for f in seen if f.peers_lost_since is not None), default=None)
+
+
+def settles_in(pods: Iterable[dict[str, Any]], now: datetime) -> float | None:
+    """Seconds until PEERS_LOST_SETTLE_SECONDS have passed since a worker lost its peers (None: none did, or
+    they have)."""
+    lost = peers_lost_at(facts(p) for p in pods)
+    left = None if lost is None else PEERS_LOST_SETTLE_SECONDS - (now - lost).total_seconds()
+    return left if left is not None and left > 0 else None
+
+
+def _ready_since_before(f: PodFacts, pod: dict[str, Any], moment: datetime) -> bool:
+    """Ready, not being deleted, and its Ready condition unchanged since before `moment`."""
+    ready: dict[str, Any] = next(
+        (c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+    changed = contract.parse_time(ready.get("lastTransitionTime"))
+    return f.ready and not pod["metadata"].get("deletionTimestamp") and changed is not None and changed <= moment
 
 
 def forgotten(silent: Mapping[str, datetime], now: datetime) -> list[str]:
