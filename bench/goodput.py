@@ -83,6 +83,7 @@ from support.real_pods import (
     node_healthy,
     one_per_real_node,
     parent_pid,
+    pod_cgroup,
     quickstart,
     real_node_missing,
     trainer_ranks,
@@ -358,14 +359,11 @@ def container_main(rank: int) -> int:
 
 
 def memory_cgroup(uid: str, container_id: str) -> Path | None:
-    """The container's memory cgroup on the real node (cgroupfs driver): v1's memory hierarchy, or v2's."""
-    cid = container_id.split("://", 1)[-1]
-    for root in ("/sys/fs/cgroup/memory/kubepods", "/sys/fs/cgroup/kubepods"):
-        for pattern in (f"pod{uid}/{cid}", f"*/pod{uid}/{cid}"):
-            found = sorted(Path(root).glob(pattern)) if Path(root).is_dir() else []
-            if found:
-                return found[0]
-    return None
+    """The container's memory cgroup on whichever real node runs it (cgroupfs driver; support.real_pods.POD_CGROUPS:
+    node 1's kubepods, or node K's own root): v1's memory hierarchy, or v2's."""
+    pod = pod_cgroup(uid, "memory")
+    cg = pod / container_id.split("://", 1)[-1] if pod is not None else None
+    return cg if cg is not None and cg.is_dir() else None
 
 
 def oom_kills(cg: Path) -> int:

@@ -102,6 +102,16 @@ def test_a_later_failure_in_the_same_pod_is_not_restarted_there(p: dict[str, Any
     assert (f.phase, f.exit_code, f.failures, f.restartable) == (WorkerPhase.FAILED, 1, 2, False)
 
 
+def test_a_later_failure_after_ten_minutes_of_running_is_restarted_there() -> None:
+    """The kubelet's back-off for a container expires once it ran twice the 300 s cap: a failure after that is
+    restarted at once again, as the first one was."""
+    ran = {"exitCode": 1, "reason": "Error", "startedAt": "2026-03-01T11:00:00Z", "finishedAt": "2026-03-01T11:10:06Z"}
+    f = facts(in_pod("52", 1, {"terminated": ran}, TERM_137, handled=1))
+    assert (f.phase, f.failures, f.restartable) == (WorkerPhase.FAILED, 2, True)
+    short = {**ran, "finishedAt": "2026-03-01T11:09:00Z"}
+    assert not facts(in_pod("53", 1, {"terminated": short}, TERM_137, handled=1)).restartable
+
+
 def test_success_after_a_restart_in_the_pod_is_success_and_an_oom_kill_says_so() -> None:
     done = facts(in_pod("47", 1, {"terminated": {"exitCode": 0, "reason": "Completed"}}, TERM_137, handled=1))
     assert (done.phase, done.failures, done.running) == (WorkerPhase.SUCCEEDED, 0, False)

@@ -44,9 +44,9 @@ class PodFacts:
     failures: int
     """How many times the kubelet saw the trainer container fail in this pod (restartPolicy OnFailure)."""
     restartable: bool
-    """Failed, and the kubelet starts its container again in this pod at once (its first failure here, so
-    no crash-loop back-off): an in-place restart can keep the worker, whose launcher waits for the next
-    generation."""
+    """Failed, and the kubelet starts its container again in this pod at once (its first failure here, or one
+    after the container ran KUBELET_BACKOFF_RESET_SECONDS: no crash-loop back-off): an in-place restart can keep
+    the worker, whose launcher waits for the next generation."""
     running: bool
     """Pending, or a container still runs (see still_running)."""
     ready: bool
@@ -99,7 +99,7 @@ def _read(pod: dict[str, Any]) -> PodFacts:
     phase, exit_code, reason = (restarts_here and _restarted(pod, failures, handled, last, generation)) or _worker(pod)
     told = notes.get(contract.GENERATION_ANNOTATION)  # lags the label while a kept pod waits for its backoff
     pending = status.get("phase", "Pending") == "Pending" and not meta.get("deletionTimestamp")
-    restartable = phase == WorkerPhase.FAILED and failures == 1 and last is not None
+    restartable = phase == WorkerPhase.FAILED and last is not None and (failures == 1 or _backoff_reset(last))
     ended = last if restarts_here and last else _trainer_terminated(status)
     init = _failed_init(status) if reason == INIT_FAILED else None
     if init is not None:
@@ -117,6 +117,19 @@ def _read(pod: dict[str, Any]) -> PodFacts:
         ended_at=contract.parse_time((ended or {}).get("finishedAt")) if phase == WorkerPhase.SUCCEEDED else None,
         peers_lost_since=_peers_lost_since(status) if phase == WorkerPhase.RUNNING and _gang_probed(pod) else None,
     )
+
+
+KUBELET_BACKOFF_RESET_SECONDS = 600 + 5
+"""The kubelet restarts a container that failed again at once only where it ran for more than twice the
+crash-loop back-off's 300 s cap since its last restart (k8s.io/client-go flowcontrol.Backoff: an entry that old has
+expired); otherwise it waits 10 s, doubling. 5 s more for the timestamps' whole seconds."""
+
+
+def _backoff_reset(terminated: dict[str, Any]) -> bool:
+    """The failed container ran long enough that the kubelet's back-off for it has expired."""
+    started, finished = parse_time(terminated.get("startedAt")), parse_time(terminated.get("finishedAt"))
+    return started is not None and finished is not None and \
+        (finished - started).total_seconds() > KUBELET_BACKOFF_RESET_SECONDS
 
 
 def _hang(terminated: dict[str, Any] | None) -> HangReport | None:
