@@ -101,6 +101,11 @@ def service_name(job: str) -> str:
     return job
 
 
+def worker_host(job: str, namespace: str, index: int) -> str:
+    """A worker's name in the cluster's DNS, under the job's headless Service."""
+    return f"{worker_name(job, index)}.{service_name(job)}.{namespace}.svc"
+
+
 def config_name(job: str) -> str:
     return f"{job}-config"
 
@@ -347,7 +352,7 @@ def _resources(spec: TrainingJobSpec, fabric: FabricProfile) -> dict[str, Any]:
 def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, Any]]:
     """The contract env of one worker pod, then the fabric's, then the user's (theirs win, none dropped)."""
     spec, name, ns = job.spec, job.metadata.name, job.metadata.namespace or "default"
-    master = f"{worker_name(name, 0)}.{service_name(name)}.{ns}.svc"
+    master = worker_host(name, ns, 0)
     placement = contract.WorkerPlacement.worker(index, spec.procs, spec.workers)
     values = {
         **contract.torch_env(placement, master, contract.DEFAULT_MASTER_PORT),
@@ -377,7 +382,7 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
     if gang_probe(spec):
         env.append({"name": contract.GANG_PROBE_PORT, "value": str(contract.DEFAULT_GANG_PROBE_PORT)})
         if spec.workers > 1:  # the peers this worker's launcher asks while its ranks are quiet (hangs.PeerWatch)
-            hosts = contract.peer_hosts(index, spec.workers, lambda i: f"{worker_name(name, i)}.{service_name(name)}.{ns}.svc")
+            hosts = contract.peer_hosts(index, spec.workers, lambda i: worker_host(name, ns, i))
             env.append({"name": contract.PEER_HOSTS, "value": hosts})
     if spec.progress_reporting:  # the pod's own identity, for rank 0's progress annotation (Downward API)
         env += [

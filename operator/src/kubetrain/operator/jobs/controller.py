@@ -69,9 +69,9 @@ CONFIRM_LIVE = frozenset({FailureKind.DELETED, FailureKind.NO_PROGRESS, FailureK
 GANG_GOING = frozenset({Action.RESTART_GANG, Action.SUSPEND, Action.FAIL, Action.SUCCEED})
 """Decisions that take the gang away: what its creates met (a refusal, a foreign object) no longer holds."""
 GAUGE_PERIOD = 5.0
+"""Seconds between two refreshes of the jobs-by-phase gauge."""
 LEASE_READ_SECONDS = 1.0
 """How long a node's Lease, once read, serves every job that asks (a silent node is read by each reconcile)."""
-"""Seconds between two refreshes of the jobs-by-phase gauge."""
 PACE_FACTOR = 20.0
 """A paced pod event waits this many times the last plan of its job: planning takes at most about
 1/20 of the operator's time while a gang starts (a 2-worker job's pause is a few milliseconds)."""
@@ -115,9 +115,9 @@ class JobController:
         self.first_step: set[Key] = set()
         """Jobs whose first step was observed (kubetrain_operator_time_to_first_step_seconds)."""
         self.paces: dict[Key, float] = {}
+        """Per job, the pause of its paced pod events (`pace` of its last plan)."""
         self._leases: dict[str, tuple[float, datetime | None]] = {}
         """Node -> (when read, monotonic; its kubelet's last Lease renewal): _heard_at's."""
-        """Per job, the pause of its paced pod events (`pace` of its last plan)."""
         self.tasks: list[asyncio.Task[None]] = []
         self.pod_watches = [PodWatch(api_client, scope, self.pod_events, self.pods_listed)
                             for scope in settings.scopes()]
