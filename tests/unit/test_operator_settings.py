@@ -84,14 +84,31 @@ def test_several_namespaces_come_comma_separated_or_as_repeated_flags_in_order_e
 def test_the_operators_lists_and_watches_go_to_each_namespace_or_to_the_whole_cluster() -> None:
     assert OperatorSettings(namespaces=("a", "b")).scopes() == ("a", "b")
     assert OperatorSettings().scopes() == (None,)
+    assert OperatorSettings(namespaces=("a", "ml-*")).scopes() == (None,)  # a pattern: the cluster, filtered
 
 
-@pytest.mark.parametrize("given", ["ml-*", "Team", "a_b", "-a", "x" * 64])
+def test_namespaces_by_pattern_keep_only_the_namespaces_that_match() -> None:
+    s = parse_settings(["--namespace=team-*,ci-?-x,infra"], {})
+    assert s.namespaces == ("team-*", "ci-?-x", "infra") and s.patterns() == ("team-*", "ci-?-x")
+    assert [n for n in ("team-a", "team-", "ci-1-x", "ci-12-x", "infra", "infra-2", "teams")
+            if s.watches(n)] == ["team-a", "team-", "ci-1-x", "infra"]
+    assert OperatorSettings().watches("anything") and OperatorSettings(namespaces=("a",)).watches("a")
+    assert not OperatorSettings(namespaces=("a",)).watches("b")
+
+
+def test_a_leader_lease_is_never_put_in_a_pattern() -> None:
+    named = parse_settings(["--leader-elect", "--namespace=team-*,ops"], {}).leader_election
+    assert named is not None and named.namespace == "ops"
+    only_patterns = parse_settings(["--leader-elect", "--namespace=team-*"], {}).leader_election
+    assert only_patterns is not None and "*" not in only_patterns.namespace
+
+
+@pytest.mark.parametrize("given", ["!ml-*", "ml-[ab]", "Team", "a_b", "-a", "x" * 64, "*" * 64])
 def test_a_name_that_is_no_namespaces_is_refused(given: str) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_settings([f"--namespace=ok,{given}"], {})
     assert exc.value.code == 2
-    with pytest.raises(ValueError, match="not a namespace"):
+    with pytest.raises(ValueError, match="not a namespace's name nor a pattern"):
         OperatorSettings(namespaces=(given,))
     with pytest.raises(ValueError, match="twice"):
         OperatorSettings(namespaces=("a", "a"))

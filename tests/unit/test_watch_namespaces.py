@@ -1,6 +1,6 @@
 """An operator that watches several namespaces (--namespace=a,b): its own LISTs and pod watches go to each of
 them, never cluster-wide (a namespaced Role allows no such LIST), and a relist of one namespace judges only
-what is cached there."""
+what is cached there. Namespaces by pattern (--namespace=team-*): one LIST of the cluster, filtered."""
 
 from __future__ import annotations
 
@@ -66,5 +66,28 @@ def test_each_watched_namespace_is_listed_and_watched_on_its_own() -> None:
                  for m, args in fake.calls if m.startswith("list_") and m != "list_node"]
         assert sorted(lists) == sorted([(m, ns) for ns in ("a", "b") for m in (
             "list_namespaced_custom_object",) * 3 + ("list_namespaced_pod",)])  # jobs, Workloads, sweeps; pods
+    finally:
+        ctl.applier.close()
+
+
+def test_namespaces_by_pattern_are_listed_over_the_cluster_and_only_the_matching_jobs_kept() -> None:
+    ctl = Controller(client.ApiClient(), OperatorSettings(namespaces=("team-*",), metrics_port=0))
+    fake = fake_api()
+    ctl.applier.apis, ctl.applier.sanitize = apis(fake), lambda o: o
+    ctl.kueue.custom = ctl.sweeps.io.custom = fake.custom
+    for watch in ctl.pod_watches:
+        watch.core = fake.core
+    sweep = {"metadata": {"namespace": "other", "name": "s", "resourceVersion": "3"}, "spec": {}}
+    fake.custom.reply["list_cluster_custom_object"] = lambda *args: a_list(
+        [job("team-a", "j"), job("other", "j")] if args[2] == api.PLURAL
+        else [sweep] if args[2] == api.SWEEP_PLURAL else [])
+    fake.core.reply["list_node"] = lambda *_: a_list([])
+    fake.core.reply["list_pod_for_all_namespaces"] = lambda *_: Unparsed(json.dumps(a_list([])))
+    try:
+        asyncio.run(ctl._fill_cache())
+        assert [w.namespace for w in ctl.pod_watches] == [None]
+        assert ctl.cache.job(("team-a", "j")) is not None and ctl.cache.job(("other", "j")) is None
+        assert ctl.sweeps.cache.sweep(("other", "s")) is None
+        assert not [m for m, _ in fake.calls if m.startswith("list_namespaced")]
     finally:
         ctl.applier.close()

@@ -44,5 +44,5 @@ class Controller(JobController):
 
     async def _fill_cache(self) -> list[PodList]:
         listed = await super()._fill_cache()
-        await self.sweeps.fill(self.settings.scopes())
+        await self.sweeps.fill(self.settings.scopes(), self.settings.watches)
         return listed

@@ -216,9 +216,10 @@ class JobController:
         (each watch starts from its own list's version)."""
         snapshot = await self.applier.io(self.applier.list_all, self.settings.scopes())
         for jobs in snapshot.jobs:
-            for key in self.cache.jobs_missing_from(jobs.jobs, jobs.version, jobs.scope):
+            ours = [job for job in jobs.jobs if self.settings.watches(job["metadata"]["namespace"])]
+            for key in self.cache.jobs_missing_from(ours, jobs.version, jobs.scope):
                 self.forget(key)  # deleted while no watch told: nothing is kept (nor reconciled) for it
-            for job in jobs.jobs:
+            for job in ours:
                 self.job_event(None, job)
         listed = [await self.applier.io(watch.list) for watch in self.pod_watches]
         for pods in listed:

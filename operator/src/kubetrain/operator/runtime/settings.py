@@ -9,6 +9,7 @@ once, as a field default.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import re
 import socket
@@ -64,8 +65,11 @@ GKE, Karpenter, Cluster Autoscaler): a gang with a worker there restarts elsewhe
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 """The operator pod's own namespace (Downward API): where its Lease lives by default."""
 NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-"""A namespace's name (an RFC 1123 label). kopf would also take a glob, which the operator's own LISTs and
-watches could not follow: refused."""
+"""A namespace's name (an RFC 1123 label)."""
+NAMESPACE_PATTERN = re.compile(r"(?=.*[*?])[-a-z0-9*?]{1,63}")
+"""A shell-style pattern over namespaces' names (`team-*`, `ci-??-*`): kopf serves the namespaces that match as
+they come and go; the operator's own LISTs and watches then span the cluster and keep only what matches. `!`
+(kopf's exclusion) is refused: as separate --namespace entries its meaning would be a union, not a filter."""
 
 
 SIGTERM_CHECKPOINT_GRACE = 300
@@ -134,7 +138,8 @@ class OperatorSettings:
     builders: WorkerSettings = field(default_factory=WorkerSettings)
     """What goes into the children (the default trainer image, from KUBETRAIN_TRAINER_IMAGE)."""
     namespaces: tuple[str, ...] = ()
-    """Watch these namespaces only (--namespace, KUBETRAIN_NAMESPACE; comma-separated); empty: every namespace."""
+    """Watch these namespaces only (--namespace, KUBETRAIN_NAMESPACE; comma-separated names or patterns such as
+    `team-*`); empty: every namespace."""
     metrics_port: int = 8080
     """Prometheus endpoint (KUBETRAIN_METRICS_PORT); 0 turns it off."""
     create_parallelism: int = 32
@@ -157,8 +162,9 @@ class OperatorSettings:
     verbose: bool = False
 
     def __post_init__(self) -> None:
-        if bad := [n for n in self.namespaces if not NAMESPACE_NAME.fullmatch(n)]:
-            raise ValueError(f"not a namespace's name: {', '.join(map(repr, bad))}")
+        if bad := [n for n in self.namespaces if not (NAMESPACE_NAME.fullmatch(n) or NAMESPACE_PATTERN.fullmatch(n))]:
+            raise ValueError(f"not a namespace's name nor a pattern of names (a-z, 0-9, '-', '*', '?'): "
+                             f"{', '.join(map(repr, bad))}")
         if len(set(self.namespaces)) != len(self.namespaces):
             raise ValueError(f"a namespace is named twice: {', '.join(self.namespaces)}")
         if not 0 <= self.metrics_port <= 65535:
@@ -172,8 +178,19 @@ class OperatorSettings:
 
     def scopes(self) -> tuple[str | None, ...]:
         """Where each of the operator's own LISTs and watches goes: one per watched namespace, or one over the
-        whole cluster (None) when it watches every namespace."""
-        return self.namespaces or (None,)
+        whole cluster (None) when it watches every namespace or namespaces by pattern (then filtered by
+        `watches`)."""
+        if not self.namespaces or self.patterns():
+            return (None,)
+        return self.namespaces
+
+    def patterns(self) -> tuple[str, ...]:
+        """The watched namespaces given as patterns (`team-*`)."""
+        return tuple(n for n in self.namespaces if not NAMESPACE_NAME.fullmatch(n))
+
+    def watches(self, namespace: str) -> bool:
+        """Whether a namespace's objects are this operator's: every namespace's when none is named."""
+        return not self.namespaces or any(fnmatch.fnmatchcase(namespace, n) for n in self.namespaces)
 
 
 DEFAULTS = OperatorSettings()
@@ -184,7 +201,8 @@ def _parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     # Repeatable and comma-separated; argparse's append would add to a default, so the environment is
     # read in parse_settings, only where no flag is given.
     p.add_argument("--namespace", action="append", metavar="NS[,NS...]",
-                   help=f"watch these namespaces only (repeatable; default: ${ENV_NAMESPACE}, else every namespace)")
+                   help=f"watch these namespaces only, by name or pattern (team-*) (repeatable; default: ${ENV_NAMESPACE}, "
+                        "else every namespace)")
     p.add_argument("--leader-elect", action="store_true",
                    help="several replicas: only the holder of a coordination.k8s.io Lease reconciles, the others "
                         "keep warm caches and take over when it goes")
@@ -285,7 +303,8 @@ def _leader_election(args: argparse.Namespace, env: Mapping[str, str],
                      namespaces: tuple[str, ...]) -> LeaderElection | None:
     if not args.leader_elect:
         return None
-    namespace = (args.leader_elect_namespace or env.get(ENV_POD_NAMESPACE) or next(iter(namespaces), None)
+    named = (n for n in namespaces if NAMESPACE_NAME.fullmatch(n))
+    namespace = (args.leader_elect_namespace or env.get(ENV_POD_NAMESPACE) or next(named, None)
                  or LeaderElection.namespace)
     identity = env.get(ENV_LEADER_ID) or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     return LeaderElection(namespace=namespace, lease=args.leader_elect_lease, identity=identity)

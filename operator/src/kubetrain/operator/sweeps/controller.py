@@ -64,12 +64,13 @@ class SweepController:
 
     # ------------------------------------------------------------------ lifecycle (driven by the job controller)
 
-    async def fill(self, scopes: Iterable[str | None]) -> None:
-        """LIST the sweeps in each scope (a namespace; None: every namespace); their trial jobs come with the
-        job controller's LISTs of TrainingJobs."""
+    async def fill(self, scopes: Iterable[str | None], watches: Callable[[str], bool] = lambda _: True) -> None:
+        """LIST the sweeps in each scope (a namespace; None: every namespace), keeping those in the namespaces it
+        `watches`; their trial jobs come with the job controller's LISTs of TrainingJobs."""
         for scope in scopes:
             for sweep in await self.applier.io(self.io.list_sweeps, scope):
-                self.sweep_event(None, sweep)
+                if watches(sweep["metadata"]["namespace"]):
+                    self.sweep_event(None, sweep)
 
     async def serve(self) -> None:
         await self.queue.serve(self.workers, self.reconcile)
