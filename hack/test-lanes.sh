@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# `make test`'s pytest: two lanes side by side, then the type checker's verdict.
+# `make test`'s pytest: lanes side by side, then the type checker's verdict.
 #   unit+e2e     the CPU-bound tiers (trainer gangs on the host), in the suite's order;
 #   integration  the cluster tier, which mostly waits (pods starting, control loops, the background build of
-#                the cluster's parts). Both at the same priority: with the unit+e2e lane at nice 10 its tests
+#                the cluster's parts), itself in lanes against the one cluster (tests/support/lanes.py):
+#                integration/one beside integration/two, each with its own namespaces and operators, then
+#                integration/whole (the tests that change the cluster for everyone) alone. All at the same priority: with the unit+e2e lane at nice 10 its tests
 #                that bound a wait (a signal forwarded, a report retried) met loads they were not written for.
 # Each lane's lines carry its name (whole lines, so the two never cut into each other); each ends with its own
 # summary and slowest durations. mypy runs beside both. The exit status is the first failure's, else 0.
@@ -22,6 +24,35 @@ lane() {  # lane NAME NICENESS TESTS... -- ARGS...: pytest on TESTS, each line p
   return "${PIPESTATUS[0]}"
 }
 
+verdict() {  # verdict STATUS...: the first failure's status; 5 (pytest: no test selected) only when all are 5
+  local s first=0 all_none=1
+  for s in "$@"; do
+    (( s == 5 )) || all_none=0
+    (( first != 0 || s == 0 || s == 5 )) || first=$s
+  done
+  (( all_none )) && echo 5 || echo "$first"
+}
+
+cluster_running() {
+  PYTHONPATH=tests "$BIN/python" -c 'import sys; from support.cluster import cluster_running as up; sys.exit(not up())' \
+    2>/dev/null
+}
+
+integration_lanes() {  # the integration tier's lanes; the cluster stopped after the last unless it ran before
+  local was_up=0 one two whole
+  cluster_running && was_up=1
+  KUBETRAIN_TEST_LANE=one lane integration/one "$NICENESS" tests/integration -- "$@" &
+  local one_pid=$!
+  KUBETRAIN_TEST_LANE=two lane integration/two "$NICENESS" tests/integration -- "$@"; two=$?
+  wait "$one_pid"; one=$?
+  KUBETRAIN_TEST_LANE=whole lane integration/whole "$NICENESS" tests/integration -- "$@"; whole=$?
+  if (( ! was_up )) && [[ ${KUBETRAIN_KEEP_CLUSTER:-} != 1 ]]; then
+    bash hack/cluster-down.sh 2>&1 | sed -u "s/^/integration| /"
+  fi
+  echo "integration lanes: one exit ${one}, two exit ${two}, whole exit ${whole}" | tee -a "$lanes_log"
+  return "$(verdict "$one" "$two" "$whole")"
+}
+
 mypy_log=$(mktemp)
 lanes_log=$(mktemp)
 trap 'rm -f "$mypy_log" "$lanes_log"' EXIT
@@ -31,17 +62,15 @@ mypy_pid=$!
 if [[ ${KUBETRAIN_TEST_LANES:-2} == 1 || " $* " == *" tests/"* ]]; then
   "$BIN/python" -m pytest "$@"; status=$?
 else
-  lane integration "$NICENESS" tests/integration -- "$@" &
+  integration_lanes "$@" &
   integration_pid=$!
   lane unit+e2e "$NICENESS" tests/unit tests/e2e -- "$@"; first=$?
   wait "$integration_pid"; second=$?
   echo "test lanes: unit+e2e exit ${first}, integration exit ${second}"
   # A CI page often shows only the end of the log: repeat each lane's failures there.
   grep -E '^[^|]+\| (FAILED|ERROR) ' "$lanes_log" | sed 's/^/failed in lane /' || true
-  # 5 is pytest's "no tests selected": fine for one lane (a -k that picks tests of one tier), not for both
-  if (( first == 5 && second != 5 )); then first=0; fi
-  if (( second == 5 && first != 5 )); then second=0; fi
-  status=$(( first ? first : second ))
+  # 5 is pytest's "no tests selected": fine for a lane (a -k that picks tests of one tier), not for all
+  status=$(verdict "$first" "$second")
 fi
 
 wait "$mypy_pid"; mypy=$?

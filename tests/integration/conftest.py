@@ -7,6 +7,8 @@
 - ``namespace``: a fresh namespace per test, deleted afterwards.
 - ``service_account``: factory for a restricted ServiceAccount identity (TokenRequest token).
 - ``kueue`` (session): Kueue's controller and webhooks, built from its Go module (support/kueue.py).
+
+Under hack/test-lanes.sh several sessions share the cluster, each running one lane's tests (support/lanes.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
-from support import helm_tool, real_pods
+from support import helm_tool, lanes, real_pods
 from support import kueue as kueue_support
 from support.builds import shown
 from support.cluster import cache_dir, cluster_down, cluster_running, cluster_up, kubeconfig_path, new_admin_client
@@ -34,6 +36,25 @@ from support.resources import apply_crds, not_found_ok, wait_default_service_acc
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "integration: needs the real control plane from hack/ (make cluster-up)")
+    config.addinivalue_line("markers", f"{lanes.WHOLE_CLUSTER}: changes the cluster for every other test (its CRDs, "
+                                       "the API server, a cluster-wide operator): runs alone (support/lanes.py)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a lane (KUBETRAIN_TEST_LANE), only that lane's tests of this tier."""
+    lane = lanes.current()
+    if lane is None:
+        return
+    here = Path(__file__).parent
+    def ours(item: pytest.Item) -> bool:
+        if here not in item.path.parents:
+            return True  # another tier's test, given on the same command line
+        fixtures = getattr(item, "fixturenames", ())
+        return lanes.lane_of(item.path.name, (m.name for m in item.iter_markers()), fixtures) == lane
+    kept = [item for item in items if ours(item)]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not ours(item)])
+        items[:] = kept
 
 
 @dataclass(frozen=True)
@@ -49,17 +70,18 @@ def _binaries_buildable() -> bool:
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[KubeCluster]:
     started_here = False
-    if not cluster_running():
-        if not _binaries_buildable():
-            pytest.skip("no Go toolchain to build the test cluster (hack/build.sh) and no built binaries")
-        # Show hack/cluster-up.sh's progress (a cold start builds the binaries, or waits for hack/prebuild.sh
-        # to, a line per part and every 30 s) instead of capturing it.
-        try:
-            with shown("starting the test cluster (hack/cluster-up.sh)"):
-                cluster_up()
-        except Exception as exc:  # noqa: BLE001 - reported as a test error with the reason
-            pytest.fail(f"could not start the test cluster: {exc}", pytrace=False)
-        started_here = True
+    with lanes.one_at_a_time(cache_dir() / "cluster-up.lock"):  # lanes: one starts it, the others find it up
+        if not cluster_running():
+            if not _binaries_buildable():
+                pytest.skip("no Go toolchain to build the test cluster (hack/build.sh) and no built binaries")
+            # Show hack/cluster-up.sh's progress (a cold start builds the binaries, or waits for hack/prebuild.sh
+            # to, a line per part and every 30 s) instead of capturing it.
+            try:
+                with shown("starting the test cluster (hack/cluster-up.sh)"):
+                    cluster_up()
+            except Exception as exc:  # noqa: BLE001 - reported as a test error with the reason
+                pytest.fail(f"could not start the test cluster: {exc}", pytrace=False)
+            started_here = lanes.current() is None  # in lanes, hack/test-lanes.sh stops it after the last
     kubeconfig = kubeconfig_path()
     previous = os.environ.get("KUBECONFIG")
     os.environ["KUBECONFIG"] = str(kubeconfig)
@@ -100,7 +122,7 @@ def core_v1(admin_api: client.ApiClient) -> client.CoreV1Api:
 
 def _namespace_name(test_name: str) -> str:
     base = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].strip("-")
-    return f"{base or 'test'}-{uuid.uuid4().hex[:6]}"
+    return lanes.namespace(f"{base or 'test'}-{uuid.uuid4().hex[:6]}")
 
 
 def _fresh_namespace(core: client.CoreV1Api, test_name: str, annotations: dict[str, str] | None) -> Iterator[str]:

@@ -24,7 +24,8 @@ from support.waiting import wait_for
 from kubetrain.core import contract
 from kubetrain.core.api import GROUP, PLURAL, VERSION
 
-pytestmark = pytest.mark.integration
+# Alone (support/lanes.py): admission policies over every namespace's TrainingJobs.
+pytestmark = [pytest.mark.integration, pytest.mark.whole_cluster]
 
 HOSTILE = {
     "privileged": ({"containers": [{"name": "trainer", "securityContext": {"privileged": True}}]},

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from support import lanes
 from support.cluster import kubeconfig_path
 from support.identities import service_account_identity
 from support.jobs import TrainingJobs
@@ -41,7 +42,7 @@ SPEC: dict[str, Any] = {"workers": 2, "maxSteps": 10, "restartPolicy": {"backoff
 
 @pytest.fixture(scope="module")
 def ns(core_v1: client.CoreV1Api, crd: None) -> Iterator[str]:
-    name = f"client-{uuid.uuid4().hex[:6]}"
+    name = lanes.namespace(f"client-{uuid.uuid4().hex[:6]}")
     core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
         name=name, labels={"kubetrain.io/test": "true"}, annotations=KWOK_NAMESPACE_ANNOTATIONS)))
     wait_default_service_account(core_v1, name)

@@ -14,7 +14,8 @@ from support.cluster import kubeconfig_path
 from support.resources import wait_gone
 from support.waiting import wait_for
 
-pytestmark = pytest.mark.integration
+# Alone (support/lanes.py): the chart's cluster-wide roles and admission policies.
+pytestmark = [pytest.mark.integration, pytest.mark.whole_cluster]
 
 
 def _helm(*args: str) -> str:

@@ -17,7 +17,8 @@ from support.doc_blocks import marked_block
 from support.kubectl import kubectl_binary
 from support.paths import REPO_ROOT
 
-pytestmark = pytest.mark.integration
+# Alone (support/lanes.py): a cluster-wide operator and the chart's admission policies.
+pytestmark = [pytest.mark.integration, pytest.mark.whole_cluster]
 DOC = REPO_ROOT / "docs" / "install.md"
 MARKER = "<!-- test-cluster-steps -->"
 REGISTRY = subprocess.run(["hack/images.sh", "registry"], cwd=REPO_ROOT, capture_output=True, text=True,

@@ -23,7 +23,8 @@ from support.kubectl import kubectl_binary
 from support.paths import CRD_FILE, REPO_ROOT, RUNTIME_CRD_FILES, SWEEP_CRD_FILE
 from support.resources import FIELD_MANAGER, apply, apply_crds, not_found_ok, wait_gone
 
-pytestmark = pytest.mark.integration
+# Alone (support/lanes.py): the CRDs deleted and a cluster-wide operator installed.
+pytestmark = [pytest.mark.integration, pytest.mark.whole_cluster]
 DOC = REPO_ROOT / "docs" / "install.md"
 MARKER = "<!-- upgrade-steps -->"
 PREVIOUS_CHART = "e1c6d732a80e5be085faff87f318a0ac459fb111"

@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from support import helm_tool as ht
+from support import lanes
 from support.cluster import kubeconfig_path
 from support.jobs import TrainingJobs
 from support.kwok import KWOK_NAMESPACE_ANNOTATIONS, kwok_job
@@ -46,7 +47,7 @@ def psa_namespace(core_v1: client.CoreV1Api) -> Iterator[NamespaceFactory]:
     created: list[str] = []
 
     def make(level: str) -> str:
-        name = f"psa-{level}-{uuid.uuid4().hex[:6]}"
+        name = lanes.namespace(f"psa-{level}-{uuid.uuid4().hex[:6]}")
         core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
             name=name, labels={"kubetrain.io/test": "true", ENFORCE: level}, annotations=KWOK_NAMESPACE_ANNOTATIONS)))
         created.append(name)

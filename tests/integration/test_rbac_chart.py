@@ -205,6 +205,7 @@ STALL_SECONDS = 45
 """Longer than the renew deadline (10 s) and the Lease (15 s): every replica loses what it held."""
 
 
+@pytest.mark.whole_cluster  # every other test's API server stops too
 def test_an_api_server_stall_restarts_no_job_and_no_replica(
     helm_ok: None, kube_cluster: Any, admin_api: client.ApiClient, namespace: str, tmp: Path
 ) -> None:

@@ -750,6 +750,7 @@ enough to train through the stop and end soon after it (measured: 2 steps/s, ste
 The node stays NotReady for the grace and 20 s more, so a gang restarted at the grace would show."""
 
 
+@pytest.mark.whole_cluster  # every other test's pods on that node lose their kubelet too
 def test_a_node_whose_kubelet_stops_keeps_its_training_gang_and_the_job_succeeds(
     jobs: RealJobs, real_namespace: str
 ) -> None:

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from . import lanes
 from .ports import free_port
 from .processes import kill_process, stop_process
 
@@ -18,13 +19,15 @@ class OperatorProcess:
 
     ``own_session``: in a process group of its own, signalled as a whole (a wrapper such as
     `buildah run` around the operator); ``grace``: seconds from SIGTERM to SIGKILL; ``env``: settings the chart would
-    set in the operator's environment (KUBETRAIN_*).
+    set in the operator's environment (KUBETRAIN_*). In a test lane it watches only the lane's namespaces unless
+    ``args`` name some (support/lanes.py).
     """
 
     def __init__(self, kubeconfig: Path, log: Path, *args: str, metrics_port: int = 0,
                  command: list[str] | None = None, trainer_image: str = "kubetrain/trainer:test",
                  own_session: bool = False, grace: float = 15.0, env: Mapping[str, str] | None = None):
-        self.kubeconfig, self.log_path, self.args, self.metrics_port = kubeconfig, log, args, metrics_port
+        self.kubeconfig, self.log_path, self.metrics_port = kubeconfig, log, metrics_port
+        self.args = lanes.operator_args(args, given=command or ())
         self.env = dict(env or {})
         self.command, self.trainer_image = command, trainer_image
         self.own_session, self.grace = own_session, grace
