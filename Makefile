@@ -32,8 +32,8 @@ $(STAMP): requirements-dev.txt requirements-s3.txt core/pyproject.toml operator/
 run: $(STAMP)
 	$(BIN)/kubetrain run examples/quickstart.yaml --fresh --summary-json runs/quickstart/summary.json
 
-# The background build goes first (KUBETRAIN_PREBUILD=0: not); then the unit and e2e tiers in one lane and the
-# integration tier in another, side by side, mypy beside them; its verdict counts as the tests' does.
+# The background build goes first (KUBETRAIN_PREBUILD=0: not); then the unit and e2e tiers in one lane beside
+# the integration tier's lanes (hack/test-lanes.sh), mypy beside them; its verdict counts as the tests' does.
 test: prebuild $(STAMP)
 	$(BIN)/ruff check .
 	BIN=$(BIN) bash hack/test-lanes.sh $(PYTEST_ARGS)
