@@ -20,7 +20,7 @@ lane() {  # lane NAME NICENESS TESTS... -- ARGS...: pytest on TESTS, each line p
   local tests=()
   while [[ $1 != -- ]]; do tests+=("$1"); shift; done
   shift
-  nice -n "$niceness" "$BIN/python" -m pytest "${tests[@]}" "$@" 2>&1 | sed -u "s/^/${name}| /" | tee -a "$lanes_log"
+  nice -n "$niceness" "$BIN/python" -m pytest "${tests[@]}" "$@" 2>&1 | sed -u "s#^#${name}| #" | tee -a "$lanes_log"
   return "${PIPESTATUS[0]}"
 }
 
