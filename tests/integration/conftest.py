@@ -67,10 +67,16 @@ def _binaries_buildable() -> bool:
     return shutil.which("go") is not None or (cache_dir() / "bin").is_dir()
 
 
+def _say(line: str) -> None:
+    with shown(line):
+        pass
+
+
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[KubeCluster]:
     started_here = False
-    with lanes.one_at_a_time(cache_dir() / "cluster-up.lock"):  # lanes: one starts it, the others find it up
+    # In lanes, one starts it and the others find it up.
+    with lanes.one_at_a_time(cache_dir() / "cluster-up.lock", say=_say):
         if not cluster_running():
             if not _binaries_buildable():
                 pytest.skip("no Go toolchain to build the test cluster (hack/build.sh) and no built binaries")

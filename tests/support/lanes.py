@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import fcntl
 import os
-import sys
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -64,8 +64,9 @@ def operator_args(args: Sequence[str], given: Sequence[str] = ()) -> tuple[str, 
 
 
 @contextmanager
-def one_at_a_time(lock: Path) -> Iterator[None]:
-    """The block run by one lane at a time (an flock on `lock`); a lane that waits says so. Outside lanes, as is."""
+def one_at_a_time(lock: Path, say: Callable[[str], None] = print) -> Iterator[None]:
+    """The block run by one lane at a time (an flock on `lock`); a lane that waits `say`s so when it starts and
+    when it ends. Outside lanes, as is."""
     if current() is None:
         yield
         return
@@ -74,6 +75,8 @@ def one_at_a_time(lock: Path) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"lane {current()}: waiting for another lane ({lock.name})", file=sys.stderr, flush=True)
+            start = time.monotonic()
+            say(f"lane {current()}: waiting while another lane holds {lock.name} (its lines show its progress)")
             fcntl.flock(f, fcntl.LOCK_EX)
+            say(f"lane {current()}: {lock.name} free after {time.monotonic() - start:.0f}s")
         yield

@@ -3,8 +3,12 @@ namespaces and operators apart from another lane's on the same cluster."""
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import pytest
 from support import lanes
+from support.waiting import wait_for
 
 
 def test_a_test_runs_in_the_lane_its_module_markers_and_fixtures_say() -> None:
@@ -38,3 +42,23 @@ def test_an_unknown_lane_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(lanes.ENV, "fast")
     with pytest.raises(ValueError, match="not one of one, two, whole"):
         lanes.current()
+
+
+def test_a_lane_waits_its_turn_and_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(lanes.ENV, "two")
+    said: list[str] = []
+    inside = threading.Event()
+
+    def second() -> None:
+        with lanes.one_at_a_time(tmp_path / "cluster-up.lock", say=said.append):
+            inside.set()
+
+    with lanes.one_at_a_time(tmp_path / "cluster-up.lock", say=said.append):
+        other = threading.Thread(target=second)
+        other.start()
+        wait_for(lambda: said, 10, what="the second lane says it waits")
+        assert not inside.is_set()
+    other.join(10)
+    assert inside.is_set()
+    assert said[0] == "lane two: waiting while another lane holds cluster-up.lock (its lines show its progress)"
+    assert said[1].startswith("lane two: cluster-up.lock free after ")
