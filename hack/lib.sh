@@ -128,8 +128,10 @@ go_binary() {
   exec {fd}>&-
 }
 
+# The compiler's garbage collector at GOGC=400 (unless GOGC is set): a cold kwok build took 80.6 s instead of
+# 94.5 s (user CPU 129 s instead of 154 s; 800: 77.4 s) at the same peak memory, 1.1 GB.
 go_build_in() {  # go_build_in <module dir> <ldflags> <out> <package>
-  cd "$1" && go build -trimpath -ldflags "-s -w $2" -o "$3" "$4"
+  cd "$1" && GOGC="${GOGC:-400}" go build -trimpath -ldflags "-s -w $2" -o "$3" "$4"
 }
 
 # bin_path <component>: where build.sh puts that component's binary.
