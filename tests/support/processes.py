@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -65,3 +66,12 @@ def rank_pid(beats: Path, rank: int) -> int | None:
         if f"RANK={rank}".encode() in env:
             return int(f.stem)
     return None
+
+
+def stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is stopped (SIGSTOP taken effect; /proc's state T)."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(OSError):
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(s in ("T", "t") for s in states)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.processes import rank_pid
+from support.processes import rank_pid, stopped
 from support.waiting import wait_for
 
 from kubetrain.core import contract, hangs, launcher, ports
@@ -540,6 +540,9 @@ def test_a_peer_answers_while_its_launcher_lives_and_not_while_it_is_stopped(tmp
         assert peer.stdout is not None and peer.stdout.readline().strip() == "listening"
         assert hangs.peer_answers("127.0.0.1", port, timeout=1.0) is True
         os.kill(peer.pid, signal.SIGSTOP)
+        # The signal takes effect when the kernel next runs the process (late on a loaded machine): until then
+        # its probe could still accept.
+        wait_for(lambda: stopped(peer.pid), 30, what="the peer's launcher stopped")
         t0 = time.monotonic()
         assert hangs.peer_answers("127.0.0.1", port, timeout=1.0) is False
         assert 0.9 < time.monotonic() - t0 < 5
