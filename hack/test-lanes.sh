@@ -3,7 +3,8 @@
 #   unit+e2e     the CPU-bound tiers (trainer gangs on the host), in the suite's order;
 #   integration  the cluster tier, which mostly waits (pods starting, control loops, the background build of
 #                the cluster's parts), itself in lanes against the one cluster (tests/support/lanes.py):
-#                integration/one beside integration/two, each with its own namespaces and operators, then
+#                integration/one beside integration/two, each with its own namespaces and operators (lane two
+#                taking over lane one's tests not begun when its own are done), then
 #                integration/whole (the tests that change the cluster for everyone) alone. All at the same priority: with the unit+e2e lane at nice 10 its tests
 #                that bound a wait (a signal forwarded, a report retried) met loads they were not written for.
 # Each lane's lines carry its name (whole lines, so the two never cut into each other); each ends with its own
@@ -41,9 +42,11 @@ cluster_running() {
 integration_lanes() {  # the integration tier's lanes; the cluster stopped after the last unless it ran before
   local was_up=0 one two whole
   cluster_running && was_up=1
-  KUBETRAIN_TEST_LANE=one lane integration/one "$NICENESS" tests/integration -- "$@" &
+  # Lane two takes over lane one's tests that lane one has not begun once its own are done: claimed here.
+  KUBETRAIN_TEST_CLAIMS=$claims KUBETRAIN_TEST_LANE=one lane integration/one "$NICENESS" tests/integration -- "$@" &
   local one_pid=$!
-  KUBETRAIN_TEST_LANE=two lane integration/two "$NICENESS" tests/integration -- "$@"; two=$?
+  KUBETRAIN_TEST_CLAIMS=$claims KUBETRAIN_TEST_LANE=two lane integration/two "$NICENESS" tests/integration -- "$@"
+  two=$?
   wait "$one_pid"; one=$?
   KUBETRAIN_TEST_LANE=whole lane integration/whole "$NICENESS" tests/integration -- "$@"; whole=$?
   if (( ! was_up )) && [[ ${KUBETRAIN_KEEP_CLUSTER:-} != 1 ]]; then
@@ -55,7 +58,8 @@ integration_lanes() {  # the integration tier's lanes; the cluster stopped after
 
 mypy_log=$(mktemp)
 lanes_log=$(mktemp)
-trap 'rm -f "$mypy_log" "$lanes_log"' EXIT
+claims=$(mktemp -d)
+trap 'rm -rf "$mypy_log" "$lanes_log" "$claims"' EXIT
 "$BIN/mypy" core/src operator/src trainer-image/src >"$mypy_log" 2>&1 &
 mypy_pid=$!
 

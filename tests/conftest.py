@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import builds, objectstore
+from support import builds, lanes, objectstore
 
 TIERS = {"unit": 0, "e2e": 1, "integration": 2}
 BUILT_LAST = {"kueue"}
@@ -38,10 +38,11 @@ def pytest_report_header() -> list[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """unit, e2e, integration, and within a tier the modules that need a part built last after the others.
+    """unit, e2e, integration, and within a tier the modules that need a part built last after the others, and
+    the tests a lane takes over from another after all of its own (support/lanes.py).
     A stable sort by whole modules: each keeps pytest's own order, and module-scoped fixtures run once."""
     late = {item.path for item in items if BUILT_LAST & set(getattr(item, "fixturenames", ()))}
-    items.sort(key=lambda item: (_tier(item), item.path in late))
+    items.sort(key=lambda item: (_tier(item), item.stash.get(lanes.TAKEN_OVER, False), item.path in late))
 
 
 def pytest_runtest_logfinish() -> None:

@@ -41,20 +41,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a lane (KUBETRAIN_TEST_LANE), only that lane's tests of this tier."""
-    lane = lanes.current()
-    if lane is None:
-        return
-    here = Path(__file__).parent
-    def ours(item: pytest.Item) -> bool:
-        if here not in item.path.parents:
-            return True  # another tier's test, given on the same command line
-        fixtures = getattr(item, "fixturenames", ())
-        return lanes.lane_of(item.path.name, (m.name for m in item.iter_markers()), fixtures) == lane
-    kept = [item for item in items if ours(item)]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if not ours(item)])
-        items[:] = kept
+    """In a lane (KUBETRAIN_TEST_LANE), only that lane's tests of this tier, and after them those it may take
+    over from another lane (support/lanes.py)."""
+    left = lanes.select(items, Path(__file__).parent)
+    if left:
+        config.hook.pytest_deselected(items=left)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    return lanes.pass_by(item, nextitem)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    line = lanes.summary()
+    if line:
+        terminalreporter.write_line(line)
 
 
 @dataclass(frozen=True)
