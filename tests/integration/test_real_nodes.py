@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from support.cluster import kubeconfig_path
+from support.cluster import kubeconfig_path, process_stopped
 from support.operator_process import OperatorProcess
 from support.real_pods import (
     EXTRA_NODE,
@@ -33,6 +33,7 @@ from support.real_pods import (
     cluster_bucket,
     cluster_object_store,
     elapsed,
+    kubelet_pid,
     node_healthy,
     node_ready,
     object_store,
@@ -183,6 +184,54 @@ def test_a_lost_node_s_worker_is_placed_on_a_healthy_node_and_the_job_succeeds(
     assert timeline["moved to"] == NODE_NAME
     assert kept is not None and kept.metadata.uid == healthy, "the worker on the healthy node was not kept in place"
     assert done["currentStep"] == 240 and done.get("restartCount") == 1, jobs.describe(name)
+
+
+KUBELET_AWAY_GRACE = 15
+KUBELET_AWAY_MAX_STEPS = 320
+"""With a quarter of a CPU per worker (resources.cpu 250m: the pace set by the quota more than by the machine),
+enough to train through the stop and end soon after it (measured on the first node: 2 steps/s, step 36 -> 331
+during a 150 s stop). The node stays NotReady for the grace and 20 s more, so a gang restarted at the grace would
+show."""
+
+
+def test_a_node_whose_kubelet_stops_keeps_its_training_gang_and_the_job_succeeds(jobs: RealJobs) -> None:
+    """The second node's kubelet frozen (SIGSTOP) under a 2-worker job placed there until the node was NotReady
+    (no status from its kubelet) for longer than the job's nodeNotReadyGraceSeconds, while its containers keep
+    training and rank 0 keeps reporting through the API server. The gang is kept (restartCount 0), a Warning
+    names the node, and the job Succeeds. On the second node, whose taint keeps every other lane's pods off it,
+    so the test runs beside them."""
+    restart = {"backoffLimit": 3, "backoffSeconds": 1, "nodeNotReadyGraceSeconds": KUBELET_AWAY_GRACE}
+    body = quickstart(precision="fp32", maxSteps=KUBELET_AWAY_MAX_STEPS, resources={"cpu": "250m"},
+                      checkpoint={"everySteps": 1000, "keep": 1}, restartPolicy=restart,
+                      scheduling={"nodeSelector": {"kubernetes.io/hostname": EXTRA_NODE},
+                                  "tolerations": [EXTRA_NODE_TOLERATION]})
+    body["metadata"]["name"] = "kubelet-away"
+    name = jobs.create(body)
+    wait_for(lambda: progress_step(jobs.core, jobs.ns, name) >= 5, 300, what="rank 0 at step >= 5")
+    assert set(_nodes_of(jobs, name).values()) == {EXTRA_NODE}, _nodes_of(jobs, name)
+    core, t0 = jobs.core, time.monotonic()
+    first = progress_step(core, jobs.ns, name)
+    try:
+        with process_stopped(kubelet_pid(EXTRA_NODE)):
+            wait_for(lambda: not node_ready(core, EXTRA_NODE), 120, interval=2, what="the node NotReady")
+            not_ready_after = elapsed(t0)
+            time.sleep(KUBELET_AWAY_GRACE + 20)
+            during = progress_step(core, jobs.ns, name)
+            st = jobs.status(name)
+    finally:
+        wait_for(lambda: node_healthy(core, EXTRA_NODE), 180, interval=1, what=f"{EXTRA_NODE} Ready and untainted")
+    print(f"kubelet stopped {elapsed(t0)} s: node NotReady after {not_ready_after} s; rank 0 at step {first} -> "
+          f"{during} meanwhile")
+    assert first < during < KUBELET_AWAY_MAX_STEPS, "the gang must train all through the stop"
+    assert st["phase"] == "Running" and not st.get("restartCount"), jobs.describe(name)
+    cond = next(c for c in st["conditions"] if c["type"] == "NodesNotReady")
+    assert (cond["status"], cond["reason"]) == ("True", "NodeNotReady") and EXTRA_NODE in cond["message"], cond
+    assert "still makes progress" in cond["message"], cond
+    assert [e for e in jobs.events(name) if e.type == "Warning" and e.reason == "NodeNotReady"
+            and EXTRA_NODE in (e.message or "")]
+    done = jobs.wait_phase(name, "Succeeded", 600)
+    print(f"Succeeded {elapsed(t0)} s after the kubelet was stopped")
+    assert not done.get("restartCount") and done["currentStep"] == KUBELET_AWAY_MAX_STEPS, done
 
 
 STALE = "a stale worker stops here"

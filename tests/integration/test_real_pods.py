@@ -27,7 +27,7 @@ from kubernetes import client
 from support import helm_image
 from support import helm_tool as ht
 from support import prom_server as ps
-from support.cluster import kubeconfig_path, process_stopped
+from support.cluster import kubeconfig_path
 from support.hf_models import bpe_tokenizer, tiny_causal_lm
 from support.kubectl import kubectl
 from support.operator_process import OperatorProcess
@@ -41,8 +41,6 @@ from support.real_pods import (
     cluster_bucket,
     cluster_object_store,
     elapsed,
-    kubelet_pid,
-    node_ready,
     pod_memory_peak,
     pod_monitor_targets,
     progress_step,
@@ -741,45 +739,3 @@ def test_a_rank_stopped_from_the_host_is_named_with_its_stacks_and_the_gang_resu
     print("\n".join(f"--- {n}\n" + "\n".join(t.splitlines()[:12]) for n, t in stacks.items()))
     assert list(stacks) == ["rank-1.txt"] and not list(saved.glob("fr_trace_rank_*"))  # a stopped rank writes none
     assert stacks["rank-1.txt"].startswith("rank 1: stopped (SIGSTOP) (step ")
-
-
-KUBELET_AWAY_GRACE = 15
-KUBELET_AWAY_MAX_STEPS = 320
-"""With a quarter of a CPU per worker (resources.cpu 250m: the pace set by the quota more than by the machine),
-enough to train through the stop and end soon after it (measured: 2 steps/s, step 36 -> 331 during a 150 s stop).
-The node stays NotReady for the grace and 20 s more, so a gang restarted at the grace would show."""
-
-
-@pytest.mark.whole_cluster  # every other test's pods on that node lose their kubelet too
-def test_a_node_whose_kubelet_stops_keeps_its_training_gang_and_the_job_succeeds(
-    jobs: RealJobs, real_namespace: str
-) -> None:
-    """The real node's kubelet frozen (SIGSTOP) under a 2-worker job until its node was NotReady (no status
-    from its kubelet) for longer than the job's nodeNotReadyGraceSeconds, while its containers keep training
-    and rank 0 keeps reporting through the API server. The gang is kept (restartCount 0), a Warning names the
-    node, and the job Succeeds."""
-    restart = {**RESUMABLE["restartPolicy"], "nodeNotReadyGraceSeconds": KUBELET_AWAY_GRACE}
-    name = jobs.create(quickstart(**{**RESUMABLE, "maxSteps": KUBELET_AWAY_MAX_STEPS, "resources": {"cpu": "250m"},
-                                     "checkpoint": {"everySteps": 1000, "keep": 1}, "restartPolicy": restart}),
-                       name="kubelet-away")
-    wait_for(lambda: progress_step(jobs.core, jobs.ns, name) >= 5, 300, what="rank 0 at step >= 5")
-    core, t0 = jobs.core, time.monotonic()
-    first = progress_step(core, real_namespace, name)
-    with process_stopped(kubelet_pid()):
-        wait_for(lambda: not node_ready(core), 120, interval=2, what="the node NotReady")
-        not_ready_after = elapsed(t0)
-        time.sleep(KUBELET_AWAY_GRACE + 20)
-        during = progress_step(core, real_namespace, name)
-        st = jobs.status(name)
-    print(f"kubelet stopped {elapsed(t0)} s: node NotReady after {not_ready_after} s; rank 0 at step {first} -> "
-          f"{during} meanwhile")
-    assert first < during < KUBELET_AWAY_MAX_STEPS, "the gang must train all through the stop"
-    assert st["phase"] == "Running" and not st.get("restartCount"), jobs.describe(name)
-    cond = next(c for c in st["conditions"] if c["type"] == "NodesNotReady")
-    assert (cond["status"], cond["reason"]) == ("True", "NodeNotReady") and NODE_NAME in cond["message"], cond
-    assert "still makes progress" in cond["message"], cond
-    assert [e for e in jobs.events(name) if e.type == "Warning" and e.reason == "NodeNotReady"
-            and NODE_NAME in (e.message or "")]
-    done = jobs.wait_phase(name, "Succeeded", 600)
-    print(f"Succeeded {elapsed(t0)} s after the kubelet was stopped")
-    assert not done.get("restartCount") and done["currentStep"] == KUBELET_AWAY_MAX_STEPS, done

@@ -8,7 +8,7 @@ A lane runs its share of the tier (``KUBETRAIN_TEST_LANE``):
   tests runs in the lane that claims it first (a file in that directory), so whichever lane ends its own
   share first helps the other, warm or cold;
 - ``whole``: the tests marked ``whole_cluster``, which change the cluster for everyone (the CRDs removed, the
-  API server or the first node's kubelet stopped, a cluster-wide operator or admission policy installed): run
+  API server stopped, a cluster-wide operator or admission policy installed): run
   alone, after the others.
 
 In a lane, each namespace a test makes starts with the lane's name, and a test's operator process watches

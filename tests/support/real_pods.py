@@ -199,9 +199,10 @@ def pod_logs_dir(node: str) -> Path:
     return base.parent / f"{base.name}-{node.rsplit('-', 1)[1]}" / "pod-logs"
 
 
-def kubelet_pid() -> int:
-    """The real node's kubelet (hack/real-node.sh keeps its pid beside the node's configuration)."""
-    return int((cluster_dir() / "node" / "kubelet.pid").read_text())
+def kubelet_pid(node: str = NODE_NAME) -> int:
+    """A real node's kubelet (hack/real-node.sh keeps its pid beside the node's configuration: node/, node-2/...)."""
+    where = "node" if node == NODE_NAME else f"node-{node.rsplit('-', 1)[1]}"
+    return int((cluster_dir() / where / "kubelet.pid").read_text())
 
 
 LEASE_FRESH_SECONDS = 11.0
