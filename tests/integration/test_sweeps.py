@@ -153,7 +153,8 @@ def test_operator_killed_mid_sweep_loses_and_duplicates_no_trial(
     wait_for(lambda: sweeps.core.read_namespaced_pod("crash-1-worker-0", namespace).status.phase == "Succeeded", 30,
              what="crash-1's worker Succeeded")
     operator.start()
-    st = run_to_the_end(sweeps, "crash", parallelism=2, finished_already=frozenset({"crash-1"}))
+    # Both finished by the test: the restarted operator may record trial 0 only after the first status read.
+    st = run_to_the_end(sweeps, "crash", parallelism=2, finished_already=frozenset({"crash-0", "crash-1"}))
     remember()
     assert [t["index"] for t in st["trials"]] == [0, 1, 2, 3], "trial indices contiguous, none lost"
     assert trial_names(st) == [j["metadata"]["name"] for j in sweeps.trial_jobs("crash")], \
