@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from kubetrain.core import hangs
 
 KILL_WAIT_S = 10.0
 """How long a SIGKILLed process may take to be reaped."""
@@ -69,9 +70,6 @@ def rank_pid(beats: Path, rank: int) -> int | None:
 
 
 def stopped(pid: int) -> bool:
-    """Whether every thread of `pid` is stopped (SIGSTOP taken effect; /proc's state T)."""
-    states = []
-    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
-        with contextlib.suppress(OSError):
-            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
-    return bool(states) and all(s in ("T", "t") for s in states)
+    """Whether every thread of `pid` is stopped (SIGSTOP taken effect): hangs.proc_state of each of its tasks."""
+    tids = [int(task.name) for task in Path(f"/proc/{pid}/task").glob("*")]
+    return bool(tids) and all(hangs.proc_state(tid).startswith("stopped") for tid in tids)
