@@ -109,7 +109,7 @@ def select(items: list[pytest.Item], tier: Path) -> list[pytest.Item]:
     for item in items:
         ours = tier in item.path.parents
         test_lane = lane_of(item.path.name, (m.name for m in item.iter_markers()))
-        item.stash[SHARED] = ours and lane in ("one", "two") and takes_over("two", test_lane)
+        item.stash[SHARED] = ours and test_lane == "one" and lane in ("one", "two") and claims() is not None
         if not ours or test_lane == lane:  # another tier's test, given on the same command line, runs as is
             kept.append(item)
         elif takes_over(lane, test_lane):

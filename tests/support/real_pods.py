@@ -190,19 +190,23 @@ def chaos(fault: str, node: str, *args: str) -> None:
     assert proc.returncode == 0, f"hack/chaos.sh {fault} {node} exited {proc.returncode}: {proc.stderr}"
 
 
+def node_suffix(node: str) -> str:
+    """What hack/lib.sh's node_suffix appends to a real node's directories: "" for node 1, "-k" for node k."""
+    return "" if node == NODE_NAME else f"-{node.rsplit('-', 1)[1]}"
+
+
 def pod_logs_dir(node: str) -> Path:
     """Where a real node's kubelet keeps its pods' container logs (<ns>_<pod>_<uid>/<container>/N.log): node 1 in
     the default /var/log/pods, node k in its own root (hack/real-node.sh: a kubelet deletes what it does not run)."""
     if node == NODE_NAME:
         return Path("/var/log/pods")
     base = Path(os.environ.get("KUBETRAIN_NODE_ROOT", "/var/lib/kubetrain-node"))
-    return base.parent / f"{base.name}-{node.rsplit('-', 1)[1]}" / "pod-logs"
+    return base.parent / f"{base.name}{node_suffix(node)}" / "pod-logs"
 
 
 def kubelet_pid(node: str = NODE_NAME) -> int:
     """A real node's kubelet (hack/real-node.sh keeps its pid beside the node's configuration: node/, node-2/...)."""
-    where = "node" if node == NODE_NAME else f"node-{node.rsplit('-', 1)[1]}"
-    return int((cluster_dir() / where / "kubelet.pid").read_text())
+    return int((cluster_dir() / f"node{node_suffix(node)}" / "kubelet.pid").read_text())
 
 
 LEASE_FRESH_SECONDS = 11.0
