@@ -371,12 +371,14 @@ def test_a_pod_that_restarts_in_place_reads_its_generation_annotation_from_a_fil
     assert pod["metadata"]["annotations"][contract.IN_PLACE_ANNOTATION] == "true"
     assert pod["metadata"]["annotations"][contract.GENERATION_ANNOTATION] == "3"
     volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "generation")
-    assert volume["downwardAPI"]["items"] == [
-        {"path": "generation", "fieldRef": {"fieldPath": "metadata.annotations['kubetrain.io/restart-generation']"}}]
+    assert volume["downwardAPI"]["items"] == [  # and where worker 0 is, once the operator knows (the same volume)
+        {"path": "generation", "fieldRef": {"fieldPath": "metadata.annotations['kubetrain.io/restart-generation']"}},
+        {"path": "master", "fieldRef": {"fieldPath": "metadata.annotations['kubetrain.io/master-address']"}}]
     c = pod["spec"]["containers"][0]
     assert {"name": "generation", "mountPath": b.GENERATION_MOUNT, "readOnly": True} in c["volumeMounts"]
     env = env_of(pod)
     assert env[contract.GENERATION_FILE] == f"{b.GENERATION_MOUNT}/generation"
+    assert env[contract.MASTER_FILE] == f"{b.GENERATION_MOUNT}/master"
     assert env[contract.IN_PLACE_WAIT] == "100"  # maxBackoffSeconds + the margin
     # A failed worker's container restarts in its pod, and its launcher finds there what already ran.
     assert pod["spec"]["restartPolicy"] == "OnFailure"

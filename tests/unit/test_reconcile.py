@@ -58,6 +58,8 @@ def pod(i, gen=0, phase="Running", ready=True, exit_code=None, node="n1", deleti
     st = {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     if exit_code is not None:
         st["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": exit_code}}}]
+    if phase == "Running":
+        st["podIP"] = f"10.0.0.{10 + i}"
     p["status"] = st
     if deleting:
         p["metadata"]["deletionTimestamp"] = "2026-03-01T12:00:00Z"
@@ -678,10 +680,29 @@ def test_kept_pods_are_told_their_generation_when_the_recreated_pod_is_created()
     assert stale.decision.action == "DeleteStale" and not stale.patch_pods and not stale.delete_pods
     go = plan(Observation(body(status=st, **IN_PLACE), [kept(0, 1, 0)], {}, T0), S)
     assert [o["metadata"]["name"] for o in go.create if o["kind"] == "Pod"] == ["j-worker-1"]
-    assert go.patch_pods == {"j-worker-0": {"annotations": {"kubetrain.io/restart-generation": "1"}}}
+    # Told with worker 0's address, which it keeps: a lookup of a name is never what a kept worker waits on.
+    assert go.patch_pods == {"j-worker-0": {"annotations": {contract.GENERATION_ANNOTATION: "1", contract.MASTER_ANNOTATION: "1 10.0.0.10"}}}
     assert "creating 1 of 2 worker(s) of generation 1 and restarting 1 in place" in go.status["message"]
     running = plan(Observation(body(status=go.status, **IN_PLACE), [kept(0, 1, 1), pod(1, gen=1)], {}, T0), S)
     assert running.status["phase"] == "Running" and not running.patch_pods and not running.create
+
+
+def test_a_kept_worker_learns_the_address_of_a_recreated_worker_0_once_its_pod_has_one():
+    """contract.MASTER_ANNOTATION: told the generation alone while the new worker 0 has no IP, then its IP (the
+    new pods are not patched: their first lookup comes after worker 0's pod was published)."""
+    st = plan(Observation(body(status=RUNNING, **IN_PLACE), [pod(0, phase="Failed", exit_code=1), pod(1)], {}, T0), S).status
+    go = plan(Observation(body(status=st, **IN_PLACE), [kept(1, 1, 0)], {}, T0), S)
+    assert [o["metadata"]["name"] for o in go.create if o["kind"] == "Pod"] == ["j-worker-0"]
+    told = {contract.GENERATION_ANNOTATION: "1", contract.MASTER_ANNOTATION: "1"}
+    assert go.patch_pods == {"j-worker-1": {"annotations": told}}
+    waiting = kept(1, 1, 0)
+    waiting["metadata"]["annotations"].update(told)
+    pending = plan(Observation(body(status=go.status, **IN_PLACE), [pod(0, gen=1, phase="Pending"), waiting], {}, T0), S)
+    assert not pending.patch_pods
+    placed = plan(Observation(body(status=go.status, **IN_PLACE), [pod(0, gen=1), waiting], {}, T0), S)
+    assert placed.patch_pods == {"j-worker-1": {"annotations": {contract.MASTER_ANNOTATION: "1 10.0.0.10"}}}
+    waiting["metadata"]["annotations"][contract.MASTER_ANNOTATION] = "1 10.0.0.10"
+    assert not plan(Observation(body(status=go.status, **IN_PLACE), [pod(0, gen=1), waiting], {}, T0), S).patch_pods
 
 
 def test_a_plan_made_while_the_kept_pods_patches_are_in_flight_sees_them_moved():
@@ -690,7 +711,7 @@ def test_a_plan_made_while_the_kept_pods_patches_are_in_flight_sees_them_moved()
     unmoved = [pod(0)]  # worker 1 gone; worker 0's label patch not landed yet
     go = plan(Observation(body(status=decided.status, **IN_PLACE), overlay(unmoved, decided.patch_pods), {}, T0), S)
     assert [o["metadata"]["name"] for o in go.create if o["kind"] == "Pod"] == ["j-worker-1"]
-    assert go.patch_pods == {"j-worker-0": {"annotations": {"kubetrain.io/restart-generation": "1"}}}
+    assert go.patch_pods == {"j-worker-0": {"annotations": {contract.GENERATION_ANNOTATION: "1", contract.MASTER_ANNOTATION: "1 10.0.0.10"}}}
     blind = plan(Observation(body(status=decided.status, **IN_PLACE), unmoved, {}, T0), S)  # worker 0 taken for a stale pod
     assert blind.decision.action == "DeleteStale" and blind.delete_pods == ["j-worker-0"]
 
@@ -730,7 +751,7 @@ def test_a_worker_restarted_in_its_pod_is_kept_and_its_failure_counted_once(runn
     again = restarted(1, 137, running=running, handled=1)
     again["metadata"]["labels"][b.LABEL_GENERATION] = "1"
     go = plan(Observation(body(status=p.status, **IN_PLACE), [kept(0, 1, 0), again], {}, T0), S)
-    told = {"annotations": {contract.GENERATION_ANNOTATION: "1"}}
+    told = {"annotations": {contract.GENERATION_ANNOTATION: "1", contract.MASTER_ANNOTATION: "1 10.0.0.10"}}
     assert not [o for o in go.create if o["kind"] == "Pod"] and not go.delete_pods
     assert go.patch_pods == {"j-worker-0": told, "j-worker-1": told}
     assert go.status["restartCount"] == 1 and "restarting 2 in place" in go.status["message"]

@@ -133,3 +133,74 @@ def test_a_kept_worker_starts_its_next_generation_once_worker_0s_name_resolves(t
     assert (tmp_path / "ran-1-0").exists() and (tmp_path / "ran-1-1").exists()
     assert "kubetrain: the gang's rendezvous w-0.s:29500 answered after" in err
 
+
+
+@pytest.mark.parametrize(("told", "generation", "expected"), [
+    ("3 10.88.1.7\n", 3, "10.88.1.7"),  # the operator's word for this generation
+    ("3 fd00::7", 3, "fd00::7"),
+    ("2 10.88.1.7", 3, "w-0.s"),  # an older generation's worker 0
+    ("3", 3, "w-0.s"),  # told before worker 0's new pod had an address
+    ("", 3, "w-0.s"),  # the annotation not set: the Downward API writes an empty file
+    (None, 3, "w-0.s"),  # no file
+])
+def test_a_kept_worker_reaches_worker_0_at_the_address_it_was_told_for_its_generation(tmp_path, told, generation,
+                                                                                       expected):
+    path = tmp_path / "master"
+    if told is not None:
+        path.write_text(told)
+    env = {**REMOTE, contract.MASTER_ADDR: "w-0.s", contract.MASTER_FILE: str(path),
+           contract.RESTART_GENERATION: str(generation)}
+    assert rendezvous.master_address(env) == expected
+    assert rendezvous.master_address({**env, contract.RESTART_GENERATION: "0"}, generation) == expected
+
+
+def test_the_wait_takes_worker_0s_address_the_moment_it_is_told(tmp_path, capsys):
+    """The name stays unresolvable (a miss cached by the cluster's DNS); the address answers at once."""
+    clock, path = Clock(), tmp_path / "master"
+    path.write_text("1")
+    seen = []
+
+    def probe(addr: str, port: int, connect: bool) -> str | None:
+        seen.append(addr)
+        if len(seen) == 8:
+            path.write_text("1 10.88.1.7")
+        return None if addr == "10.88.1.7" else f"{addr} does not resolve yet (Name or service not known)"
+
+    env = {**REMOTE, contract.MASTER_ADDR: "w-0.s", contract.MASTER_FILE: str(path), contract.RESTART_GENERATION: "1"}
+    waited = rendezvous.await_master(env, probe=probe, clock=clock, sleep=clock.sleep)
+    assert seen == ["w-0.s"] * 8 + ["10.88.1.7"] and waited == pytest.approx(8 * rendezvous.MASTER_POLL_SECONDS)
+    assert capsys.readouterr().err.strip() == "kubetrain: the gang's rendezvous 10.88.1.7:29500 answered after 2.0s"
+
+
+ADDRESSED_RANK = """import os, sys
+g = os.environ['KUBETRAIN_RESTART_GENERATION']
+with open(os.path.join(sys.argv[1], 'ran-%s-%s' % (g, os.environ['LOCAL_RANK'])), 'w') as f:
+    f.write(os.environ['MASTER_ADDR'])
+sys.exit(3 if g == '0' else 0)
+"""
+
+
+def test_a_kept_worker_told_worker_0s_address_starts_its_ranks_there_without_the_name(tmp_path):
+    """Worker 0's name never resolves again here; generation 1 comes with its address (one Downward API volume:
+    both files at once), and the ranks start with MASTER_ADDR set to it."""
+    gen, master = tmp_path / "generation", tmp_path / "master"
+    gen.write_text("0")
+    (tmp_path / "resolvable").touch()
+    env = {**os.environ, "PET_NPROC_PER_NODE": "2", contract.NODE_RANK: "1", contract.MASTER_ADDR: "w-0.s",
+           contract.RESTART_GENERATION: "0", contract.GENERATION_FILE: str(gen), contract.MASTER_FILE: str(master),
+           contract.IN_PLACE_WAIT: "60"}
+    p = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path), ADDRESSED_RANK], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "ran-0-0").exists() and (tmp_path / "ran-0-1").exists(), 60,
+                 what="generation 0's ranks")
+        (tmp_path / "resolvable").unlink()
+        master.write_text("1 127.0.0.1")
+        gen.write_text("1")
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    assert (tmp_path / "ran-0-0").read_text() == "w-0.s"
+    assert [(tmp_path / f"ran-1-{i}").read_text() for i in (0, 1)] == ["127.0.0.1", "127.0.0.1"]
+    assert "does not resolve" not in err

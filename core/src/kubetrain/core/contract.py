@@ -91,6 +91,9 @@ run's ranks report the hostname)."""
 GENERATION_FILE = "KUBETRAIN_GENERATION_FILE"
 """In a pod that restarts in place: the file (Downward API, the pod's GENERATION_ANNOTATION) whose
 number the launcher runs; a higher number stops its processes and starts them again in that generation."""
+MASTER_FILE = "KUBETRAIN_MASTER_FILE"
+"""In a pod that restarts in place: the file (Downward API, the pod's MASTER_ANNOTATION) that says where worker
+0 of a generation serves the rendezvous, by address (rendezvous.master_address)."""
 IN_PLACE_WAIT = "KUBETRAIN_IN_PLACE_WAIT_SECONDS"
 """How long a launcher whose processes lost their peers waits for a new generation before it exits
 IN_PLACE_GAVE_UP_EXIT_CODE (restartPolicy.maxBackoffSeconds + IN_PLACE_WAIT_MARGIN_SECONDS)."""
@@ -188,6 +191,11 @@ GANG_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 GENERATION_ANNOTATION = "kubetrain.io/restart-generation"
 """On worker pods: the generation the pod's launcher is to run (its label says which generation the pod
 belongs to; the two differ while a kept pod waits for its restart's backoff)."""
+MASTER_ANNOTATION = "kubetrain.io/master-address"
+"""On a worker pod kept by an in-place restart: `GENERATION ADDRESS`, worker 0's pod IP in that generation, or
+`GENERATION` alone while worker 0's new pod has none yet. A kept worker reaches the rendezvous by that address,
+not by worker 0's name: a recreated worker 0's name resolves only once its new pod is published, and a lookup
+made before that is cached as missing by the cluster's DNS (CoreDNS: its `ttl`, 30 s in kubeadm's Corefile)."""
 IN_PLACE_ANNOTATION = "kubetrain.io/in-place"
 """On worker pods that can restart in place ("true"): their launcher reads GENERATION_FILE."""
 FAILURES_HANDLED_ANNOTATION = "kubetrain.io/failures-handled"

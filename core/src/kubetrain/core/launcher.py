@@ -406,7 +406,7 @@ def _in_place(command: Sequence[str], envs: list[dict[str, str]], where: InPlace
         where.note_started()
         if where.watch is not None:
             where.watch.arm(where.generation)
-        gen_envs = [_rank_env(e, {contract.RESTART_GENERATION: str(where.generation)}) for e in envs]
+        gen_envs = [_rank_env(e, _generation_env(e, where.generation)) for e in envs]
         code = None if _go(where, children) else _start(command, gen_envs, children, stop)
         outcome = _supervise(children, stop, where, where.watch) if code is None else Outcome(code)
         if outcome.code is not None:
@@ -427,10 +427,22 @@ def _await_rendezvous(env: Mapping[str, str], where: InPlace, stop: list[int]) -
     command's torch would back off for up to a minute on the missing name. kubetrain's trainer also waits for
     the port itself, just before it joins. A newer generation meanwhile becomes where.generation. True when a
     stop signal came instead."""
-    rendezvous.await_master(env, connect=False, give_up=lambda: bool(stop) or where.newer() is not None)
+    rendezvous.await_master(env, connect=False, give_up=lambda: bool(stop) or where.newer() is not None,
+                            generation=where.generation)
     if (newer := where.newer()) is not None:
         where.generation = newer
     return bool(stop)
+
+
+def _generation_env(env: Mapping[str, str], generation: int) -> dict[str, str]:
+    """What a rank started for `generation` gets on top of the worker's environment: the generation, and worker 0's
+    address where the operator has told it (rendezvous.master_address) in place of its name."""
+    extra = {contract.RESTART_GENERATION: str(generation)}
+    address = rendezvous.master_address(env, generation)
+    for name in (contract.MASTER_ADDR, contract.PET_MASTER_ADDR):
+        if env.get(name) and address:
+            extra[name] = address
+    return extra
 
 
 def _rank_env(env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:

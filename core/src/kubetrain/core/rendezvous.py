@@ -9,6 +9,11 @@ port does not answer until its rank 0 has started; by then torch may be waiting 
 here every MASTER_POLL_SECONDS and starting the rendezvous once the store answers makes a restart cost what
 worker 0's start costs.
 
+A kept worker also learns worker 0's new address from the operator (contract.MASTER_FILE), and once it has it
+reaches the store there instead of by name: a name looked up before the new pod was published is cached as
+missing by the cluster's DNS for its negative TTL (CoreDNS: 30 s on kubeadm's Corefile, 5 s on the test
+cluster's), which would otherwise be the restart's cost.
+
 Standard library only, Python 3.8+: it runs in a custom command's pod beside launcher.py (launcher.FILES).
 """
 
@@ -46,6 +51,24 @@ def remote_master(env: Mapping[str, str]) -> tuple[str, int] | None:
     return addr, contract.env_int(env, contract.MASTER_PORT, contract.PET_MASTER_PORT, default=contract.DEFAULT_MASTER_PORT)
 
 
+def master_address(env: Mapping[str, str], generation: int | None = None) -> str | None:
+    """Where this worker reaches worker 0 in `generation` (default: the environment's RESTART_GENERATION): the
+    address in contract.MASTER_FILE when the file names that generation, else MASTER_ADDR (None: neither)."""
+    name = contract.env_value(env, contract.MASTER_ADDR, contract.PET_MASTER_ADDR)
+    path = env.get(contract.MASTER_FILE)
+    if not path:
+        return name
+    try:
+        with open(path) as f:
+            told = f.read().split()
+    except OSError:
+        return name
+    want = contract.env_int(env, contract.RESTART_GENERATION, default=0) if generation is None else generation
+    if len(told) == 2 and told[0] == str(want):
+        return told[1]
+    return name
+
+
 def not_ready(addr: str, port: int, connect: bool = True) -> str | None:
     """None once `addr` resolves and (``connect``) takes a TCP connection on `port`; else why not, in words.
     A connection opened and closed is nothing to torch's TCPStore (it waits for a request)."""
@@ -71,25 +94,30 @@ def await_master(
     env: Mapping[str, str], connect: bool = True, give_up: Callable[[], bool] = lambda: False,
     limit_s: float = MASTER_WAIT_SECONDS, probe: Callable[[str, int, bool], str | None] = not_ready,
     clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+    generation: int | None = None,
 ) -> float:
-    """Block until the remote master answers (:func:`not_ready`), `give_up()` says stop (a stop signal, a newer
-    generation) or `limit_s` has passed; a line on stderr when it had to wait. Returns the seconds waited."""
+    """Block until the remote master (at :func:`master_address` for `generation`) answers (:func:`not_ready`),
+    `give_up()` says stop (a stop signal, a newer generation) or `limit_s` has passed; a line on stderr when it
+    had to wait. Returns the seconds waited."""
     where = remote_master(env)
     if where is None:
         return 0.0
+    port = where[1]
     start = said = clock()
-    why = probe(where[0], where[1], connect)
+    addr = master_address(env, generation) or where[0]  # read again each round: the operator's word may come
+    why = probe(addr, port, connect)
     while why is not None and not give_up() and clock() - start < limit_s:
         if clock() - said >= MASTER_SAY_SECONDS:
             said = clock()
-            _say(f"waiting for the gang's rendezvous {where[0]}:{where[1]} ({clock() - start:.0f}s): {why}")
+            _say(f"waiting for the gang's rendezvous {addr}:{port} ({clock() - start:.0f}s): {why}")
         sleep(MASTER_POLL_SECONDS)
-        why = probe(where[0], where[1], connect)
+        addr = master_address(env, generation) or where[0]
+        why = probe(addr, port, connect)
     waited = clock() - start
     if why is not None and not give_up():
-        _say(f"the gang's rendezvous {where[0]}:{where[1]} did not answer within {limit_s:g}s ({why}); joining anyway")
+        _say(f"the gang's rendezvous {addr}:{port} did not answer within {limit_s:g}s ({why}); joining anyway")
     elif waited >= MASTER_POLL_SECONDS:
-        _say(f"the gang's rendezvous {where[0]}:{where[1]} answered after {waited:.1f}s")
+        _say(f"the gang's rendezvous {addr}:{port} answered after {waited:.1f}s")
     return waited
 
 

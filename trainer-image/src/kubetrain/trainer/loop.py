@@ -96,9 +96,10 @@ def init_distributed(env: Env, device: torch.device) -> Path | None:
         nccl_log = nccl_transport.prepare(env.rank, env.output_dir, os.environ)
     flight_recorder.prepare_env(os.environ)
     rendezvous.await_master(os.environ)  # on another worker: polled, not left to torch's growing backoff
+    master = rendezvous.master_address(os.environ) or env.master_addr  # a kept worker: worker 0's new address
     dist.init_process_group(
         backend=backend,
-        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        init_method=f"tcp://{f'[{master}]' if ':' in master else master}:{env.master_port}",
         rank=env.rank,
         world_size=env.world_size,
         timeout=env.dist_timeout,

@@ -377,6 +377,7 @@ def worker_env(job: TrainingJob, index: int, generation: int) -> list[dict[str, 
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
     if spec.restarts_in_place:
         env += [{"name": contract.GENERATION_FILE, "value": f"{GENERATION_MOUNT}/generation"},
+                {"name": contract.MASTER_FILE, "value": f"{GENERATION_MOUNT}/master"},
                 {"name": contract.IN_PLACE_WAIT, "value": f"{in_place_wait_seconds(spec):g}"},
                 {"name": contract.RAN_FILE, "value": RAN_FILE}]
     if gang_probe(spec):
@@ -699,9 +700,10 @@ def _worker_volumes(job: TrainingJob, claim: str | None) -> list[dict[str, Any]]
     if _template_volume(job.spec, contract.CACHE_VOLUME) is None:  # theirs (a bigger or ephemeral one) replaces it
         volumes.append({"name": contract.CACHE_VOLUME, "emptyDir": {}})
     if job.spec.restarts_in_place:  # the kubelet rewrites the file when the annotation changes
-        field_path = f"metadata.annotations['{contract.GENERATION_ANNOTATION}']"
-        volumes.append({"name": "generation", "downwardAPI": {
-            "items": [{"path": "generation", "fieldRef": {"fieldPath": field_path}}]}})
+        volumes.append({"name": "generation", "downwardAPI": {"items": [  # one volume: both files change at once
+            {"path": "generation", "fieldRef": {"fieldPath": f"metadata.annotations['{contract.GENERATION_ANNOTATION}']"}},
+            {"path": "master", "fieldRef": {"fieldPath": f"metadata.annotations['{contract.MASTER_ANNOTATION}']"}},
+        ]}})
     return volumes
 
 

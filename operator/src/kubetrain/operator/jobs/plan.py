@@ -294,6 +294,8 @@ def _plan(seen: Observation, settings: b.WorkerSettings) -> Plan:
     _off_silent(out.create, seen.silent)
     for name, notes in profile_request(body, ours, t.status.restart_generation).items():
         _patch(out, name, "annotations", notes)
+    for name, notes in master_told(ours, t.status.restart_generation).items():
+        _patch(out, name, "annotations", notes)
     if t.decision is not None:
         blocked = Blocked(seen.claim_phase, seen.create_refused, seen.foreign, tuple(unknown), seen.nodes,
                           _last_progress(observed, t.status), disruption, tuple(filter(None, [applied(old, rt.ignored)])))
@@ -439,8 +441,11 @@ def _translate(
         placed = job.model_copy(update={"status": t.status})  # the nodes this transition says to avoid
         out.create.extend(kueue.place(b.worker_pod(placed, i, effect.generation, settings, owner), out.queue.placement)
                           for i in effect.indices)
+        master = "" if 0 in effect.indices else master_ip(ours, effect.generation)  # a new worker 0 has none yet
+        told = f"{effect.generation} {master}" if master else str(effect.generation)
         for name in _named(ours, effect.generation, effect.resume):  # their launchers start it now
-            _patch(out, name, "annotations", {contract.GENERATION_ANNOTATION: str(effect.generation)})
+            _patch(out, name, "annotations", {contract.GENERATION_ANNOTATION: str(effect.generation),
+                                              contract.MASTER_ANNOTATION: told})
     elif isinstance(effect, lc.KeepWorkers):
         for p in _of(ours, effect.generation - 1, effect.indices):
             _patch(out, p["metadata"]["name"], "labels", {b.LABEL_GENERATION: str(effect.generation)})
@@ -457,6 +462,25 @@ def _translate(
         out.events.append((effect.type, effect.reason, effect.message))
     elif isinstance(effect, lc.DeleteJob):
         out.delete_job = True
+
+
+def master_ip(pods: list[dict[str, Any]], generation: int) -> str | None:
+    """The pod IP of worker 0 of `generation` (None: no such pod, being deleted, or no IP yet)."""
+    zero = [p for p in _of(pods, generation, (0,)) if not p["metadata"].get("deletionTimestamp")]
+    if not zero:
+        return None
+    return (zero[0].get("status") or {}).get("podIP") or None
+
+
+def master_told(pods: list[dict[str, Any]], generation: int) -> dict[str, dict[str, str]]:
+    """Pod name -> the annotation that gives a kept worker, told `generation` before worker 0's new pod had an
+    address (contract.MASTER_ANNOTATION: the generation alone), that address once it has one."""
+    ip = master_ip(pods, generation)
+    if ip is None:
+        return {}
+    return {p["metadata"]["name"]: {contract.MASTER_ANNOTATION: f"{generation} {ip}"} for p in pods
+            if facts(p).generation == generation
+            and (p["metadata"].get("annotations") or {}).get(contract.MASTER_ANNOTATION) == str(generation)}
 
 
 def _named(pods: list[dict[str, Any]], generation: int, indices: Sequence[int]) -> list[str]:
