@@ -14,6 +14,7 @@ from support.cluster import kubeconfig_path
 from support.jobs import TrainingJobs
 from support.kwok import fail_pod, kwok_job, static_claim
 from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
 from kubetrain.core import contract
 
@@ -49,11 +50,12 @@ def running(jobs: TrainingJobs, name: str, generation: int, workers: int) -> dic
     return {p.metadata.name: p for p in jobs.pods(name) if not p.metadata.deletion_timestamp}
 
 
-def restart_after_failing(jobs: TrainingJobs, name: str, claim: str, **policy: Any) -> tuple[dict[str, Any], dict, dict]:
+def restart_after_failing(jobs: TrainingJobs, name: str, claim: str, worker: int = 2,
+                          **policy: Any) -> tuple[dict[str, Any], dict, dict]:
     jobs.submit(kwok_job(name, {"workers": 4, "checkpoint": {"claimName": claim},
                                 "restartPolicy": {"backoffSeconds": 0, **policy}}))
     before = running(jobs, name, 0, 4)
-    fail_pod(jobs.core, jobs.ns, f"{name}-worker-2", exit_code=1)
+    fail_pod(jobs.core, jobs.ns, f"{name}-worker-{worker}", exit_code=1)
     after = running(jobs, name, 1, 4)
     return jobs.status(name), before, after
 
@@ -66,6 +68,20 @@ def test_only_the_failed_worker_is_recreated_and_the_others_run_the_next_generat
     restart = next(e for e in jobs.events("inplace") if e.reason == "ExitCode")
     assert "worker 2 exited with code 1: restarting the whole gang from step 0" in restart.message
     assert "in place, keeping 3 of 4 workers" in restart.message
+
+
+def test_the_kept_workers_are_told_the_address_of_a_recreated_worker_0(jobs: TrainingJobs, claim: str) -> None:
+    """contract.MASTER_ANNOTATION: the kept pods reach the new worker 0 at its pod IP, not through its name."""
+    _, before, after = restart_after_failing(jobs, "newzero", claim, worker=0)
+    zero = after["newzero-worker-0"]
+    assert zero.metadata.uid != before["newzero-worker-0"].metadata.uid and zero.status.pod_ip
+    assert contract.MASTER_ANNOTATION not in (zero.metadata.annotations or {})  # a new pod goes by the name
+    told = f"1 {zero.status.pod_ip}"
+
+    def addresses() -> dict[str, str | None]:
+        return {p.metadata.name: (p.metadata.annotations or {}).get(contract.MASTER_ANNOTATION)
+                for p in jobs.pods("newzero") if p.metadata.name != "newzero-worker-0"}
+    wait_for(lambda: set(addresses().values()) == {told}, 30, what=f"the kept pods told {told!r}: {addresses()}")
 
 
 def test_with_in_place_off_every_worker_is_recreated(jobs: TrainingJobs, claim: str) -> None:
