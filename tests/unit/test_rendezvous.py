@@ -204,3 +204,14 @@ def test_a_kept_worker_told_worker_0s_address_starts_its_ranks_there_without_the
     assert (tmp_path / "ran-0-0").read_text() == "w-0.s"
     assert [(tmp_path / f"ran-1-{i}").read_text() for i in (0, 1)] == ["127.0.0.1", "127.0.0.1"]
     assert "does not resolve" not in err
+
+
+def test_worker_0_opens_the_store_on_loopback_and_the_others_where_they_were_told(tmp_path):
+    """A new worker 0's rank 0 looked its own name up before the cluster's DNS had it (c10d's `gai error: -3`,
+    retried for seconds); the store listens on every address of the pod."""
+    path = tmp_path / "master"
+    path.write_text("1 10.88.1.7")
+    env = {**REMOTE, contract.MASTER_ADDR: "w-0.s", contract.MASTER_FILE: str(path), contract.RESTART_GENERATION: "1"}
+    assert rendezvous.store_address({**env, contract.NODE_RANK: "0"}) == "127.0.0.1"
+    assert rendezvous.store_address(env) == "10.88.1.7"
+    assert rendezvous.store_address({contract.PET_NODE_RANK: "1", contract.PET_MASTER_ADDR: "w-0.s"}) == "w-0.s"

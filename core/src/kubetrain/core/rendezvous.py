@@ -69,6 +69,14 @@ def master_address(env: Mapping[str, str], generation: int | None = None) -> str
     return name
 
 
+def store_address(env: Mapping[str, str]) -> str | None:
+    """Where a rank of kubetrain's trainer opens the gang's store: on worker 0, which serves it (rank 0's store
+    listens on every address of the pod), loopback, so that a new pod never looks up its own name before the
+    cluster's DNS has it (a miss is cached: see above); elsewhere :func:`master_address`."""
+    node_rank = contract.env_int(env, contract.NODE_RANK, contract.PET_NODE_RANK, default=0)
+    return LOOPBACK[0] if node_rank == 0 else master_address(env)
+
+
 def not_ready(addr: str, port: int, connect: bool = True) -> str | None:
     """None once `addr` resolves and (``connect``) takes a TCP connection on `port`; else why not, in words.
     A connection opened and closed is nothing to torch's TCPStore (it waits for a request)."""

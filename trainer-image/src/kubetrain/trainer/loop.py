@@ -96,7 +96,7 @@ def init_distributed(env: Env, device: torch.device) -> Path | None:
         nccl_log = nccl_transport.prepare(env.rank, env.output_dir, os.environ)
     flight_recorder.prepare_env(os.environ)
     rendezvous.await_master(os.environ)  # on another worker: polled, not left to torch's growing backoff
-    master = rendezvous.master_address(os.environ) or env.master_addr  # a kept worker: worker 0's new address
+    master = rendezvous.store_address(os.environ) or env.master_addr  # never a lookup a new pod would wait on
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{f'[{master}]' if ':' in master else master}:{env.master_port}",
