@@ -30,7 +30,7 @@ def manifest(tmp_path: Path, spec: dict) -> Path:
 
 def test_a_stopped_rank_of_the_trainer_is_named_and_the_run_resumes(tmp_path):
     spec = yaml.safe_load(QUICKSTART.read_text())["spec"]
-    spec.update(maxSteps=300, data={"path": str(EXAMPLE_DATA)}, precision="fp32")
+    spec.update(maxSteps=120, data={"path": str(EXAMPLE_DATA)}, precision="fp32")
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "kubetrain.core", "run", str(manifest(tmp_path, spec)),
                              "--output-dir", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
