@@ -107,19 +107,32 @@ sys.exit(launch([sys.executable, '-c', sys.argv[2], d]))
 """
 
 
-def test_a_kept_worker_starts_its_next_generation_once_worker_0s_name_resolves(tmp_path):
-    """Worker 1 kept in place: its generation-0 ranks lost their peer; generation 1 is announced while worker 0's
-    recreated pod has no address yet: the ranks start once its name resolves, not before."""
+def kept_worker(tmp_path, rank_script: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Worker 1's launcher (2 ranks) in a pod that restarts in place, its generation file `tmp_path/generation`
+    at 0 and worker 0's name resolvable, once generation 0's ranks have run (they lose their peer: exit 3)."""
     gen = tmp_path / "generation"
     gen.write_text("0")
     (tmp_path / "resolvable").touch()
     env = {**os.environ, "PET_NPROC_PER_NODE": "2", contract.NODE_RANK: "1", contract.MASTER_ADDR: "w-0.s",
-           contract.RESTART_GENERATION: "0", contract.GENERATION_FILE: str(gen), contract.IN_PLACE_WAIT: "60"}
-    p = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path), IN_PLACE_RANK], env=env,
+           contract.RESTART_GENERATION: "0", contract.GENERATION_FILE: str(gen), contract.IN_PLACE_WAIT: "60",
+           **(env or {})}
+    p = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path), rank_script], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: (tmp_path / "ran-0-0").exists() and (tmp_path / "ran-0-1").exists(), 60,
                  what="generation 0's ranks")
+    except BaseException:
+        p.kill()
+        raise
+    return p
+
+
+def test_a_kept_worker_starts_its_next_generation_once_worker_0s_name_resolves(tmp_path):
+    """Worker 1 kept in place: its generation-0 ranks lost their peer; generation 1 is announced while worker 0's
+    recreated pod has no address yet: the ranks start once its name resolves, not before."""
+    gen = tmp_path / "generation"
+    p = kept_worker(tmp_path, IN_PLACE_RANK)
+    try:
         (tmp_path / "resolvable").unlink()
         gen.write_text("1")
         with pytest.raises(subprocess.TimeoutExpired):
@@ -184,16 +197,8 @@ def test_a_kept_worker_told_worker_0s_address_starts_its_ranks_there_without_the
     """Worker 0's name never resolves again here; generation 1 comes with its address (one Downward API volume:
     both files at once), and the ranks start with MASTER_ADDR set to it."""
     gen, master = tmp_path / "generation", tmp_path / "master"
-    gen.write_text("0")
-    (tmp_path / "resolvable").touch()
-    env = {**os.environ, "PET_NPROC_PER_NODE": "2", contract.NODE_RANK: "1", contract.MASTER_ADDR: "w-0.s",
-           contract.RESTART_GENERATION: "0", contract.GENERATION_FILE: str(gen), contract.MASTER_FILE: str(master),
-           contract.IN_PLACE_WAIT: "60"}
-    p = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(tmp_path), ADDRESSED_RANK], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = kept_worker(tmp_path, ADDRESSED_RANK, {contract.MASTER_FILE: str(master)})
     try:
-        wait_for(lambda: (tmp_path / "ran-0-0").exists() and (tmp_path / "ran-0-1").exists(), 60,
-                 what="generation 0's ranks")
         (tmp_path / "resolvable").unlink()
         master.write_text("1 127.0.0.1")
         gen.write_text("1")
