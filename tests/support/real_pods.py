@@ -255,17 +255,18 @@ POD_CGROUPS = tuple(f"/sys/fs/cgroup/{hierarchy}{root}kubepods/{qos}pod{{uid}}" 
 controller, or v2's one hierarchy; under node k's own root (kubetrain-node-K) for the nodes after the first."""
 
 
-def throttle_pod_cpu(uid: str, cores: float, timeout: float = 60) -> Path:
-    """Cap a real-node pod at `cores` CPUs through its pod cgroup (found by the pod's UID, as soon as the kubelet
-    makes it, before its containers start): cgroup v1 cpu.cfs_quota_us, or v2 cpu.max. Its containers' cgroups
-    sit below it, so the cap holds for all of them. The cgroup's directory."""
+def throttle_pod_cpu(uid: str, cores: float | None, timeout: float = 60) -> Path:
+    """Cap a real-node pod at `cores` CPUs (None: lift the cap) through its pod cgroup (found by the pod's UID,
+    as soon as the kubelet makes it, before its containers start): cgroup v1 cpu.cfs_quota_us, or v2 cpu.max.
+    Its containers' cgroups sit below it, so the cap holds for all of them. The cgroup's directory."""
     where = wait_for(lambda: pod_cgroup(uid), timeout, interval=0.05, what=f"the cgroup of pod {uid}")
     period = 100_000
+    quota = int(cores * period) if cores is not None else None
     if (where / "cpu.max").exists():
-        (where / "cpu.max").write_text(f"{int(cores * period)} {period}\n")
+        (where / "cpu.max").write_text(f"{quota or 'max'} {period}\n")
     else:
         (where / "cpu.cfs_period_us").write_text(f"{period}\n")
-        (where / "cpu.cfs_quota_us").write_text(f"{int(cores * period)}\n")
+        (where / "cpu.cfs_quota_us").write_text(f"{quota or -1}\n")
     return where
 
 
@@ -311,6 +312,16 @@ def trainer_ranks(uid: str) -> list[int]:
     pids = {int(x) for f in (where.rglob("cgroup.procs") if where else []) for x in f.read_text().split()}
     trainers = {p for p in pids if "kubetrain.trainer" in cmdline(p)}
     return sorted(p for p in trainers if parent_pid(p) in trainers)
+
+
+def rank_beat(pid: int, rank: int) -> Path | None:
+    """A real-node rank's heartbeat file, seen from the host through the process's root (None until the rank
+    wrote its first). /var/run is a link to /run in the image, which the host would resolve against its own root."""
+    for out in (f"/proc/{pid}/root{contract.OUTPUT_MOUNT}", f"/proc/{pid}/root/run/kubetrain"):
+        beat = Path(out, "hang-watch", "beats", f"rank-{rank}.beat")
+        if beat.is_file():
+            return beat
+    return None
 
 
 def claim_dir(core: client.CoreV1Api, namespace: str, claim: str) -> Path:
