@@ -4,8 +4,7 @@
 #   integration  the cluster tier, which mostly waits (pods starting, control loops, the background build of
 #                the cluster's parts), itself in lanes against the one cluster (tests/support/lanes.py):
 #                integration/one beside integration/two, each with its own namespaces and operators (lane two
-#                taking over lane one's tests not begun when its own are done), and integration/nodes (the
-#                second real node's fault tests, which mostly wait on a node's silence) beside both, then
+#                taking over lane one's tests not begun when its own are done), then
 #                integration/whole (the tests that change the cluster for everyone) alone. All at the same priority: with the unit+e2e lane at nice 10 its tests
 #                that bound a wait (a signal forwarded, a report retried) met loads they were not written for.
 # Each lane's lines carry its name (whole lines, so the two never cut into each other); each ends with its own
@@ -41,23 +40,20 @@ cluster_running() {
 }
 
 integration_lanes() {  # the integration tier's lanes; the cluster stopped after the last unless it ran before
-  local was_up=0 one two nodes whole
+  local was_up=0 one two whole
   cluster_running && was_up=1
   # Lane two takes over lane one's tests that lane one has not begun once its own are done: claimed here.
   KUBETRAIN_TEST_CLAIMS=$claims KUBETRAIN_TEST_LANE=one lane integration/one "$NICENESS" tests/integration -- "$@" &
   local one_pid=$!
-  KUBETRAIN_TEST_LANE=nodes lane integration/nodes "$NICENESS" tests/integration -- "$@" &
-  local nodes_pid=$!
   KUBETRAIN_TEST_CLAIMS=$claims KUBETRAIN_TEST_LANE=two lane integration/two "$NICENESS" tests/integration -- "$@"
   two=$?
-  wait "$nodes_pid"; nodes=$?
   wait "$one_pid"; one=$?
   KUBETRAIN_TEST_LANE=whole lane integration/whole "$NICENESS" tests/integration -- "$@"; whole=$?
   if (( ! was_up )) && [[ ${KUBETRAIN_KEEP_CLUSTER:-} != 1 ]]; then
     bash hack/cluster-down.sh 2>&1 | sed -u "s/^/integration| /"
   fi
-  echo "integration lanes: one exit ${one}, two exit ${two}, nodes exit ${nodes}, whole exit ${whole}" | tee -a "$lanes_log"
-  return "$(verdict "$one" "$two" "$nodes" "$whole")"
+  echo "integration lanes: one exit ${one}, two exit ${two}, whole exit ${whole}" | tee -a "$lanes_log"
+  return "$(verdict "$one" "$two" "$whole")"
 }
 
 mypy_log=$(mktemp)

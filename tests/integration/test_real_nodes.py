@@ -144,8 +144,9 @@ def _rank_of(pod: client.V1Pod) -> int:
     return wait_for(lambda: next(iter(trainer_ranks(pod.metadata.uid)), None), 30, what="the worker's trainer rank")
 
 
-FAULTS = ["partition-node", "kill-node", "freeze-node"]
-"""A cut-off node and a frozen one (found by the hang verdict) and a dead one (by NotReady)."""
+FAULTS = ["partition-node", "kill-node"] + (["freeze-node"] if os.environ.get("KUBETRAIN_NODE_FAULTS") == "all" else [])
+"""A cut-off node (found by the hang verdict) and a dead one (by NotReady) in CI; a frozen node takes the hang
+verdict's path too (KUBETRAIN_NODE_FAULTS=all adds it): docs/testing.md has its figures."""
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -237,6 +238,8 @@ STALE = "a stale worker stops here"
 """How a stale worker says the fence stopped it (checkpoint/fence.py)."""
 
 
+@pytest.mark.skipif(os.environ.get("KUBETRAIN_NODE_FAULTS") != "all",
+                    reason="about 5 minutes; KUBETRAIN_NODE_FAULTS=all runs it (docs/testing.md has its figures)")
 def test_a_cut_off_node_s_stale_worker_is_fenced_off_the_checkpoints(jobs: RealJobs) -> None:
     """A 1-worker job on the second node, the node then cut off: its worker cannot be stopped (its kubelet is
     unreachable) and trains on alone beside the checkpoints it shares with the cluster, while the operator

@@ -2,10 +2,8 @@
 
 A lane runs its share of the tier (``KUBETRAIN_TEST_LANE``):
 - ``one``: the real-pod tests of test_real_pods.py and the images' tests;
-- ``nodes``: the two-node tests of test_real_nodes.py, beside the others: their node faults touch only the
-  second node, tainted for them alone, and most of their time is a fault's wait (a node silent, NotReady),
-  not CPU;
-- ``two``: the rest: the kwok tests, Kueue's (one session runs Kueue's controller), the sweeps' real pods; then, with
+- ``two``: the rest: the kwok tests, Kueue's (one session runs Kueue's controller), the two-node tests (whose
+  node faults touch only the second node, tainted for them alone), the sweeps' real pods; then, with
   ``KUBETRAIN_TEST_CLAIMS`` set, it takes over lane one's tests that lane one has not begun yet: each of those
   tests runs in the lane that claims it first (a file in that directory), so whichever lane ends its own
   share first helps the other, warm or cold;
@@ -31,7 +29,7 @@ from pathlib import Path
 import pytest
 
 ENV = "KUBETRAIN_TEST_LANE"
-LANES = ("one", "two", "nodes", "whole")
+LANES = ("one", "two", "whole")
 WHOLE_CLUSTER = "whole_cluster"
 """The marker of a test that changes the cluster for every other test: it runs in the ``whole`` lane."""
 CLAIMS_ENV = "KUBETRAIN_TEST_CLAIMS"
@@ -39,8 +37,6 @@ LANE_ONE_MODULES = frozenset({"test_real_pods.py", "test_helm_image.py"})
 """Lane ``one``'s tests, which lane ``two`` takes over once its own are done: measured at the suite's load,
 lane one's first share took 30 minutes warm against 22.5 for lane two's, and cold lane one waits 4 minutes
 more, for the images on the nodes, while lane two runs its kwok tests."""
-NODES_MODULES = frozenset({"test_real_nodes.py"})
-"""Lane ``nodes``'s tests: the second real node's."""
 
 
 SHARED = pytest.StashKey[bool]()
@@ -60,8 +56,6 @@ def lane_of(module: str, markers: Iterable[str]) -> str:
     """The lane of a test of `module` (its file's name) with these markers."""
     if WHOLE_CLUSTER in set(markers):
         return "whole"
-    if module in NODES_MODULES:
-        return "nodes"
     return "one" if module in LANE_ONE_MODULES else "two"
 
 

@@ -19,7 +19,7 @@ def test_a_test_runs_in_the_lane_its_module_and_markers_say() -> None:
     assert lanes.lane_of("test_real_pods.py", ["integration", lanes.WHOLE_CLUSTER]) == "whole"
     assert lanes.lane_of("test_real_pods.py", ["integration"]) == "one"
     assert lanes.lane_of("test_kueue_smoke.py", []) == "two"  # one session runs Kueue's controller: never shared
-    assert lanes.lane_of("test_real_nodes.py", ["integration"]) == "nodes"
+    assert lanes.lane_of("test_real_nodes.py", ["integration"]) == "two"
     assert lanes.lane_of("test_operator.py", ["integration"]) == "two"
 
 
@@ -32,7 +32,6 @@ def test_lane_two_takes_over_lane_ones_tests_only_where_the_lanes_share_a_claims
     monkeypatch.setenv(lanes.CLAIMS_ENV, str(tmp_path))
     assert lanes.takes_over("two", "one")
     assert not lanes.takes_over("one", "two") and not lanes.takes_over("whole", "one")
-    assert not lanes.takes_over("nodes", "one") and not lanes.takes_over("nodes", "two")
     assert lanes.claim("t::a") and not lanes.claim("t::a") and lanes.claim("t::b")
 
 
@@ -127,7 +126,7 @@ def test_outside_the_parallel_lanes_everything_is_as_named(monkeypatch: pytest.M
 
 def test_an_unknown_lane_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(lanes.ENV, "fast")
-    with pytest.raises(ValueError, match="not one of one, two, nodes, whole"):
+    with pytest.raises(ValueError, match="not one of one, two, whole"):
         lanes.current()
 
 
