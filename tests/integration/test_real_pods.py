@@ -673,7 +673,7 @@ def test_another_jobs_worker_cannot_patch_this_jobs_worker_0(jobs: RealJobs) -> 
     assert "999999" not in (pod.metadata.annotations or {}).get("kubetrain.io/progress", "")
 
 
-def test_preflight_names_a_worker_throttled_to_a_twentieth_of_a_cpu(jobs: RealJobs, real_namespace: str) -> None:
+def test_preflight_names_a_worker_throttled_to_a_hundredth_of_a_cpu(jobs: RealJobs, real_namespace: str) -> None:
     """Worker 1's pod cgroup is capped at a hundredth of a CPU by the time its rank measures itself: the
     preflight before step 0 finds its compute below half the gang's median, and the job says so (both workers
     share the one real node, so the verdict tells them apart by rank and worker). Of two ranks the median is
