@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import builds, lanes, objectstore
+from support import builds, cpu_usage, lanes, objectstore
 
 TIERS = {"unit": 0, "e2e": 1, "integration": 2}
 BUILT_LAST = {"kueue"}
@@ -28,8 +28,13 @@ def _tier(item: pytest.Item) -> int:
     return TIERS.get(parts[1] if len(parts) > 2 else "", TIERS["e2e"])
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    cpu_usage.add_option(parser)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     builds.register(config)
+    cpu_usage.register(config)
 
 
 def pytest_report_header() -> list[str]:
