@@ -692,8 +692,8 @@ def test_preflight_names_a_worker_throttled_to_a_hundredth_of_a_cpu(jobs: RealJo
     wait_for(lambda: rank_beat(rank, 1), 120, interval=0.05, what="rank 1's first heartbeat")
     throttle_pod_cpu(uid, 0.01)
     print(f"rank 1 capped at 0.01 CPU after {elapsed(start)} s")
-    wait_for(lambda: "preflight: 2 rank(s)" in jobs.core.read_namespaced_pod_log(f"{name}-worker-0", jobs.ns),
-             240, interval=0.5, what="rank 0's preflight line", ignore=(client.ApiException,))  # not started yet
+    wait_for(lambda: "preflight: 2 rank(s)" in jobs.log(f"{name}-worker-0"), 240, interval=0.5,
+             what="rank 0's preflight line")
     throttle_pod_cpu(uid, None)
     print(f"cap lifted after {elapsed(start)} s")
     st = jobs.wait(name, lambda st: st.get("preflight"), 300, "status.preflight")

@@ -263,10 +263,10 @@ def throttle_pod_cpu(uid: str, cores: float | None, timeout: float = 60) -> Path
     period = 100_000
     quota = int(cores * period) if cores is not None else None
     if (where / "cpu.max").exists():
-        (where / "cpu.max").write_text(f"{quota or 'max'} {period}\n")
+        (where / "cpu.max").write_text(f"{'max' if quota is None else quota} {period}\n")
     else:
         (where / "cpu.cfs_period_us").write_text(f"{period}\n")
-        (where / "cpu.cfs_quota_us").write_text(f"{quota or -1}\n")
+        (where / "cpu.cfs_quota_us").write_text(f"{-1 if quota is None else quota}\n")
     return where
 
 
