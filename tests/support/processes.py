@@ -23,7 +23,10 @@ def run_checked(cmd: Sequence[str], *, check: bool = True, env: Mapping[str, str
                           env={**os.environ, **env} if env else None)
     if check and proc.returncode != 0:
         shown = " ".join([Path(cmd[0]).name, *cmd[1:]])
-        raise AssertionError(f"{shown} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        # The last line of stderr on the first line: a CI summary shows only an error's first line.
+        last = next((line for line in reversed(proc.stderr.splitlines()) if line.strip()), "")
+        raise AssertionError(f"{shown} exited {proc.returncode}: {last}\n{proc.stdout[-4000:]}\n"
+                             f"{proc.stderr[-4000:]}")
     return proc
 
 
