@@ -160,10 +160,22 @@ class RealJobs(TrainingJobs):
         lines += [f"{e.metadata.creation_timestamp:%H:%M:%S} {e.type} {e.reason}: {e.message}" for e in events]
         for p in self.pods(name):
             lines.append(f"--- pod {p.metadata.name} phase={p.status.phase} node={p.spec.node_name}")
-            lines.append(self.log(p.metadata.name, tail=25))
+            lines += [_container_line(c) for c in p.status.container_statuses or []]
+            lines.append(self.log(p.metadata.name, tail=25) or "(its log is empty)")
+            if any(c.restart_count for c in p.status.container_statuses or []):
+                lines += ["--- its container before the restart", self.log(p.metadata.name, tail=25, previous=True)]
         if self.op:
             lines += ["--- operator log", self.op.tail()]
         return "\n".join(lines)
+
+
+def _container_line(c: Any) -> str:
+    """A container's restarts and how it ended (now, or before its last restart)."""
+    ended = c.state.terminated or (c.last_state.terminated if c.last_state else None)
+    at = f" at {ended.finished_at:%H:%M:%S}" if ended and ended.finished_at else ""
+    how = f", exit {ended.exit_code} ({ended.reason}){at}" if ended else ""
+    now = "terminated" if c.state.terminated else "running" if c.state.running else "waiting"
+    return f"container {c.name}: {now}, {c.restart_count} restart(s){how}"
 
 
 def one_per_real_node(labels: dict[str, str], required: bool = True) -> dict[str, Any]:
