@@ -118,7 +118,7 @@ def operator_scenario(admin: client.ApiClient, ns: str, op: OperatorProcess) -> 
                  and running_pods(1), 90, what="prom Running again after the gang restart")
         # Generation 1 resumed from scratch: steps 1-6 are redone, and the restart's downtime is lost.
         rank0_reports(jobs, Progress(job="prom", generation=1, step=1, max_steps=100, resumed_from=0, step_seconds=0.5))
-        wait_for(lambda: (status().get("goodput") or {}).get("stepsLost") == 6, 30, what="prom's steps lost")
+        wait_for(lambda: (status().get("goodput") or {}).get("stepsLost") == 6, 60, what="prom's steps lost")
         succeed_workers(jobs.core, ns, running_pods(1))
         st = wait_for(lambda: status().get("phase") == "Succeeded" and status(), 60, what="prom Succeeded")
         print(f"prom: gpuHours {st.get('gpuHours')}, goodput {st.get('goodput')}")

@@ -216,7 +216,7 @@ def test_deleting_a_sweep_deletes_its_trials_but_not_jobs_it_does_not_own(
     stray["metadata"]["labels"] = {contract.LABEL_SWEEP: "gc"}  # claims to be a trial of the sweep
     sweeps.jobs.submit(stray)
     sweeps.submit(kwok_sweep("gc"))
-    wait_for(lambda: {"gc-0", "gc-1"} <= {j["metadata"]["name"] for j in sweeps.trial_jobs("gc")}, 30,
+    wait_for(lambda: {"gc-0", "gc-1"} <= {j["metadata"]["name"] for j in sweeps.trial_jobs("gc")}, 60,
              what="two trial jobs")
     warning = wait_for(lambda: [e for e in sweeps.events("gc") if e.reason == "ForeignObject"], 15,
                        what="ForeignObject Warning")[0]
