@@ -15,13 +15,16 @@ from collections.abc import Generator
 
 import pytest
 
+from .forkserver import reaped_cpu_seconds
+
 OPTION = "--cpu-durations"
 
 
 def cpu_seconds() -> float:
-    """User + system CPU of this process and of its children reaped so far."""
+    """User + system CPU of this process, of its children reaped so far and of the ranks a fork server forked
+    for it and reaped (support.forkserver)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + reaped_cpu_seconds()
 
 
 def add_option(parser: pytest.Parser) -> None:

@@ -3,7 +3,8 @@ or the ``kubetrain`` CLI (run_cli).
 
 Used by tests/e2e/, tests/integration/test_progress_reporting.py and bench/. Every rank gets
 OMP_NUM_THREADS=1, a free MASTER_PORT, a short process-group timeout and its own log file; when
-one rank fails the others are terminated (as a backend would restart the gang).
+one rank fails the others are terminated (as a backend would restart the gang). Within
+:func:`forked_ranks` (the e2e tier) the ranks are forked from a fork server that imported torch once.
 """
 
 from __future__ import annotations
@@ -14,18 +15,25 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubetrain.core import contract
 
+from .forkserver import ForkedRank, Server
 from .paths import EXAMPLE_DATA, REPO_ROOT
 from .ports import free_port
 from .processes import stop_process
 
 SRC_PATHS = (REPO_ROOT / "trainer-image" / "src", REPO_ROOT / "core" / "src")
 """The trainer's sources: a child's PYTHONPATH starts with them, so it runs this checkout's code."""
+
+
+RANK_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+"""Every rank's: one compute thread each (the gang shares the machine's cores), output as it is written."""
 
 
 def pythonpath(*rest: str) -> str:
@@ -115,15 +123,13 @@ class Gang:
         config = out / f"config-{generation}.json"
         config.write_text(json.dumps(spec))
         port = free_port()
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[subprocess.Popen[bytes] | ForkedRank] = []
         self.start = time.monotonic()
         for rank in range(world_size):
             penv = {
                 **os.environ,
                 "PYTHONPATH": pythonpath(os.environ.get("PYTHONPATH", "")),
-                "OMP_NUM_THREADS": "1",
-                "MKL_NUM_THREADS": "1",
-                "PYTHONUNBUFFERED": "1",
+                **RANK_THREADS,
                 "RANK": str(rank),
                 "WORLD_SIZE": str(world_size),
                 "LOCAL_RANK": str(rank),
@@ -142,17 +148,7 @@ class Gang:
             penv.pop("PET_NPROC_PER_NODE", None)
             if penv["KUBETRAIN_METRICS_PORT"] != "0":  # one port per rank, as the launcher and the backends give
                 penv["KUBETRAIN_METRICS_PORT"] = str(int(penv["KUBETRAIN_METRICS_PORT"]) + rank)
-            log = (out / f"rank-{rank}.log").open("ab")
-            self.procs.append(
-                subprocess.Popen(
-                    command or [sys.executable, "-m", "kubetrain.trainer"],
-                    env=penv,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=out,
-                )
-            )
-            log.close()
+            self.procs.append(_start_rank(command, penv, out, out / f"rank-{rank}.log"))
 
     def signal(self, sig: int) -> None:
         for p in self.procs:
@@ -182,6 +178,47 @@ class Gang:
                 p.kill()
             else:
                 stop_process(p, grace=20)
+
+
+def _start_rank(command: list[str] | None, env: dict[str, str], cwd: Path,
+                log: Path) -> subprocess.Popen[bytes] | ForkedRank:
+    """The built-in trainer forked from the session's fork server where there is one (forked_ranks) and the
+    rank's environment allows; otherwise, and for a custom command, a new process."""
+    server = _server()
+    if command is None and server is not None and server.compatible(env):
+        return server.spawn(env, cwd, log)
+    with log.open("ab") as out:
+        return subprocess.Popen(command or [sys.executable, "-m", "kubetrain.trainer"], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=cwd)
+
+
+_FORKS: dict[str, Any] = {"work": None, "server": None}
+"""forked_ranks' state: the directory it was given, and the server once the first rank has started it."""
+
+
+@contextmanager
+def forked_ranks(work: Path) -> Iterator[None]:
+    """Within: gangs fork their ranks from one fork server (support.forkserver: torch and the trainer imported
+    once, started by the first rank) rather than start each interpreter afresh. KUBETRAIN_TEST_FORKSERVER=0:
+    not."""
+    if os.environ.get("KUBETRAIN_TEST_FORKSERVER", "1") == "0":
+        yield
+        return
+    _FORKS["work"] = work
+    try:
+        yield
+    finally:
+        server, _FORKS["server"], _FORKS["work"] = _FORKS["server"], None, None
+        if server is not None:
+            server.stop()
+
+
+def _server() -> Server | None:
+    if _FORKS["server"] is None and _FORKS["work"] is not None:
+        env = {**os.environ, "PYTHONPATH": pythonpath(os.environ.get("PYTHONPATH", "")), **RANK_THREADS}
+        _FORKS["server"] = Server(_FORKS["work"], env).start()
+    server: Server | None = _FORKS["server"]
+    return server
 
 
 def read_records(out: Path) -> list[dict[str, Any]]:
