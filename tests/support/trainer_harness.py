@@ -184,8 +184,7 @@ def _start_rank(command: list[str] | None, env: dict[str, str], cwd: Path,
                 log: Path) -> subprocess.Popen[bytes] | ForkedRank:
     """The built-in trainer forked from the session's fork server where there is one (forked_ranks) and the
     rank's environment allows; otherwise, and for a custom command, a new process."""
-    server = _server()
-    if command is None and server is not None and server.compatible(env):
+    if command is None and (server := _server()) is not None and server.compatible(env):
         return server.spawn(env, cwd, log)
     with log.open("ab") as out:
         return subprocess.Popen(command or [sys.executable, "-m", "kubetrain.trainer"], env=env, stdout=out,
