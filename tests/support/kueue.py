@@ -28,10 +28,12 @@ from typing import Any
 
 import yaml
 
+from .cluster import new_admin_client
 from .kubectl import kubectl
 from .paths import HACK_DIR
 from .ports import free_port
 from .processes import run_checked, stop_process
+from .resources import wait_established
 
 EXTERNAL_FRAMEWORK = "TrainingJob.v1alpha1.kubetrain.io"
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
@@ -118,24 +120,6 @@ def webhook_configurations(manifests: Path, port: int, ca: bytes) -> list[dict[s
     return out
 
 
-def wait_established(crds: Path, timeout: float = 180) -> None:
-    """Until every CRD in the file `crds` is Established. `kubectl wait` is retried: in a CI run under full load
-    one wait on Kueue's CRDs exited 1 within its 60 s while the API server had served them all."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        wait = kubectl("wait", "--for=condition=Established", f"--timeout={max(1, int(min(left, 60)))}s",
-                       "-f", str(crds), check=False, timeout=left + 30)
-        if wait.returncode == 0:
-            return
-        if time.monotonic() >= deadline:
-            each = '{range .items[*]}{.metadata.name}:{range .status.conditions[*]} {.type}={.status}{end}{"\\n"}{end}'
-            shown = kubectl("get", "-f", str(crds), "-o", f"jsonpath={each}", check=False)
-            raise AssertionError(f"Kueue's CRDs not all Established within {timeout:.0f}s: {wait.stderr.strip()}\n"
-                                 f"{shown.stdout}{shown.stderr}")
-        time.sleep(2)
-
-
 class Kueue:
     """A running Kueue: `stop()` ends it and removes its webhook configurations (its CRDs stay)."""
 
@@ -155,7 +139,8 @@ class Kueue:
         self.converted = [c["metadata"]["name"] for c in items if c["spec"].get("conversion")]
         crds.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
         kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-        wait_established(crds)
+        with new_admin_client(self.kubeconfig) as api:  # 180 s: a loaded CI run once took longer than 60
+            wait_established(api, [c["metadata"]["name"] for c in items], timeout=180)
         kubectl("create", "namespace", "kueue-system", check=False)
         METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
         for name in ("tls.crt", "tls.key"):
