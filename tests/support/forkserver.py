@@ -184,8 +184,7 @@ class ForkedRank:
         self._conn.connect(str(server.socket_path))
         request = {"env": env, "cwd": str(cwd), "log": str(log), "module": module}
         self._conn.sendall((json.dumps(request) + "\n").encode())
-        self._file = self._conn.makefile("r")
-        self.pid = int(json.loads(self._file.readline())["pid"])
+        self.pid = int(json.loads(_recv_line(self._conn))["pid"])
 
     def poll(self) -> int | None:
         if self.returncode is None and _readable(self._conn, 0):
@@ -212,21 +211,30 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
     def _finish(self) -> None:
-        line = self._file.readline()
+        line = _recv_line(self._conn)
         if not line:
             raise RuntimeError(f"the fork server closed rank {self.pid}'s connection without its exit status")
         done = json.loads(line)
         self.returncode = int(done["returncode"])
         self._server.counted += float(done["cpu"])
         _reaped_cpu[0] += float(done["cpu"])
-        self._file.close()
         self._conn.close()
 
 
-def _readable(conn: socket.socket, timeout: float | None) -> bool:
+def _recv_line(conn: socket.socket) -> bytes:
+    """One line, read a byte at a time: nothing of the next line is taken into a buffer the select cannot see
+    (the exit status of a rank that ended at once follows its pid on the same connection)."""
+    line = b""
+    while not line.endswith(b"\n") and (byte := conn.recv(1)):
+        line += byte
+    return line
+
+
+def _readable(source: Any, timeout: float | None) -> bool:
+    """Whether `source` (a socket, an unbuffered pipe) has something to read within `timeout` (None: ever)."""
     with selectors.DefaultSelector() as sel:
-        sel.register(conn, selectors.EVENT_READ)
-        return bool(sel.select(timeout))
+        sel.register(source, selectors.EVENT_READ)
+        return bool(sel.select(None if timeout is None else max(0.0, timeout)))
 
 
 class Server:
@@ -238,7 +246,7 @@ class Server:
         self.socket_path = work / "forkserver.sock"
         self.log_path = work / "forkserver.log"
         self.env = env
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.counted = 0.0
         """CPU seconds of its reaped ranks, counted in reaped_cpu_seconds() until the server itself is reaped."""
 
@@ -246,7 +254,7 @@ class Server:
         """Blocks until the server has imported everything (a few CPU seconds, once)."""
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "support.forkserver", str(self.socket_path), *self.preload],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=0,
                                          env=self.env, cwd=Path(__file__).resolve().parent.parent)
         try:
             self._await_ready()
@@ -257,20 +265,21 @@ class Server:
         return self
 
     def _await_ready(self) -> None:
-        """Until the server says "ready"; what the imports print before it (DeepSpeed's notices) goes to its log."""
+        """Until the server says "ready"; what the imports print before it (DeepSpeed's notices) goes to its log.
+        Its stdout is unbuffered: a line read ahead into a buffer would be invisible to the select."""
         assert self.proc is not None and self.proc.stdout is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
-            if not _readable_file(self.proc.stdout, deadline - time.monotonic()):
+            if not _readable(self.proc.stdout, deadline - time.monotonic()):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     break
                 continue
             line = self.proc.stdout.readline()
-            if line.strip() == "ready":
+            if line.strip() == b"ready":
                 return
             if not line:
                 break
-            with self.log_path.open("a") as log:
+            with self.log_path.open("ab") as log:
                 log.write(line)
         raise AssertionError(f"fork server not ready: {self.log_path.read_text(errors='replace')[-3000:]}")
 
@@ -300,12 +309,6 @@ class Server:
         # Reaped, the server brings its ranks' CPU into this process's RUSAGE_CHILDREN: not to count it twice.
         _reaped_cpu[0] -= self.counted
         self.counted = 0.0
-
-
-def _readable_file(stream: Any, timeout: float) -> bool:
-    with selectors.DefaultSelector() as sel:
-        sel.register(stream, selectors.EVENT_READ)
-        return bool(sel.select(max(0.0, timeout)))
 
 
 if __name__ == "__main__":
