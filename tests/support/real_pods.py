@@ -155,10 +155,11 @@ class RealJobs(TrainingJobs):
         """Status, the job's Events, pods and the tail of each pod's log, and the operator's log tail, for
         assertion messages: a restart's cause is in the Events and the operator's log, since the pods of the
         generation that failed are gone."""
-        lines = [f"status: {json.dumps(self.status(name), indent=1)[:3000]}", "--- events"]
+        st, pods = self.status(name), self.pods(name)
+        lines = [_headline(st, pods), f"status: {json.dumps(st, indent=1)[:3000]}", "--- events"]
         events = sorted(self.events(name), key=lambda e: e.metadata.creation_timestamp)
         lines += [f"{e.metadata.creation_timestamp:%H:%M:%S} {e.type} {e.reason}: {e.message}" for e in events]
-        for p in self.pods(name):
+        for p in pods:
             lines.append(f"--- pod {p.metadata.name} phase={p.status.phase} node={p.spec.node_name}")
             lines += [_container_line(c) for c in p.status.container_statuses or []]
             lines.append(self.log(p.metadata.name, tail=25) or "(its log is empty)")
@@ -167,6 +168,15 @@ class RealJobs(TrainingJobs):
         if self.op:
             lines += ["--- operator log", self.op.tail()]
         return "\n".join(lines)
+
+
+def _headline(st: dict[str, Any], pods: list[Any]) -> str:
+    """One line with what a failed real-pod test usually turns on: a CI summary shows only a message's first."""
+    keys = ("phase", "restartCount", "resumedFrom", "resumedFromStep", "currentStep", "failures", "reason")
+    fields = " ".join(f"{k}={json.dumps(st.get(k))}" for k in keys if st.get(k) is not None)
+    workers = "; ".join(f"{p.metadata.name.rsplit('-', 1)[-1]} {p.status.phase}: "
+                        + ", ".join(_container_line(c) for c in p.status.container_statuses or []) for p in pods)
+    return f"{fields} | {workers} | {str(st.get('message') or '')[:300]}"
 
 
 def _container_line(c: Any) -> str:
