@@ -9,6 +9,7 @@
 #   hack/images.sh buildah ARG...         buildah on this script's storage (images, inspect, run, rmi)
 #   hack/images.sh ctr ARG...             ctr on the node's containerd, namespace k8s.io (images ls, run)
 #   hack/images.sh registry               print REGISTRY: the test cluster's registry as the node reaches it
+#   hack/images.sh fingerprint DOCKERFILE CONTEXT [EXTRA...]   print what a build's skip is decided on
 #   hack/images.sh prune                  drop superseded images (every build ends with this; see Disk)
 #
 # When the test cluster's registry runs (hack/registry.sh, started by cluster-up), the images built are
@@ -25,7 +26,12 @@
 # The trainer's Dockerfile installs the torch and numpy pinned in requirements-dev.txt itself (its first
 # stage), from a wheelhouse mounted at /wheels.
 # Storage: buildah's overlay driver under $KUBETRAIN_NODE_ROOT/buildah (vfs would copy the multi-GB
-# rootfs for every layer). Layers are cached (bud --layers): with no source change a run only checks.
+# rootfs for every layer). Layers are cached (bud --layers). Before a build, a fingerprint of what it reads
+# (its Dockerfile, build arguments, base image ID, the wheelhouse's file names and every file its COPY lines
+# take from the context, with modes) is compared with the one kept from the image's last build
+# ($KUBETRAIN_NODE_ROOT/image-stamps): the same, with that image still tagged, skips the build; a push
+# is skipped while the registry serves the digest pushed last for that image ID. Each lane of a test
+# run then checks in about a second what hack/prebuild.sh has just built.
 # torch's wheels are kept in $KUBETRAIN_CACHE/wheels/torch-<version>, fetched once by the host's Python (pip's
 # HTTP cache keeps nothing when a proxy strips the caching headers, as the one here does).
 # Loading: skipped when the node's image has the same image ID (config digest); otherwise skopeo
@@ -108,13 +114,60 @@ preflight() {
 has_image() { bld inspect --type image "$1" >/dev/null 2>&1; }
 image_id() { echo "sha256:$(bld inspect --type image --format '{{.FromImageID}}' "$1")"; }
 
-# bud <name> <dockerfile> <context> [buildah bud args...]: build with cached layers and tag <name>.
+STAMPS="${KUBETRAIN_NODE_ROOT}/image-stamps"
+CHANGED=0  # 1 once this run builds, loads or pushes: only then is there anything to prune
+
+# stamp_file <kind> <name>: where the fingerprint of <name>'s last build (kind fp) or push (kind push) is kept.
+stamp_file() { echo "${STAMPS}/${2//[\/:]/_}.$1"; }
+
+# fingerprint <dockerfile> <context> <extra>...: a digest of everything a build of <dockerfile> reads.
+# COPY/ADD sources are walked as buildah takes them (minus the .dockerignore'd caches); a superset is
+# harmless (a needless build check), a missed input would not be, so sources are whole directories.
+fingerprint() {
+  python3 - "$@" <<'PY'
+import hashlib, os, re, sys
+dockerfile, context, *extra = sys.argv[1:]
+text = open(dockerfile).read()
+h = hashlib.sha256(text.encode() + b"\0" + "\0".join(extra).encode())
+sources = set()
+for line in re.sub(r"\\\n", " ", text).splitlines():
+    words = line.split()
+    if words and words[0].upper() in ("COPY", "ADD") and not any(w.startswith("--from") for w in words):
+        sources.update(w for w in words[1:-1] if not w.startswith("--"))
+def skipped(name):
+    return name == "__pycache__" or name.endswith((".pyc", ".egg-info"))
+for source in sorted(sources):
+    top = os.path.join(context, source)
+    walk = os.walk(top) if os.path.isdir(top) else [(os.path.dirname(top), [], [os.path.basename(top)])]
+    for where, dirs, files in walk:
+        dirs[:] = sorted(d for d in dirs if not skipped(d))
+        for name in sorted(f for f in files if not skipped(f)):
+            path = os.path.join(where, name)
+            st = os.lstat(path)
+            h.update(f"{os.path.relpath(path, context)}\0{st.st_mode:o}\0".encode())
+            h.update(os.readlink(path).encode() if os.path.islink(path) else open(path, "rb").read())
+print(h.hexdigest())
+PY
+}
+
+# bud <name> <dockerfile> <context> [buildah bud args...]: build with cached layers and tag <name>, unless
+# its fingerprint is that of the tagged image's last build.
 bud() {
-  local name="$1" file="$2" context="$3" start=$SECONDS
+  local name="$1" file="$2" context="$3" start=$SECONDS fp stamp
   shift 3
+  stamp="$(stamp_file fp "$name")"
+  fp="$(fingerprint "$file" "$context" "$@" "base=$(image_id "$BASE_IMAGE")" \
+        "wheels=$(ls "$WHEELHOUSE" 2>/dev/null | tr '\n' ' ')")"
+  if has_image "$name" && [[ "$(cat "$stamp" 2>/dev/null)" == "${fp} $(image_id "$name")" ]]; then
+    log "${name} is up to date ($(image_id "$name" | cut -c1-19)): its inputs are those of its last build"
+    return
+  fi
+  CHANGED=1
   log "building ${name} from ${file#"${REPO_ROOT}"/} ..."
   with_progress "building ${name}" bld bud --isolation chroot --network host --layers --pull=never \
     "${CA_MOUNT[@]}" "$@" -f "$file" -t "$name" "$context" >&2
+  mkdir -p "$STAMPS"
+  echo "${fp} $(image_id "$name")" > "$stamp"
   log "  ${name} is $(image_id "$name" | cut -c1-19) ($((SECONDS - start))s)"
 }
 
@@ -192,13 +245,32 @@ REGISTRY="${NODE_IP}:${KUBETRAIN_REGISTRY_PORT:-5000}"
 # and pods using it would fail with ErrImagePull. The label adds no layer: only the config differs.
 push_image() {
   local ref="${REGISTRY}/$2:${1##*:}" start=$SECONDS
+  local stamp served
+  stamp="$(stamp_file push "$ref")"
   curl -fsS -o /dev/null --max-time 2 "http://${REGISTRY}/v2/" 2>/dev/null || {
     log "no registry at ${REGISTRY} (hack/registry.sh start): ${1} not pushed"; return 0; }
+  served="$(registry_digest "$2" "${1##*:}")"
+  if [[ -n "$served" && "$(cat "$stamp" 2>/dev/null)" == "$(image_id "$1") ${served}" ]]; then
+    log "${ref} is up to date (${served:0:19}): the registry serves what was pushed for this image"
+    return
+  fi
+  CHANGED=1
   printf 'FROM %s\nLABEL io.kubetrain.published-to="%s"\n' "$1" "$REGISTRY" \
     | bld bud --isolation chroot --pull=never --layers -q -f - -t "$ref" "$REPO_ROOT" >/dev/null
   with_progress "pushing ${ref}" \
     skopeo copy -q --dest-tls-verify=false --dest-compress-format zstd "${STORAGE_REF}${ref}" "docker://${ref}"
+  served="$(registry_digest "$2" "${1##*:}")"
+  mkdir -p "$STAMPS"
+  [[ -z "$served" ]] || echo "$(image_id "$1") ${served}" > "$stamp"
   log "  pushed ${ref} ($(image_id "$ref" | cut -c1-19)) in $((SECONDS - start))s"
+}
+
+# registry_digest <repository> <tag>: the manifest digest the registry serves for it, or nothing.
+registry_digest() {
+  curl -fsSI --max-time 5 -H "Accept: application/vnd.oci.image.manifest.v1+json" \
+    -H "Accept: application/vnd.docker.distribution.manifest.v2+json" \
+    "http://${REGISTRY}/v2/$1/manifests/$2" 2>/dev/null \
+    | tr -d '\r' | awk -F': ' 'tolower($1) == "docker-content-digest" {print $2}'
 }
 
 import_blobs() {  # import_blobs <oci layout> <blob>...: the layout with only those blobs into the node's containerd
@@ -217,6 +289,7 @@ load_image() {
     log "${NODE_NAME} already has ${name} ($(cut -c1-19 <<<"$id")): not loaded"
     return
   fi
+  CHANGED=1
   new_tmp load
   tmp="${TMPS[-1]}"
   mkdir -p "${tmp}/oci/blobs"
@@ -302,6 +375,7 @@ main() {
     buildah) exec "${BLD[@]}" "${want[@]:1}" ;;
     ctr) ctr_node "${want[@]:1}"; return ;;
     registry) echo "$REGISTRY"; return ;;
+    fingerprint) fingerprint "${want[@]:1}"; return ;;
     prune) prune_everywhere; return ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; return ;;
   esac
@@ -334,7 +408,7 @@ main() {
                push_image "$trainer" kubetrain-trainer ;;
     esac
   done
-  prune_everywhere
+  (( ! CHANGED )) || prune_everywhere
   log "images ready on the node in $((SECONDS - start))s: ${want[*]}"
 }
 

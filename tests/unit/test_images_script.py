@@ -62,3 +62,41 @@ def test_unknown_image_is_refused() -> None:
     proc = _script("operater")
     assert proc.returncode == 1
     assert "unknown image 'operater'" in proc.stderr
+
+
+def test_the_fingerprint_follows_every_copied_file_and_nothing_else(tmp_path: Path) -> None:
+    """A build is skipped while its fingerprint stays: it must change with a copied file's content, mode or
+    presence, the Dockerfile and the build arguments, and not with caches the context leaves out."""
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "data.txt").write_text("text\n")
+    (tmp_path / "more.txt").write_text("more\n")
+    (tmp_path / "other").mkdir()
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM base AS build\nCOPY src /src\nCOPY data.txt \\\n  more.txt /files/\n"
+                          "FROM base\nCOPY --from=build /src /src\n")
+
+    def fingerprint(*extra: str) -> str:
+        proc = _script("fingerprint", str(dockerfile), str(tmp_path), *extra)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    first = fingerprint("arg=1")
+    assert len(first) == 64 and fingerprint("arg=1") == first
+    assert fingerprint("arg=2") != first
+    (tmp_path / "src" / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "src" / "pkg" / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"cache")
+    (tmp_path / "other" / "b.py").write_text("not copied\n")
+    assert fingerprint("arg=1") == first
+    changes = [lambda: (tmp_path / "src" / "pkg" / "a.py").write_text("x = 2\n"),
+               lambda: (tmp_path / "src" / "pkg" / "a.py").chmod(0o755),
+               lambda: (tmp_path / "src" / "pkg" / "new.py").write_text(""),
+               lambda: (tmp_path / "data.txt").write_text("other text\n"),
+               lambda: (tmp_path / "more.txt").write_text("other\n"),  # named on a continued line
+               lambda: dockerfile.write_text(dockerfile.read_text() + "ENV X=1\n")]
+    seen = {first}
+    for change in changes:
+        change()
+        now = fingerprint("arg=1")
+        assert now not in seen
+        seen.add(now)
