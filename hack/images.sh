@@ -153,13 +153,13 @@ PY
 # bud <name> <dockerfile> <context> [buildah bud args...]: build with cached layers and tag <name>, unless
 # its fingerprint is that of the tagged image's last build.
 bud() {
-  local name="$1" file="$2" context="$3" start=$SECONDS fp stamp
+  local name="$1" file="$2" context="$3" start=$SECONDS fp stamp id
   shift 3
   stamp="$(stamp_file fp "$name")"
   fp="$(fingerprint "$file" "$context" "$@" "base=$(image_id "$BASE_IMAGE")" \
         "wheels=$(ls "$WHEELHOUSE" 2>/dev/null | tr '\n' ' ')")"
-  if has_image "$name" && [[ "$(cat "$stamp" 2>/dev/null)" == "${fp} $(image_id "$name")" ]]; then
-    log "${name} is up to date ($(image_id "$name" | cut -c1-19)): its inputs are those of its last build"
+  if has_image "$name" && id="$(image_id "$name")" && [[ "$(cat "$stamp" 2>/dev/null)" == "${fp} ${id}" ]]; then
+    log "${name} is up to date (${id:0:19}): its inputs are those of its last build"
     return
   fi
   CHANGED=1

@@ -219,14 +219,18 @@ def test_a_worker_killed_in_place_resumes_from_the_memory_tier(jobs: RealJobs, r
     fields = {k: st.get(k) for k in ("restartCount", "resumedFrom", "resumedFromStep", "currentStep", "loss")}
     fields["lastCheckpoint"] = (st.get("lastCheckpoint") or {}).get("step")
     print(f"memory tier: Succeeded in {elapsed(start)} s: {json.dumps(fields)}")
-    held = [line[-160:] for pod in jobs.pods(name) for line in jobs.log(pod.metadata.name).splitlines()
-            if "memory tier" in line or "checkpoint.memory" in line]  # rank 0's writes, any rank's warnings
     assert (st["restartCount"], st.get("resumedFrom"), st.get("resumedFromStep")) == (1, "memory", 30), \
-        " / ".join(held) + " || " + jobs.describe(name)
+        _memory_tier_lines(jobs, name) + " || " + jobs.describe(name)
     assert {p.metadata.name: p.metadata.uid for p in jobs.pods(name)} == uids  # both pods ran both generations
     assert "Resumed:     from step 30 (memory tier)" in _cli("status", name, "-n", real_namespace)
     assert "resumed from the memory tier (/dev/shm/kubetrain-ckpt) (step 30)" in jobs.log(f"{name}-worker-0")
     _ends_on_the_reference_loss(jobs, name, reference, "memory tier")
+
+
+def _memory_tier_lines(jobs: RealJobs, name: str) -> str:
+    """The memory tier's lines of every pod's log on one line (rank 0's writes kept, any rank's warnings)."""
+    return " / ".join(line[-160:] for pod in jobs.pods(name) for line in jobs.log(pod.metadata.name).splitlines()
+                      if "memory tier" in line or "checkpoint.memory" in line)
 
 
 @pytest.mark.parametrize(("example", "fail_at"), [("tensor-parallel", "2:25"), ("pipeline-parallel", "3:25")])
