@@ -24,6 +24,7 @@ from support.waiting import wait_for
 
 from kubetrain.core.progress import COMMIT_MARKER, complete_checkpoints
 from kubetrain.trainer.checkpoint.background import WRITE_DELAY_ENV
+from kubetrain.trainer.checkpoint.directory import writing_name
 from kubetrain.trainer.checkpoint.safe_load import safe_load
 
 pytestmark = pytest.mark.e2e
@@ -47,6 +48,11 @@ def step_dir(run_out: Path, step: int) -> Path:
     return run_out / "checkpoints" / f"step-{step:08d}"
 
 
+def torn_dir(run_out: Path, step: int) -> Path:
+    """Where a save of `step` is written until it is committed (renamed to step_dir)."""
+    return run_out / "checkpoints" / f"step-{step:08d}.{writing_name(None)}"
+
+
 def kill_during_write(gang: Gang) -> None:
     """SIGKILL rank 1 once rank 0 has staged step TORN_STEP: its write (rank 1's too) sleeps WRITE_DELAY s."""
     staged = f"checkpoint step {TORN_STEP} staged in"
@@ -65,7 +71,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     done: dict[str, Any] = {name: g.wait() for name, g in gangs.items()}
     done["killed"] = killed.wait()
     done["killed_committed"] = [s for s, _ in complete_checkpoints(killed.out / "checkpoints")]
-    torn = step_dir(killed.out, TORN_STEP)
+    torn = torn_dir(killed.out, TORN_STEP)
     done["torn_files"] = sorted(str(p.relative_to(torn)) for p in torn.rglob("*"))
     (torn / SENTINEL).write_text("")  # gone once the next generation removed the torn directory
     # Phase 2: each run's step-6 checkpoint (written in the background when asyncSave) resumed to the end by
@@ -149,5 +155,5 @@ def test_the_next_generation_resumes_from_the_previous_commit_and_removes_the_to
     again = {r["step"]: r["loss"] for r in gen1.records if r["generation"] == 1}
     assert sorted(again) == list(range(3, STEPS + 1))
     assert rel_diff(again, runs["fsdp_async"].losses) <= 1e-6
-    assert not (step_dir(gen1.out, TORN_STEP) / SENTINEL).exists()
+    assert not (torn_dir(gen1.out, TORN_STEP) / SENTINEL).exists() and not torn_dir(gen1.out, TORN_STEP).exists()
     assert [s for s, _ in complete_checkpoints(gen1.ckpt_dir)] == [4, 6, 8]

@@ -201,10 +201,11 @@ def test_launcher_spawns_ranks_and_propagates_a_failure(tmp_path: Path) -> None:
     assert [r["step"] for r in read_records(tmp_path)] == [1, 2]  # rank 0 stopped waiting for rank 1
 
 
-def _step_dirs(ckpt: Path) -> dict[str, tuple[bool, float]]:
-    """Every step directory -> (committed, its marker's mtime or 0)."""
-    return {p.name: ((p / COMMIT_MARKER).is_file(),
-                     (p / COMMIT_MARKER).stat().st_mtime if (p / COMMIT_MARKER).is_file() else 0.0)
+def _step_dirs(ckpt: Path) -> dict[str, dict[str, tuple[int, int]]]:
+    """Every step directory (committed or not, the gangs' private ones included) -> each file in it -> (size,
+    mtime in ns): what a write, removal or rewrite by any gang changes."""
+    return {p.name: {str(f.relative_to(p)): (f.stat().st_size, f.stat().st_mtime_ns)
+                     for f in sorted(p.rglob("*")) if f.is_file()}
             for p in sorted(ckpt.glob("step-*"))}
 
 
@@ -215,13 +216,16 @@ def test_a_frozen_stale_generation_never_writes_beside_the_newer_one(tmp_path: P
     spec = tiny_spec(maxSteps=40, checkpoint={"everySteps": 4, "keep": 100})
     env = {"KUBETRAIN_CHECKPOINT_DIR": str(ckpt), "KUBETRAIN_RUN_ID": "run-a"}
     old = Gang(tmp_path / "gen0", spec, world_size=1, env=env)
-    wait_for(lambda: len(complete_checkpoints(ckpt)) >= 1, 180, interval=0.02, what="generation 0's first commit")
+    # Frozen once its second save has begun: most often in the middle of writing step 8, the window in which a
+    # thawed gang could otherwise write into, or remove, the step the newer gang committed meanwhile.
+    wait_for(lambda: any(ckpt.glob("step-00000008*")), 180, interval=0.002, what="generation 0's second save")
     old.signal(signal.SIGSTOP)
     try:
         new = Gang(tmp_path / "gen1", spec, world_size=1, generation=1, env=env).wait()
         assert new.exit_codes == [0], new.log()[-3000:]
         before = _step_dirs(ckpt)
-        assert before and all(done for done, _ in before.values()), before
+        assert list(before) == [f"step-{n:08d}" for n in range(4, 41, 4)], list(before)
+        assert all(COMMIT_MARKER in files for files in before.values()), before
     finally:
         old.signal(signal.SIGCONT)
     stale = old.wait()

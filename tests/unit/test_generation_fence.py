@@ -10,7 +10,7 @@ import pytest
 from support.process_group import gloo_world_of_one
 
 from kubetrain.core.progress import COMMIT_MARKER
-from kubetrain.trainer.checkpoint.directory import TrainerState, commit_checkpoint
+from kubetrain.trainer.checkpoint.directory import TrainerState, commit_checkpoint, prepare_dir, writing_name
 from kubetrain.trainer.checkpoint.fence import FENCE_FILE, Fence, StaleGeneration, on_directory, parse, stale_reason
 
 RUN = "3f9c-uid"
@@ -99,3 +99,68 @@ def test_a_stale_commit_writes_nothing_where_a_newer_gang_started(tmp_path: Path
         commit_checkpoint(tmp_path, step, TrainerState(step=8), keep=3,
                           before_commit=lambda: old.check(what="commit of step 8"))
     assert not step.exists()
+
+
+def _committed_by_the_newer_gang(root: Path, step: int) -> Path:
+    final = root / f"step-{step:08d}"
+    (final / "rng").mkdir(parents=True)
+    (final / "rng" / "rank-00000.pt").write_bytes(b"newer")
+    (final / COMMIT_MARKER).write_text("{}\n")
+    return final
+
+
+def _private_save(root: Path, step: int, gang: Fence, content: bytes) -> Path:
+    """What a gang's ranks leave before rank 0 commits: every part in the gang's private directory."""
+    path = prepare_dir(root, step, writing_name(gang))
+    (path / "rng").mkdir()
+    (path / "rng" / "rank-00000.pt").write_bytes(content)
+    return path
+
+
+def test_a_stale_gang_that_passed_the_fence_never_replaces_a_newer_commit(tmp_path: Path) -> None:
+    """Frozen after its last fence check (the check and the commit are not atomic), thawed once the newer gang
+    committed the same step: the rename is refused, the newer checkpoint stays byte for byte, and the stale
+    gang's private directory goes."""
+    old, new = on_directory(tmp_path, Fence(RUN, 0)), on_directory(tmp_path, Fence(RUN, 1))
+    old.claim()
+    with gloo_world_of_one():
+        mine = _private_save(tmp_path, 8, Fence(RUN, 0), b"stale")
+        new.claim()
+        final = _committed_by_the_newer_gang(tmp_path, 8)
+        marker = (final / COMMIT_MARKER).stat().st_mtime_ns
+        checks = iter([None, None])  # the two checks before the marker pass: read before the newer gang claimed
+
+        def check() -> None:
+            if next(checks, "late") == "late":
+                old.check(what="commit of step 8")
+
+        with pytest.raises(StaleGeneration, match="commit of step 8"):
+            commit_checkpoint(tmp_path, mine, TrainerState(step=8), keep=3, before_commit=check)
+    assert (final / "rng" / "rank-00000.pt").read_bytes() == b"newer"
+    assert (final / COMMIT_MARKER).stat().st_mtime_ns == marker
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000008"]
+
+
+def test_a_save_is_written_aside_and_committed_by_rename(tmp_path: Path) -> None:
+    """Until the rename, the step's own directory does not exist: a frozen gang writing a step holds nothing a
+    newer gang's save of that step would share, and resume never sees a half-written step."""
+    with gloo_world_of_one():
+        path = _private_save(tmp_path, 4, Fence(RUN, 0), b"mine")
+        assert path.name.startswith("step-00000004.writing-g0-")
+        assert len({writing_name(Fence(RUN, 0)), writing_name(Fence(RUN, 1)), writing_name(Fence("other", 0))}) == 3
+        assert not (tmp_path / "step-00000004").exists()
+        final = commit_checkpoint(tmp_path, path, TrainerState(step=4), keep=3)
+    assert final == tmp_path / "step-00000004"
+    assert (final / COMMIT_MARKER).is_file() and (final / "rng" / "rank-00000.pt").read_bytes() == b"mine"
+    assert not path.exists()
+
+
+def test_the_same_step_committed_first_by_an_older_gang_stands(tmp_path: Path) -> None:
+    """The other order: the old gang's commit landed first (accepted: a complete checkpoint of the same step).
+    The current gang keeps it, says so, and leaves no private directory behind."""
+    with gloo_world_of_one():
+        final = _committed_by_the_newer_gang(tmp_path, 8)
+        mine = _private_save(tmp_path, 8, Fence(RUN, 1), b"current")
+        assert commit_checkpoint(tmp_path, mine, TrainerState(step=8), keep=3) == final
+    assert (final / "rng" / "rank-00000.pt").read_bytes() == b"newer"
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000008"]

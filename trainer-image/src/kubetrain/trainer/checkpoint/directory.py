@@ -1,15 +1,19 @@
-"""Checkpoint directories: ``<dir>/step-NNNNNNNN/`` committed by an atomic ``COMMITTED`` marker.
+"""Checkpoint directories: ``<dir>/step-NNNNNNNN/`` committed by an atomic rename.
 
-Every rank writes its part (the engine's model/optimizer state, its own RNG file);
-once every rank's part is written (a barrier; for a background write, background.py)
-rank 0 writes the trainer state and then the marker with temp-file + ``os.replace``.
-A directory without the marker (a save cut off by a crash) is ignored on resume and
-removed by the next commit.
+Every rank writes its part (the engine's model/optimizer state, its own RNG file) into a directory private to
+its gang, ``step-NNNNNNNN.writing-<gang>``; once every rank's part is written (a barrier; for a background
+write, background.py) rank 0 writes the trainer state and the ``COMMITTED`` marker into it and renames it to
+``step-NNNNNNNN``. The rename never replaces a committed directory, so a gang that runs on beside a newer one
+(a node cut off from the API server) can never remove, rewrite or tear a checkpoint the newer gang committed.
+A private directory left by a crash is ignored on resume and removed by a later commit.
+Ephemeral checkpoints (a directory per pod, nobody else writing there) are written in place.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import random
 import shutil
 import time
@@ -24,11 +28,14 @@ import torch.distributed as dist
 
 from kubetrain.core.contract import format_time
 from kubetrain.core.progress import COMMIT_MARKER, atomic_write_text, checkpoint_dirname, complete_checkpoints
+from kubetrain.trainer.checkpoint.fence import Fence
 from kubetrain.trainer.checkpoint.safe_load import safe_load
 from kubetrain.trainer.config import ConfigError
 
 if TYPE_CHECKING:
     from kubetrain.trainer.checkpoint.savable import Savable
+
+log = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer.json"
 BEST_EVAL = "best-eval.json"
@@ -79,57 +86,106 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(root: Path, engine: Savable, state: TrainerState, keep: int, shared: bool = True,
-                    before_commit: Callable[[], None] | None = None) -> Path:
+                    before_commit: Callable[[], None] | None = None, writing: str | None = "writing") -> Path:
     """Collective: every rank calls it. Returns the committed directory. `shared`: the directory is
     one for all workers, so rank 0 requires every rank's part in it before committing. `before_commit`: rank 0
-    calls it just before it commits (the generation fence's check, which raises to stop the commit)."""
-    path = prepare_dir(root, state.step)
+    calls it just before it commits (the generation fence's check, which raises to stop the commit). `writing`:
+    the suffix of the gang's private directory (writing_name), None to write in place (ephemeral)."""
+    path = prepare_dir(root, state.step, writing)
     engine.save(path)
     save_rng(path)
     dist.barrier()
     if dist.get_rank() == 0:
         commit_checkpoint(root, path, state, keep, shared, before_commit)
-    return path
+    return root / checkpoint_dirname(state.step)
 
 
-def prepare_dir(root: Path, step: int) -> Path:
-    """Collective: the step's directory, created by rank 0 before any rank writes into it."""
-    path = root / checkpoint_dirname(step)
+def writing_name(gang: Fence | None) -> str:
+    """The suffix of a gang's private step directories: one per run and generation (two gangs never share one)."""
+    if gang is None:
+        return "writing"
+    return f"writing-g{gang.generation}-{hashlib.sha256(gang.run.encode()).hexdigest()[:10]}"
+
+
+def dir_written(root: Path, step: int, writing: str | None) -> Path:
+    """Where a save of `step` is written: ``step-NNNNNNNN.<writing>``, or the step's own with `writing` None."""
+    return root / (checkpoint_dirname(step) if writing is None else f"{checkpoint_dirname(step)}.{writing}")
+
+
+def prepare_dir(root: Path, step: int, writing: str | None = None) -> Path:
+    """Collective: the directory this gang writes the step into, created by rank 0 before any rank writes into
+    it: ``step-NNNNNNNN.<writing>``, private to the gang, or with `writing` None the step's own (ephemeral
+    checkpoints: each pod has a directory of its own, where rank 0 created nothing)."""
+    path = dir_written(root, step, writing)
     if dist.get_rank() == 0:
-        if path.exists():  # a torn save of the same step from an earlier generation
+        if path.exists():  # this gang's own torn save of the same step (a failed attempt)
             shutil.rmtree(path)
         path.mkdir(parents=True)
     dist.barrier()
-    # Ephemeral checkpoints: each pod has a directory of its own, where rank 0 created nothing.
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def save_rng(path: Path) -> None:
     """This rank's RNG file: the part rank 0 requires before it commits (a synchronous save writes it after
-    the engine state; a background one after staging, and commits only once every rank's write finished)."""
+    the engine state; a background one before staging, and commits only once every rank's write finished)."""
     (path / "rng").mkdir(exist_ok=True)
     torch.save(rng_state(), path / "rng" / f"rank-{dist.get_rank():05d}.pt")
 
 
 def commit_checkpoint(root: Path, path: Path, state: TrainerState, keep: int, shared: bool = True,
-                      before_commit: Callable[[], None] | None = None) -> None:
-    """Rank 0, once every rank's part of `path` is written: trainer.json, the COMMITTED marker,
-    best-eval.json when this is the best evaluation's checkpoint, then pruning. `state`: as of the saved step.
-    `before_commit` (the generation fence's check) runs before anything is written, and again right before the
-    marker, after the wait for the parts (up to VISIBLE_WITHIN_SECONDS), during which a newer gang may start."""
-    if before_commit is not None:
-        before_commit()
-    atomic_write_text(path / TRAINER_STATE, json.dumps(asdict(state), indent=1))
-    if shared:
-        require_every_part(path, dist.get_world_size())
-    if before_commit is not None:
-        before_commit()
-    atomic_write_text(path / COMMIT_MARKER, json.dumps(commit_marker(state)) + "\n")
+                      before_commit: Callable[[], None] | None = None) -> Path:
+    """Rank 0, once every rank's part of `path` is written: trainer.json and the COMMITTED marker, the rename to
+    the step's directory, best-eval.json when this is the best evaluation's checkpoint, then pruning. Returns
+    the committed directory. `state`: as of the saved step. `before_commit` (the generation fence's check) runs
+    before anything is written, and again right before the marker, after the wait for the parts (up to
+    VISIBLE_WITHIN_SECONDS), during which a newer gang may start. A private directory that is not committed
+    (refused or failed) is removed: nothing of a stale gang stays behind."""
+    check = before_commit if before_commit is not None else _no_check
+    try:
+        check()
+        atomic_write_text(path / TRAINER_STATE, json.dumps(asdict(state), indent=1))
+        if shared:
+            require_every_part(path, dist.get_world_size())
+        check()
+        atomic_write_text(path / COMMIT_MARKER, json.dumps(commit_marker(state)) + "\n")
+        final = publish(root, path, state.step, check)
+    except BaseException:
+        if path.name != checkpoint_dirname(state.step):
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     best = (state.best_eval or {}).get("step")
     if best == state.step:
-        atomic_write_text(root / BEST_EVAL, json.dumps({**(state.best_eval or {}), "path": path.name}) + "\n")
+        atomic_write_text(root / BEST_EVAL, json.dumps({**(state.best_eval or {}), "path": final.name}) + "\n")
     prune(root, keep, best)
+    return final
+
+
+def _no_check() -> None:
+    return None
+
+
+def publish(root: Path, path: Path, step: int, check: Callable[[], None]) -> Path:
+    """Rename the complete private directory `path` to the step's own. Never over a committed one: where the step
+    is committed already, `check` runs once more (a stale gang stops here) and this gang's copy goes (another
+    gang committed the same step first; the first commit stands)."""
+    final = root / checkpoint_dirname(step)
+    if path == final:
+        return final
+    try:
+        path.rename(final)
+        return final
+    except OSError:
+        if not final.is_dir():
+            raise
+    if not (final / COMMIT_MARKER).is_file():  # torn, written in place by an earlier version of the trainer
+        shutil.rmtree(final)
+        path.rename(final)
+        return final
+    check()
+    log.warning("checkpoint step %d was committed by another gang of this run first; keeping that one", step)
+    shutil.rmtree(path, ignore_errors=True)
+    return final
 
 
 def commit_marker(state: TrainerState) -> dict[str, Any]:

@@ -5,9 +5,11 @@ partitioned from the API server keeps its containers, and they keep training and
 directory (or bucket). So the durable tier holds one small file, ``GENERATION``: the job run and the newest
 generation that started on it. Rank 0 claims it when its gang starts and reads it again just before it
 creates a step directory and before it writes ``COMMITTED``; a gang of an older generation of the same run
-then stops with StaleGeneration instead of writing. The check and the write that follows are not atomic:
-an old gang that read the fence a moment before the new gang claimed it may still commit that one step, a
-complete checkpoint of its own that resume may load, never a torn one.
+then stops with StaleGeneration instead of writing. The check and the write that follows are not atomic, so
+the fence alone does not keep a frozen gang's late writes out: each gang writes into step directories private
+to it and commits by a rename that never replaces a committed directory (directory.py). An old gang that read
+the fence a moment before the new gang claimed it may still commit that one step where the new gang has not
+yet: a complete checkpoint of its own that resume may load, never a torn one, and never over the new gang's.
 
 A different run (the job deleted and created again with the same storage, or a new local run) takes the
 directory over: its first start overwrites the fence, and a gang of the earlier run then finds itself stale.

@@ -47,12 +47,14 @@ from kubetrain.trainer.checkpoint.budget import GangPlan, PodMemory, RankNeed, o
 from kubetrain.trainer.checkpoint.directory import (
     TrainerState,
     commit_checkpoint,
+    dir_written,
     load_checkpoint,
     prepare_dir,
     save_checkpoint,
     save_rng,
+    writing_name,
 )
-from kubetrain.trainer.checkpoint.fence import Fence, GenerationFence, on_directory
+from kubetrain.trainer.checkpoint.fence import Fence, GenerationFence, StaleGeneration, on_directory
 from kubetrain.trainer.checkpoint.memory import MemoryTier, Offer, choose_tier, common_step, estimate_bytes
 from kubetrain.trainer.checkpoint.object_store import (
     FIELD,
@@ -291,19 +293,46 @@ class CheckpointManager:
             state.best_eval = {"step": state.step, "loss": state.eval_loss}
         self._finish_in_flight()
         _agree(_shared_call(lambda: self.fence.check(what=f"step {state.step}"))[1] if dist.get_rank() == 0 else None)
-        if self.writer is not None and not save_waits_for_its_write(final=final, stopping=stopping):
-            self._start(self.writer, state, t0)
-            return None
-        if self.store is not None:
-            path: Path | str = self._save_to_store(self.store, state)
-        else:  # ephemeral checkpoints sit in each pod's own directory: nothing to require of the others
-            path = save_checkpoint(self.root, self.engine, state, self.policy.keep, shared=not self.policy.ephemeral,
-                                   before_commit=lambda: self.fence.check(what=f"commit of step {state.step}"))
+        try:
+            if self.writer is not None and not save_waits_for_its_write(final=final, stopping=stopping):
+                self._start(self.writer, state, t0)
+                return None
+            path = self._save_now(state)
+        except Exception as exc:
+            self._explain_if_stale(exc, f"step {state.step}", state.step)
+            raise
         seconds = time.perf_counter() - t0
         self._committed(state, path, seconds)
         if dist.get_rank() == 0:
             log.info("checkpoint step %d committed in %.3f s: %s", state.step, seconds, path)
         return path
+
+    def _save_now(self, state: TrainerState) -> Path | str:
+        """Collective, synchronous: write and commit ``state.step``; where it is committed."""
+        if self.store is not None:
+            return self._save_to_store(self.store, state)
+        # ephemeral checkpoints sit in each pod's own directory: nothing to require of the others
+        return save_checkpoint(self.root, self.engine, state, self.policy.keep, shared=not self.policy.ephemeral,
+                               before_commit=lambda: self.fence.check(what=f"commit of step {state.step}"),
+                               writing=self._writing)
+
+    @property
+    def _writing(self) -> str | None:
+        """The suffix of this gang's private step directories in ``root``; None: saves are written in place."""
+        return None if self.policy.ephemeral or self.store is not None else writing_name(self.fence_id)
+
+    def _explain_if_stale(self, exc: Exception, what: str, step: int) -> None:
+        """A write into the durable tier failed: on rank 0 StaleGeneration instead where a newer generation took
+        the checkpoints over (its pruning removes what a stale gang was writing, so the write fails first), and
+        nothing of this gang's save of ``step`` left beside the newer gang's checkpoints."""
+        if dist.get_rank() != 0 or isinstance(exc, StaleGeneration):
+            return
+        try:
+            self.fence.check(what=what)
+        except StaleGeneration:
+            if self._writing is not None:
+                shutil.rmtree(dir_written(self.root, step, self._writing), ignore_errors=True)
+            raise
 
     def _save_to_store(self, store: Bucket, state: TrainerState) -> str:
         """Collective, synchronous: every rank writes its part to its own directory and uploads it; once all
@@ -325,9 +354,9 @@ class CheckpointManager:
         directory this write went to)."""
         try:
             return self.in_flight is not None and self.in_flight.finished()
-        except CheckpointWriteError:
-            if dist.get_rank() == 0 and self.in_flight is not None:
-                self.fence.check(what=f"background write of step {self.in_flight.step}")
+        except CheckpointWriteError as exc:
+            if self.in_flight is not None:
+                self._explain_if_stale(exc, f"background write of step {self.in_flight.step}", self.in_flight.step)
             raise
 
     def after_step(self, finished_ranks: int) -> Path | str | None:
@@ -351,9 +380,14 @@ class CheckpointManager:
 
     def _start(self, writer: DcpWriter, state: TrainerState, t0: float) -> None:
         """Stage this rank's part of ``state.step`` and start writing it; returns once training may go on."""
-        path = prepare_dir(self.root, state.step) if self.store is None else fresh_step_dir(self.staging, state.step)
-        future = self.engine.save_async(path, writer)
+        if self.store is not None:
+            path = fresh_step_dir(self.staging, state.step)
+        else:
+            path = prepare_dir(self.root, state.step, self._writing)
+        # Everything written in the foreground goes first: once the background write runs, a failure here would
+        # leave it writing (and creating its directory again) after a stale gang removed what it had begun.
         save_rng(path)
+        future = self.engine.save_async(path, writer)
         if self.store is not None:  # "finished" is "written and uploaded"
             future = self.store.upload_after(future, path, state.step)
         now = time.perf_counter()
@@ -372,16 +406,18 @@ class CheckpointManager:
     def _commit_in_flight(self) -> Path | str:
         job, self.in_flight = self.in_flight, None
         assert job is not None
-        where: Path | str = job.path
+        where: Path | str
         if self.store is not None:
             where = self.store.step_uri(job.step)
             if dist.get_rank() == 0:
                 self.fence.check(what=f"commit of step {job.step}")
                 self.store.commit(job.path, job.state, self.policy.keep, dist.get_world_size())
             drop_staged(self.staging, job.step)
-        elif dist.get_rank() == 0:
-            commit_checkpoint(self.root, job.path, job.state, self.policy.keep, shared=not self.policy.ephemeral,
-                              before_commit=lambda: self.fence.check(what=f"commit of step {job.step}"))
+        else:
+            where = self.root / checkpoint_dirname(job.step)
+            if dist.get_rank() == 0:
+                commit_checkpoint(self.root, job.path, job.state, self.policy.keep, shared=not self.policy.ephemeral,
+                                  before_commit=lambda: self.fence.check(what=f"commit of step {job.step}"))
         if dist.get_rank() == 0:
             log.info("checkpoint step %d committed: write took %.2f s", job.step, job.write_seconds())
         self._committed(job.state, where, job.stall)

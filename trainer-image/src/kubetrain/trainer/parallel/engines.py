@@ -352,10 +352,11 @@ class TorchEngine(Engine):
 
     def save_async(self, path: Path, writer: StateWriter) -> Future[Any]:
         """Stage the model/optimizer state into CPU memory and write it to ``path/dcp`` in the background
-        (the future); the small parts (scheduler, scaler, compression state) are written now."""
-        future = writer.write(self._state(), path / "dcp")
+        (the future); the small parts (scheduler, scaler, compression state) are written now, first: where
+        ``path`` is gone (a newer gang pruned a stale gang's save) the save fails before any write runs on in
+        the background, which would create the directory again."""
         self._save_small(path)
-        return future
+        return writer.write(self._state(), path / "dcp")
 
     def _save_small(self, path: Path) -> None:
         if dist.get_rank() == 0:
