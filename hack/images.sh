@@ -10,6 +10,7 @@
 #   hack/images.sh ctr ARG...             ctr on the node's containerd, namespace k8s.io (images ls, run)
 #   hack/images.sh registry               print REGISTRY: the test cluster's registry as the node reaches it
 #   hack/images.sh fingerprint DOCKERFILE CONTEXT [EXTRA...]   print what a build's skip is decided on
+#   hack/images.sh served REGISTRY REPOSITORY TAG   the digest REGISTRY serves for it, or nothing
 #   hack/images.sh prune                  drop superseded images (every build ends with this; see Disk)
 #
 # When the test cluster's registry runs (hack/registry.sh, started by cluster-up), the images built are
@@ -249,7 +250,7 @@ push_image() {
   stamp="$(stamp_file push "$ref")"
   curl -fsS -o /dev/null --max-time 2 "http://${REGISTRY}/v2/" 2>/dev/null || {
     log "no registry at ${REGISTRY} (hack/registry.sh start): ${1} not pushed"; return 0; }
-  served="$(registry_digest "$2" "${1##*:}")"
+  served="$(registry_digest "$REGISTRY" "$2" "${1##*:}")"
   if [[ -n "$served" && "$(cat "$stamp" 2>/dev/null)" == "$(image_id "$1") ${served}" ]]; then
     log "${ref} is up to date (${served:0:19}): the registry serves what was pushed for this image"
     return
@@ -259,18 +260,20 @@ push_image() {
     | bld bud --isolation chroot --pull=never --layers -q -f - -t "$ref" "$REPO_ROOT" >/dev/null
   with_progress "pushing ${ref}" \
     skopeo copy -q --dest-tls-verify=false --dest-compress-format zstd "${STORAGE_REF}${ref}" "docker://${ref}"
-  served="$(registry_digest "$2" "${1##*:}")"
+  served="$(registry_digest "$REGISTRY" "$2" "${1##*:}")"
   mkdir -p "$STAMPS"
   [[ -z "$served" ]] || echo "$(image_id "$1") ${served}" > "$stamp"
   log "  pushed ${ref} ($(image_id "$ref" | cut -c1-19)) in $((SECONDS - start))s"
 }
 
-# registry_digest <repository> <tag>: the manifest digest the registry serves for it, or nothing.
+# registry_digest <registry> <repository> <tag>: the manifest digest the registry serves for it, or nothing
+# (status 0 either way: a first push finds the tag unknown, a 404).
 registry_digest() {
-  curl -fsSI --max-time 5 -H "Accept: application/vnd.oci.image.manifest.v1+json" \
+  local headers
+  headers="$(curl -fsSI --max-time 5 -H "Accept: application/vnd.oci.image.manifest.v1+json" \
     -H "Accept: application/vnd.docker.distribution.manifest.v2+json" \
-    "http://${REGISTRY}/v2/$1/manifests/$2" 2>/dev/null \
-    | tr -d '\r' | awk -F': ' 'tolower($1) == "docker-content-digest" {print $2}'
+    "http://$1/v2/$2/manifests/$3" 2>/dev/null)" || return 0
+  tr -d '\r' <<<"$headers" | awk -F': ' 'tolower($1) == "docker-content-digest" {print $2}'
 }
 
 import_blobs() {  # import_blobs <oci layout> <blob>...: the layout with only those blobs into the node's containerd
@@ -376,6 +379,7 @@ main() {
     ctr) ctr_node "${want[@]:1}"; return ;;
     registry) echo "$REGISTRY"; return ;;
     fingerprint) fingerprint "${want[@]:1}"; return ;;
+    served) registry_digest "${want[@]:1}"; return ;;
     prune) prune_everywhere; return ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; return ;;
   esac

@@ -6,10 +6,12 @@ The builds themselves are tested by tests/integration/test_helm_image.py whereve
 
 from __future__ import annotations
 
+import http.server
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,31 @@ def test_the_fingerprint_follows_every_copied_file_and_nothing_else(tmp_path: Pa
         now = fingerprint("arg=1")
         assert now not in seen
         seen.add(now)
+
+
+class _Registry(http.server.BaseHTTPRequestHandler):
+    """A registry's manifest HEAD: one known tag, 404 for the rest (an image never pushed)."""
+
+    def do_HEAD(self) -> None:
+        known = self.path == "/v2/kubetrain-trainer/manifests/0.1.0"
+        self.send_response(200 if known else 404)
+        if known:
+            self.send_header("Docker-Content-Digest", "sha256:" + "ab" * 32)
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_a_tag_the_registry_does_not_serve_is_nothing_not_a_failure() -> None:
+    """A first push asks the registry for a tag it has never had (404): the script goes on to push it."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Registry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    registry = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        known = _script("served", registry, "kubetrain-trainer", "0.1.0")
+        unknown = _script("served", registry, "kubetrain-operator", "0.1.0")
+    finally:
+        server.shutdown()
+    assert (known.returncode, known.stdout) == (0, "sha256:" + "ab" * 32 + "\n"), known.stderr
+    assert (unknown.returncode, unknown.stdout) == (0, ""), unknown.stderr
