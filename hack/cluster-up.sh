@@ -136,8 +136,11 @@ EOF
 launch() {  # launch <component> <binary> args...
   local name="$1"; shift
   log "starting ${name}"
-  # setsid: own process group, so cluster-down can stop it and nothing else.
-  setsid "$@" >"${D}/logs/${name}.log" 2>&1 < /dev/null &
+  # setsid: own process group, so cluster-down can stop it and nothing else. GOGC: the control plane shares
+  # two cores with the suite's training and a fifth of the API server's CPU went to Go's collector at the
+  # default (100); a larger heap (GOMEMLIMIT bounds it) buys that CPU back.
+  GOGC="${KUBETRAIN_CONTROL_PLANE_GOGC:-400}" GOMEMLIMIT="${KUBETRAIN_CONTROL_PLANE_GOMEMLIMIT:-2GiB}" \
+    setsid "$@" >"${D}/logs/${name}.log" 2>&1 < /dev/null &
   echo $! > "${D}/pids/${name}.pid"
 }
 
