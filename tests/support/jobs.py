@@ -46,12 +46,18 @@ class TrainingJobs:
 
     def wait_status(self, name: str, check: StatusCheck, timeout: float = 60, what: str = "", *,
                     interval: float = 0.1) -> dict[str, Any]:
-        """The job's status once ``check(status)`` is truthy; on timeout the failure says what ``explain`` does."""
+        """The job's status once ``check(status)`` is truthy; on timeout the failure's first line (all that a CI
+        summary shows) ends with ``headline``, and the lines after it say what ``explain`` does."""
         try:
             return wait_for(lambda: (s := self.status(name)) and check(s) and s, timeout, what=what or name,
                             interval=interval)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{self.explain(name)}") from exc
+            raise AssertionError(f"{exc} | {self.headline(name)}\n{self.explain(name)}") from exc
+
+    def headline(self, name: str) -> str:
+        """The job's phase, restarts and message in one line."""
+        st = self.status(name)
+        return " ".join(f"{k}={st.get(k)}" for k in ("phase", "restartCount", "failures", "message") if st.get(k))
 
     def explain(self, name: str) -> str:
         """The job's status and the operator's log tail, for failure messages."""

@@ -2,6 +2,7 @@
 commands that cannot start, the file the operator ships in a job's ConfigMap, local command rewriting."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -448,7 +449,9 @@ def test_the_configmap_launcher_finds_a_silent_rank_saves_every_stack_and_exits_
     assert time.monotonic() - t0 < 30
     lines = [line for line in err.splitlines() if "hang:" in line]
     assert "rank 1 is in stuck_in_the_data_loader (<string>:9) at step 3" in lines[0], lines
-    assert lines[0].endswith("rank 0 waits in <module> (<string>:14)"), lines  # it kept beating: it is not odd
+    # Rank 0 kept beating: it is not odd, and "waits" wherever its stack was taken: mostly in the sleep
+    # between beats (line 14), under load at times inside a beat's write.
+    assert re.search(r"rank 0 waits in (<module> \(<string>:14\)|beat \(<string>:\d+\))$", lines[0]), lines
     saved = tmp_path / "hangs" / "gen-2"
     assert sorted(f.name for f in saved.iterdir()) == ["rank-0.txt", "rank-1.txt"]
     assert 'line 9 in stuck_in_the_data_loader' in (saved / "rank-1.txt").read_text()
