@@ -8,8 +8,8 @@ a save every 20 steps) runs as 2 gloo processes on CPU (tests/support/trainer_ha
 for ``--steps`` steps, in each of ``--modes`` (default: the first three), one after the other per repeat: saves every ``--every`` steps
 written synchronously (``sync``), the same written in the background (``async``), and no save but the last
 one (``none``: the step time without saves); ``s3`` is ``async`` with checkpoint.uri on a bucket of a private
-SeaweedFS server (tests/support/objectstore.py's WeedServer on loopback, its `weed` built by
-`hack/build.sh seaweedfs`): the background writer uploads through s3fs instead of writing local files.
+S3Proxy server (tests/support/objectstore.py's ObjectStoreServer on loopback, its jar fetched by
+`hack/build.sh s3proxy`): the background writer uploads through s3fs instead of writing local files.
 
 - **Stall per save**: how long rank 0's loop was stopped by a save, as the trainer measures and logs it
   ("checkpoint step N staged in X s" / "committed in X s": the wait for the previous write, the directory
@@ -41,12 +41,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from support.objectstore import REGION, ObjectStore, WeedServer, weed_binary
+from support.objectstore import REGION, ObjectStore, ObjectStoreServer, s3proxy_jar
 from support.paths import EXAMPLE_DATA, QUICKSTART  # bench/support: a link to tests/support
 from support.trainer_harness import Gang, Run
 
 MODES = ("none", "sync", "async", "s3")
-DEFAULT_MODES = "none,sync,async"  # s3 needs `weed` built
+DEFAULT_MODES = "none,sync,async"  # s3 needs S3Proxy fetched and Java
 STALL_LINE = re.compile(r"checkpoint step (\d+) (?:staged|committed) in ([0-9.]+) ?s")
 WRITE_LINE = re.compile(r"checkpoint step (\d+) committed: write took ([0-9.]+) ?s")
 
@@ -157,7 +157,7 @@ def modes_arg(value: str) -> list[str]:
     return modes
 
 
-def run_repeats(args: argparse.Namespace, server: WeedServer | None) -> list[dict[str, Any]]:
+def run_repeats(args: argparse.Namespace, server: ObjectStoreServer | None) -> list[dict[str, Any]]:
     runs = []
     for i in range(args.repeats):
         for mode in args.modes:
@@ -174,11 +174,11 @@ def run_repeats(args: argparse.Namespace, server: WeedServer | None) -> list[dic
 
 
 def with_server(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The repeats, with a SeaweedFS server on loopback for the s3 mode's buckets while they run."""
+    """The repeats, with an S3Proxy server on loopback for the s3 mode's buckets while they run."""
     if "s3" not in args.modes:
         return run_repeats(args, None)
-    with tempfile.TemporaryDirectory(prefix="kt-stall-weed-") as tmp:
-        server = WeedServer(weed_binary(), Path(tmp)).start()
+    with tempfile.TemporaryDirectory(prefix="kt-stall-s3-") as tmp:
+        server = ObjectStoreServer(s3proxy_jar(), Path(tmp)).start()
         try:
             return run_repeats(args, server)
         finally:

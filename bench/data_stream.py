@@ -4,8 +4,8 @@
         [--wait-ms 10] [--throttle-mbps 16] [--out bench/results/X.json]
 
 ``--shards`` uint16 ``.bin`` shards of ``--shard-tokens`` random token ids are uploaded to a fresh bucket of a
-private SeaweedFS server on loopback (tests/support/objectstore.py's WeedServer, its `weed` built by
-`hack/build.sh seaweedfs`). In this one process (no process group: the trainer's data pieces are called
+private S3Proxy server on loopback (tests/support/objectstore.py's ObjectStoreServer, its jar fetched by
+`hack/build.sh s3proxy`). In this one process (no process group: the trainer's data pieces are called
 directly, as tests/unit/test_data_stream.py does), data-parallel rank 0 of ``--ranks`` produces the
 micro-batches of ``--steps`` optimizer steps (microBatchSize 8, seqLen 1024, gradientAccumulationSteps 1:
 8 × 1024 tokens per step), each step one timed ``micro_batches`` call, from:
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from support.objectstore import REGION, ObjectStore, WeedServer, weed_binary  # bench/support: tests/support
+from support.objectstore import REGION, ObjectStore, ObjectStoreServer, s3proxy_jar  # bench/support: tests/support
 
 from kubetrain.core.api import TrainingJobSpec
 from kubetrain.trainer.data.s3 import file_system
@@ -188,7 +188,7 @@ def measure_stream(spec: TrainingJobSpec, cache: Path, args: argparse.Namespace,
     return {**summary(times, missed, opened + times[0], args.wait_ms / 1e3), "open_seconds": opened, **download_summary(store)}
 
 
-def run_modes(server: WeedServer, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+def run_modes(server: ObjectStoreServer, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     shards = make_shards(args.shards, args.shard_tokens)
     store = server.new_bucket()
     upload(store, shards)
@@ -232,7 +232,7 @@ def main() -> None:
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="kt-data-stream-") as tmp:
-        server = WeedServer(weed_binary(), Path(tmp) / "weed").start()
+        server = ObjectStoreServer(s3proxy_jar(), Path(tmp) / "s3").start()
         try:
             results = run_modes(server, args, Path(tmp))
         finally:

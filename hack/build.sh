@@ -5,7 +5,7 @@
 #
 # Components: etcd kwok kube-apiserver kube-controller-manager kube-scheduler kubectl
 #   and, for the real node: kubelet kube-proxy coredns local-path-provisioner pause
-#   and the host services: seaweedfs (the `weed` binary) registry
+#   and the host services: s3proxy (a jar fetched from Maven Central: hack/s3proxy/pin) registry
 #   and, only when named, the tools the tests use: helm kueue (also hack/helm/build.sh, hack/kueue/build.sh)
 # Output: ${KUBETRAIN_CACHE:-~/.cache/kubetrain}/bin/<component>-<version>/<component>
 # A component is rebuilt only when its directory is missing, i.e. when the
@@ -26,7 +26,7 @@ want=("$@")
 
 missing() {  # prints the wanted components whose binary is absent
   local c
-  for c in "$@"; do [[ -x "$(bin_path "$c")" ]] || echo "$c"; done
+  for c in "$@"; do [[ -f "$(bin_path "$c")" ]] || echo "$c"; done
 }
 
 k8s_ldflags() {  # the version stamps kube-* and kubectl report (`kubectl version`)
@@ -55,8 +55,9 @@ build() {
     coredns) go_binary "$c" "$out" "${HACK_DIR}/coredns" . "" ;;
     local-path-provisioner) go_binary "$c" "$out" "${HACK_DIR}/local-path" github.com/rancher/local-path-provisioner "" ;;
     pause) go_binary "$c" "$out" "${HACK_DIR}/pause" . "" ;;
-    seaweedfs)  # the largest module: ~6.5 min cold on 2 cores, ~2 GB of modules
-      go_binary "$c" "$out" "${HACK_DIR}/seaweedfs" github.com/seaweedfs/seaweedfs/weed "" ;;
+    s3proxy)
+      v="$(s3proxy_pin version)"
+      maven_jar "$c" "$out" "org/gaul/s3proxy/${v}/s3proxy-${v}-jar-with-dependencies.jar" "$(s3proxy_pin sha256)" ;;
     registry)
       go_binary "$c" "$out" "${HACK_DIR}/registry" github.com/distribution/distribution/v3/cmd/registry \
         "-X github.com/distribution/distribution/v3/version.version=$(registry_version)" ;;
@@ -81,10 +82,12 @@ if [[ ${#todo[@]} -eq 0 ]]; then
   exit 0
 fi
 total_start=$SECONDS
-command -v go >/dev/null || die "building ${todo[*]} needs Go >= 1.26 on PATH (https://go.dev/dl/)"
-go_minor="$(go env GOVERSION | sed -n 's/^go1\.\([0-9]*\).*/\1/p')"
-[[ -z "$go_minor" || "$go_minor" -ge 26 ]] || die "Go >= 1.26 needed, found $(go env GOVERSION)"
-log "building ${todo[*]} with $(go env GOVERSION)"
+if [[ "${todo[*]}" != s3proxy ]]; then  # every part but the fetched jar is a Go build
+  command -v go >/dev/null || die "building ${todo[*]} needs Go >= 1.26 on PATH (https://go.dev/dl/)"
+  go_minor="$(go env GOVERSION | sed -n 's/^go1\.\([0-9]*\).*/\1/p')"
+  [[ -z "$go_minor" || "$go_minor" -ge 26 ]] || die "Go >= 1.26 needed, found $(go env GOVERSION)"
+  log "building ${todo[*]} with $(go env GOVERSION)"
+fi
 for i in "${!todo[@]}"; do
   build "${todo[$i]}"
   left=("${todo[@]:$((i + 1))}")

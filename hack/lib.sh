@@ -34,7 +34,7 @@ etcd_version() { module_version "${HACK_DIR}/etcd" go.etcd.io/etcd/server/v3; }
 kwok_version() { module_version "${HACK_DIR}/kwok" sigs.k8s.io/kwok; }
 coredns_version() { module_version "${HACK_DIR}/coredns" github.com/coredns/coredns; }
 local_path_version() { module_version "${HACK_DIR}/local-path" github.com/rancher/local-path-provisioner; }
-seaweedfs_version() { module_version "${HACK_DIR}/seaweedfs" github.com/seaweedfs/seaweedfs; }
+s3proxy_pin() { sed -n "s/^$1=//p" "${HACK_DIR}/s3proxy/pin"; }  # s3proxy_pin version|sha256
 registry_version() { module_version "${HACK_DIR}/registry" github.com/distribution/distribution/v3; }
 # pause is ours (hack/pause): its version is a hash of its source, so an edit rebuilds it.
 pause_version() { cat "${HACK_DIR}"/pause/go.mod "${HACK_DIR}"/pause/main.go | sha256sum | cut -c1-12; }
@@ -104,28 +104,51 @@ take_lock() {
   echo "$$ $(date +%s) ${KUBETRAIN_BUILD_OWNER:-$0}" >"${lock}.owner"
 }
 
-# go_binary <name> <out> <module dir> <package> <ldflags>: `go build` <package> into <out> unless it is
-# there, under <out>'s lock (a second builder waits, then finds it built). Compiled packages are shared
-# through GOCACHE, modules through GOMODCACHE.
-go_binary() {
-  local name="$1" out="$2" dir="$3" pkg="$4" ldflags="$5" start lock fd
-  [[ -x "$out" ]] && return 0
-  command -v go >/dev/null || die "building ${name} needs Go >= 1.26 on PATH (https://go.dev/dl/)"
+# once_locked <name> <out> <command...>: run <command> (which makes <out>) unless <out> is there, under
+# <out>'s lock: a second builder waits, then finds it made.
+once_locked() {
+  local name="$1" out="$2" lock fd
+  shift 2
+  [[ -f "$out" ]] && return 0
   mkdir -p "$(dirname "$out")"
   lock="$(dirname "$out").lock"
   exec {fd}>>"$lock"
   take_lock "$fd" "$lock" "$name"
-  if [[ -x "$out" ]]; then
-    log "  ${name}: built meanwhile by the other build"
-  else
-    log "building ${name} from ${pkg} (module ${dir#"${REPO_ROOT}/"}) ..."
-    start=$SECONDS
-    with_progress "building ${name}" go_build_in "$dir" "$ldflags" "${out}.tmp" "$pkg" \
-      || die "building ${name} failed (go build ${pkg} in ${dir#"${REPO_ROOT}/"})"
-    mv "${out}.tmp" "$out"
-    log "  built ${out} in $((SECONDS - start))s"
-  fi
+  if [[ -f "$out" ]]; then log "  ${name}: made meanwhile by the other build"; else "$@"; fi
   exec {fd}>&-
+}
+
+# go_binary <name> <out> <module dir> <package> <ldflags>: `go build` <package> into <out> unless it is
+# there (once_locked). Compiled packages are shared through GOCACHE, modules through GOMODCACHE.
+go_binary() {
+  [[ -f "$2" ]] && return 0
+  command -v go >/dev/null || die "building $1 needs Go >= 1.26 on PATH (https://go.dev/dl/)"
+  once_locked "$1" "$2" _go_binary_now "$@"
+}
+
+_go_binary_now() {
+  local name="$1" out="$2" dir="$3" pkg="$4" ldflags="$5" start=$SECONDS
+  log "building ${name} from ${pkg} (module ${dir#"${REPO_ROOT}/"}) ..."
+  with_progress "building ${name}" go_build_in "$dir" "$ldflags" "${out}.tmp" "$pkg" \
+    || die "building ${name} failed (go build ${pkg} in ${dir#"${REPO_ROOT}/"})"
+  mv "${out}.tmp" "$out"
+  log "  built ${out} in $((SECONDS - start))s"
+}
+
+# maven_jar <name> <out> <path under the repository> <sha256>: a jar fetched from Maven Central (or
+# KUBETRAIN_MAVEN_URL) into <out> unless it is there (once_locked), checked against <sha256>.
+maven_jar() {
+  once_locked "$1" "$2" _maven_jar_now "$@"
+}
+
+_maven_jar_now() {
+  local name="$1" out="$2" url="${KUBETRAIN_MAVEN_URL:-https://repo1.maven.org/maven2}/$3" sum="$4" start=$SECONDS
+  log "fetching ${name} from ${url} ..."
+  with_progress "fetching ${name}" curl -fsSL --retry 3 -o "${out}.tmp" "$url" || die "fetching ${name} failed: ${url}"
+  echo "${sum}  ${out}.tmp" | sha256sum -c --status \
+    || { rm -f "${out}.tmp"; die "${name}: ${url} is not the pinned file (sha256 ${sum})"; }
+  mv "${out}.tmp" "$out"
+  log "  fetched ${out} ($(du -m "$out" | cut -f1) MiB) in $((SECONDS - start))s"
 }
 
 # The compiler's garbage collector at GOGC=400 (unless GOGC is set): a cold kwok build took 80.6 s instead of
@@ -144,7 +167,7 @@ bin_path() {
     coredns) v="$(coredns_version)" ;;
     local-path-provisioner) v="$(local_path_version)" ;;
     pause) v="$(pause_version)" ;;
-    seaweedfs) v="$(seaweedfs_version)" name=weed ;;
+    s3proxy) v="$(s3proxy_pin version)" name=s3proxy.jar ;;
     registry) v="$(registry_version)" ;;
     helm) v="$(module_version "${HACK_DIR}/helm" helm.sh/helm/v4)" ;;
     kueue) v="$(module_version "${HACK_DIR}/kueue" sigs.k8s.io/kueue)" ;;
@@ -165,12 +188,12 @@ pid_alive() {
 # What hack/build.sh builds: the control plane, and the real node's parts.
 CONTROL_PLANE=(etcd kwok kube-apiserver kube-controller-manager kube-scheduler kubectl)
 REAL_NODE_PARTS=(kubelet kube-proxy coredns local-path-provisioner pause)
-HOST_SERVICES=(seaweedfs registry)  # the object store and the image registry (hack/objectstore.sh, hack/registry.sh)
+HOST_SERVICES=(s3proxy registry)  # the object store and the image registry (hack/objectstore.sh, hack/registry.sh)
 # hack/prebuild.sh's order, by when `make test` (unit, then e2e, then integration) first needs each:
-# helm (the chart's unit tests), SeaweedFS (the e2e object-store tests), the cluster (the integration
+# helm (the chart's unit tests), S3Proxy (the e2e object-store tests), the cluster (the integration
 # tier's first test starts it, and cluster-up builds in this same order), then Kueue (its tests come last).
 # helm and kueue are built on first use otherwise (hack/helm/build.sh, hack/kueue/build.sh).
-PREBUILD_ORDER=(helm seaweedfs "${CONTROL_PLANE[@]}" "${REAL_NODE_PARTS[@]}" registry kueue)
+PREBUILD_ORDER=(helm s3proxy "${CONTROL_PLANE[@]}" "${REAL_NODE_PARTS[@]}" registry kueue)
 
 # The real nodes (kubelet + containerd on this machine): KUBETRAIN_REAL_NODES of them (default 2).
 # Node 1, `kubetrain-node`, lives in this machine's network namespace; node k >= 2,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build everything the test suite needs, once, up front, in the background: the Go binaries of the test
-# cluster and of the tools the tests run (helm, SeaweedFS, Kueue), and the operator and trainer images
+# cluster and of the tools the tests run (helm, Kueue), the object store's jar (S3Proxy), and the operator and trainer images
 # where this machine can build them. .ci/run and `make test` start it first thing; the tests, `make
 # cluster-up` and `make images` then find each part built, or wait for the one they need, saying so.
 #
@@ -52,7 +52,7 @@ images_wanted() {  # prints why not, and fails, where the images are not to be b
   why="$("${HACK_DIR}/images.sh" check 2>&1)" || { echo "${why##*ERROR: }"; return 1; }
 }
 
-go_part_present() { [[ -x "$(bin_path "$1")" ]]; }
+go_part_present() { [[ -f "$(bin_path "$1")" ]]; }
 
 # part <name> <command...>: one part of a lane, with its events and a line in the log.
 part() {

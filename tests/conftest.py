@@ -2,9 +2,9 @@
 
 Order: unit, then e2e, then integration (pytest would collect them alphabetically: e2e first), and the
 Kueue tests at the end of theirs. The tests that need nothing built run while hack/prebuild.sh builds in
-the background (.ci/run, `make test`): helm for the unit tier's chart tests comes first, SeaweedFS for
-the e2e tier next, the cluster for the integration tier, Kueue last. Each line the background build adds to its progress file (a part started
-or finished, with what is left) is printed in the test log between tests.
+the background (.ci/run, `make test`): helm for the unit tier's chart tests comes first, S3Proxy for
+the e2e tier next, the cluster for the integration tier, Kueue last. Each line the background build adds to
+its progress file (a part started or finished, with what is left) is printed in the test log between tests.
 """
 
 from __future__ import annotations
@@ -64,12 +64,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(scope="session")
-def object_store_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[objectstore.WeedServer]:
-    """One SeaweedFS `weed server` (S3 gateway on loopback) for the session; skipped where it cannot be built."""
+def object_store_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[objectstore.ObjectStoreServer]:
+    """One S3Proxy server (S3 on loopback) for the session; skipped where it cannot be fetched or run."""
     yield from objectstore.serve(tmp_path_factory.mktemp("objectstore"))
 
 
 @pytest.fixture
-def object_store(object_store_server: objectstore.WeedServer) -> objectstore.ObjectStore:
+def object_store(object_store_server: objectstore.ObjectStoreServer) -> objectstore.ObjectStore:
     """A fresh bucket of its own on the session's object store, with its endpoint URL and keys."""
     return object_store_server.new_bucket()

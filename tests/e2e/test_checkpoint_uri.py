@@ -1,4 +1,4 @@
-"""checkpoint.uri: durable checkpoints in S3-compatible object storage (a real SeaweedFS, tests/support/
+"""checkpoint.uri: durable checkpoints in S3-compatible object storage (a real S3 server, S3Proxy: tests/support/
 objectstore.py), 2 gloo processes on CPU, fsdp with background saves.
 
 - A gang killed while a background write is in flight resumes, in its next generation, from the newest step
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from support.objectstore import REGION, ObjectStore, WeedServer
+from support.objectstore import REGION, ObjectStore, ObjectStoreServer
 from support.trainer_harness import Gang, Run, rel_diff, tiny_spec
 from support.waiting import wait_for
 
@@ -64,7 +64,7 @@ def plant_torn_copy(store: ObjectStore, prefix: str, of: int, as_step: int) -> N
 
 
 @pytest.fixture(scope="module")
-def runs(object_store_server: WeedServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def runs(object_store_server: ObjectStoreServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     store = object_store_server.new_bucket()
     root = tmp_path_factory.mktemp("ckpt-uri")
     whole = Gang(root / "whole", spec(store, "whole"), env=keys(store))

@@ -1,4 +1,4 @@
-"""data.uri: training data streamed from S3-compatible object storage (a real SeaweedFS, tests/support/
+"""data.uri: training data streamed from S3-compatible object storage (a real S3 server, S3Proxy: tests/support/
 objectstore.py), 2 gloo processes on CPU.
 
 The example text, tokenized with the byte tokenizer, is uploaded as three uint16 `.bin` shards and one text
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.objectstore import REGION, ObjectStore, WeedServer
+from support.objectstore import REGION, ObjectStore, ObjectStoreServer
 from support.paths import EXAMPLE_DATA
 from support.trainer_harness import Gang, rel_diff, tiny_spec
 
@@ -47,7 +47,7 @@ def spec(store: ObjectStore, prefix: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def runs(object_store_server: WeedServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def runs(object_store_server: ObjectStoreServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     store = object_store_server.new_bucket()
     upload_shards(store, "corpus")
     root = tmp_path_factory.mktemp("data-uri")

@@ -1,4 +1,4 @@
-"""model.hfUri and data.tokenizerUri through `kubetrain run` on a real SeaweedFS (tests/support/objectstore.py): a
+"""model.hfUri and data.tokenizerUri through `kubetrain run` on a real S3 server (S3Proxy, tests/support/objectstore.py): a
 tiny Llama and its BPE tokenizer, built here and uploaded, are fetched into the run's cache before the 2 workers
 start, trained, and reported (progress.json's fetch record); a second run on the same output directory downloads
 nothing; a bucket that does not exist fails the job at once with the fetch step's configuration error."""

@@ -1,4 +1,4 @@
-"""The tests' S3-compatible object store (SeaweedFS, tests/support/objectstore.py) through s3fs,
+"""The tests' S3-compatible object store (S3Proxy, tests/support/objectstore.py) through s3fs,
 the client the trainer uses for s3:// checkpoints."""
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ Modules, one concern each:
 - operator_process: the operator as a child process.
 - helm_tool, helm_rbac, helm_image: helm and the chart, the chart's RBAC as a login, the images.
 - prom_server: a real Prometheus.
-- objectstore: a real S3-compatible object store (SeaweedFS), behind the ``object_store`` fixture
+- objectstore: a real S3-compatible object store (S3Proxy), behind the ``object_store`` fixture
   (tests/conftest.py).
 - real_pods: jobs on the test cluster's real node.
 - trainer_harness: gangs of trainer processes and the ``kubetrain`` CLI.

@@ -1,18 +1,14 @@
-"""A private S3-compatible object store for tests: SeaweedFS's `weed server` (master, volume server,
-filer and S3 gateway in one process) built by `hack/build.sh seaweedfs`, on free loopback ports,
-with its data in a temporary directory.
+"""A private S3-compatible object store for tests: S3Proxy (a Java S3 server over a directory, its jar fetched by
+`hack/build.sh s3proxy`) on a free loopback port, with its data in a temporary directory.
 
-The gateway is always given an identities file (one admin with the fixed keys below): without one,
-SeaweedFS accepts ANY key pair, and a test of credentials would prove nothing.
+The server accepts one key pair (the fixed keys below) and checks every request's signature (AWS v2 and v4).
 The `object_store` fixture (tests/conftest.py) hands each test a fresh bucket on one server per session.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import re
 import shutil
 import subprocess
 import urllib.request
@@ -20,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
@@ -36,16 +32,10 @@ if TYPE_CHECKING:
 
 ACCESS_KEY = "kubetrain-test-access-key"
 SECRET_KEY = "kubetrain-test-secret-key"
-REGION = "us-east-1"  # any name: SeaweedFS signs with the one the client sends
+REGION = "us-east-1"  # any name: the server checks signatures with the one the client sends
 START_TIMEOUT_S = 60.0
 STOP_GRACE_S = 3.0
-# A new master would hold the first volume allocation for 15 s (waiting for volume servers that a
-# rebuilt master has not heard from yet); here there is one, in the same process, so don't wait.
-# Each bucket grows 2 volumes at first, not 7: each test makes its own bucket.
-MASTER_TOML = """[master.volume_growth]
-copy_1 = 2
-allocation_deferral = "0s"
-"""
+PIN = HACK_DIR / "s3proxy" / "pin"
 
 
 @dataclass(frozen=True)
@@ -77,35 +67,42 @@ class ObjectStore:
                 "FSSPEC_S3_SECRET": self.secret_key}
 
 
-def weed_binary() -> Path:
-    """Where `hack/build.sh seaweedfs` puts `weed` (hack/lib.sh's bin_path layout), found without Go."""
-    gomod = (HACK_DIR / "seaweedfs" / "go.mod").read_text()
-    match = re.search(r"^\s*(?:require\s+)?github\.com/seaweedfs/seaweedfs\s+(v\S+)", gomod, re.MULTILINE)
-    if match is None:
-        raise RuntimeError("github.com/seaweedfs/seaweedfs is not required in hack/seaweedfs/go.mod")
-    return cache_dir() / "bin" / f"seaweedfs-{match.group(1)}" / "weed"
+def pinned(key: str) -> str:
+    """A value of hack/s3proxy/pin (version, sha256, java_opts)."""
+    for line in PIN.read_text().splitlines():
+        if line.startswith(f"{key}="):
+            return line.split("=", 1)[1]
+    raise RuntimeError(f"{PIN} has no {key}=")
 
 
-def build_weed() -> Path:
-    """`hack/build.sh seaweedfs`: the binary. Cold: minutes, or less where hack/prebuild.sh is building it
-    already (build.sh then waits for that); either way it prints a line at least every 30 s."""
-    proc = subprocess.run(["bash", str(HACK_DIR / "build.sh"), "seaweedfs"], timeout=3600, check=False)
+def s3proxy_jar() -> Path:
+    """Where `hack/build.sh s3proxy` puts the jar (hack/lib.sh's bin_path layout)."""
+    return cache_dir() / "bin" / f"s3proxy-{pinned('version')}" / "s3proxy.jar"
+
+
+def fetch_s3proxy() -> Path:
+    """`hack/build.sh s3proxy`: the jar, fetched from Maven Central and checked (seconds), or waited for where
+    hack/prebuild.sh is fetching it."""
+    proc = subprocess.run(["bash", str(HACK_DIR / "build.sh"), "s3proxy"], timeout=900, check=False)
     if proc.returncode != 0:
-        raise AssertionError(f"hack/build.sh seaweedfs exited {proc.returncode}")
-    return weed_binary()
+        raise AssertionError(f"hack/build.sh s3proxy exited {proc.returncode}")
+    return s3proxy_jar()
 
 
-def require_weed() -> Path:
-    """The built `weed`, building it where Go is on PATH; else skip, or fail under CI=true (also without s3fs)."""
-    binary = weed_binary()
+def require_s3proxy() -> Path:
+    """The fetched jar, fetching it where curl is on PATH; else skip, or fail under CI=true (also without s3fs or
+    Java)."""
+    jar = s3proxy_jar()
     if importlib.util.find_spec("s3fs") is None:
         _skip_or_fail("s3fs is not installed (pip install s3fs)")
-    if binary.is_file():
-        return binary
-    if shutil.which("go") is None:
-        _skip_or_fail(f"no SeaweedFS: {binary} is not built and Go is not on PATH (hack/build.sh seaweedfs)")
-    with shown(f"the object store needs SeaweedFS ({binary}): hack/build.sh seaweedfs"):
-        return build_weed()
+    if shutil.which("java") is None:
+        _skip_or_fail("no Java on PATH: S3Proxy needs Java >= 17 (Debian: apt-get install openjdk-17-jre-headless)")
+    if jar.is_file():
+        return jar
+    if shutil.which("curl") is None:
+        _skip_or_fail(f"no S3Proxy: {jar} is not fetched and curl is not on PATH (hack/build.sh s3proxy)")
+    with shown(f"the object store needs S3Proxy ({jar}): hack/build.sh s3proxy"):
+        return fetch_s3proxy()
 
 
 def _skip_or_fail(why: str) -> NoReturn:
@@ -114,55 +111,39 @@ def _skip_or_fail(why: str) -> NoReturn:
     pytest.skip(why)
 
 
-def identities(access_key: str, secret_key: str) -> dict[str, Any]:
-    """The gateway's s3.json: one identity allowed everything."""
-    return {"identities": [{"name": "admin", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                            "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}
+def properties(data: Path, port: int) -> str:
+    """S3Proxy's configuration: the fixed keys, objects as files under `data`, listening on loopback only."""
+    return "\n".join([f"s3proxy.endpoint=http://127.0.0.1:{port}", "s3proxy.authorization=aws-v2-or-v4",
+                      f"s3proxy.identity={ACCESS_KEY}", f"s3proxy.credential={SECRET_KEY}",
+                      "jclouds.provider=filesystem-nio2", f"jclouds.filesystem.basedir={data}", ""])
 
 
-def server_args(workdir: Path, config: Path, base_port: int) -> list[str]:
-    """`weed server` flags: every listener on 127.0.0.1 at base_port..base_port+7, nothing else opened."""
-    ports = {name: base_port + i for i, name in enumerate(
-        ["master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-         "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc"])}
-    return ["server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={workdir / 'data'}",
-            *(f"-{name}={port}" for name, port in ports.items()),
-            "-filer", "-s3", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
-            f"-filer.localSocket={workdir / 'filer.sock'}", f"-s3.localSocket={workdir / 's3.sock'}",
-            # No reports to seaweedfs.com. Each bucket grows volumes of its own; with -volume.max=0 their count is
-            # free disk / volume size, so on a busy CI disk a session's later buckets found none left. Volumes are
-            # sparse files and a test writes megabytes: small ones, a fixed count, read-only only below 256 MiB free.
-            "-master.telemetry=false", "-master.volumeSizeLimitMB=64", "-volume.max=400",
-            "-volume.minFreeSpace=256MiB",
-            "-volume.preStopSeconds=0"]  # it waits that long for clients to move to other volume servers
+def create_bucket(fs: s3fs.S3FileSystem, bucket: str) -> None:
+    """S3's CreateBucket itself, not s3fs's mkdir: that first asks GetBucketLocation, which S3Proxy answers for a
+    bucket that does not exist (and mkdir then refuses, the bucket "exists")."""
+    fs.call_s3("create_bucket", Bucket=bucket)
 
 
-class WeedServer:
-    """One `weed server` process; ``start()`` returns once a first object has been written through S3."""
+class ObjectStoreServer:
+    """One S3Proxy process; ``start()`` returns once it answers."""
 
-    def __init__(self, binary: Path, workdir: Path):
-        self.binary, self.dir = binary, workdir
-        base = free_port(8)
-        self.endpoint_url = f"http://127.0.0.1:{base + 6}"
-        self.config = workdir / "s3.json"
-        self.args = server_args(workdir, self.config, base)
+    def __init__(self, jar: Path, workdir: Path):
+        self.jar, self.dir = jar, workdir
+        self.port = free_port()
+        self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        self.config = workdir / "s3proxy.conf"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> WeedServer:
+    def start(self) -> ObjectStoreServer:
         (self.dir / "data").mkdir(parents=True, exist_ok=True)
-        self.config.write_text(json.dumps(identities(ACCESS_KEY, SECRET_KEY)))
-        (self.dir / "master.toml").write_text(MASTER_TOML)  # read from the working directory
-        with (self.dir / "weed.log").open("wb") as log:
-            self.proc = subprocess.Popen([str(self.binary), *self.args], cwd=self.dir, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self.config.write_text(properties(self.dir / "data", self.port))
+        with (self.dir / "s3proxy.log").open("wb") as log:
+            self.proc = subprocess.Popen(["java", *pinned("java_opts").split(), "-jar", str(self.jar),
+                                          "--properties", str(self.config)],
+                                         cwd=self.dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            wait_for(self._healthy, START_TIMEOUT_S, interval=0.2, what=f"SeaweedFS S3 at {self.endpoint_url}",
+            wait_for(self._healthy, START_TIMEOUT_S, interval=0.2, what=f"S3Proxy at {self.endpoint_url}",
                      ignore=(OSError,))
-            # The gateway answers before it can write: the filer joins the master's lock ring seconds later.
-            probe = self.new_bucket()
-            fs = probe.filesystem()
-            wait_for(lambda: fs.pipe(probe.url("ready"), b"") or True, START_TIMEOUT_S, interval=0.5,
-                     what="a first object written", ignore=(OSError,))
         except WaitTimeout as exc:
             self.stop()
             raise AssertionError(f"{exc}\n{self.log_tail()}") from None
@@ -171,41 +152,27 @@ class WeedServer:
     def _healthy(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise AssertionError(f"weed server exited {self.proc.returncode}:\n{self.log_tail()}")
+            raise AssertionError(f"S3Proxy exited {self.proc.returncode}:\n{self.log_tail()}")
         with urllib.request.urlopen(f"{self.endpoint_url}/healthz", timeout=2) as rsp:
             return bool(rsp.status == 200)
 
     def stop(self) -> None:
-        # SIGTERM, then SIGKILL: on SIGTERM the filer waits 15 s to flush its own change log to the volume
-        # server that already stopped; the objects are not in it, and the data directory is thrown away.
         stop_process(self.proc, grace=STOP_GRACE_S, group=True)
 
     def new_bucket(self) -> ObjectStore:
-        """A fresh, empty bucket that takes writes (retried while the filer and volume servers are still joining,
-        and while the bucket's first volume grows: a put before that is an InternalError)."""
+        """A fresh, empty bucket."""
         store = ObjectStore(self.endpoint_url, ACCESS_KEY, SECRET_KEY, f"t-{uuid.uuid4().hex[:16]}")
-        fs = store.filesystem()
-        wait_for(lambda: fs.mkdir(store.bucket) or True, START_TIMEOUT_S, interval=0.5,
-                 what=f"bucket {store.bucket} created", ignore=(OSError,))
-        probe = store.url(".kubetrain-probe")
-        try:
-            wait_for(lambda: fs.pipe(probe, b"") or True, START_TIMEOUT_S, interval=0.5,
-                     what=f"a first object written to bucket {store.bucket}", ignore=(OSError,))
-        except WaitTimeout as exc:
-            free = shutil.disk_usage(self.dir).free / 2**30
-            raise AssertionError(f"{exc} ({free:.1f} GiB free under {self.dir}: SeaweedFS marks its volumes "
-                                 f"read-only below 256 MiB free)\n{self.log_tail()}") from None
-        fs.rm(probe)
+        create_bucket(store.filesystem(), store.bucket)
         return store
 
     def log_tail(self, lines: int = 30) -> str:
-        log = self.dir / "weed.log"
+        log = self.dir / "s3proxy.log"
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
 
 
-def serve(workdir: Path) -> Iterator[WeedServer]:
+def serve(workdir: Path) -> Iterator[ObjectStoreServer]:
     """A started server for the duration of the generator (the body of a fixture)."""
-    server = WeedServer(require_weed(), workdir)
+    server = ObjectStoreServer(require_s3proxy(), workdir)
     try:
         yield server.start()
     finally:

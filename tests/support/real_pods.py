@@ -29,6 +29,7 @@ from kubernetes import client
 from kubetrain.core import contract
 from kubetrain.operator.jobs.builders import WorkerSettings, merge
 
+from . import objectstore
 from .cluster import cluster_dir, kubeconfig_path
 from .jobs import StatusCheck, TrainingJobs
 from .kubectl import kubectl_binary
@@ -150,6 +151,9 @@ class RealJobs(TrainingJobs):
 
     def explain(self, name: str) -> str:
         return self.describe(name)
+
+    def headline(self, name: str) -> str:
+        return _headline(self.status(name), self.pods(name))
 
     def describe(self, name: str) -> str:
         """Status, the job's Events, pods and the tail of each pod's log, and the operator's log tail, for
@@ -389,7 +393,7 @@ def cluster_bucket(fs: Any, prefix: str) -> Iterator[str]:
     """A new bucket on the test cluster's object store, deleted with its objects afterwards (the store is the
     cluster's, shared by every test and run)."""
     bucket = f"{prefix}-{uuid.uuid4().hex[:12]}"
-    fs.mkdir(bucket)
+    objectstore.create_bucket(fs, bucket)
     try:
         yield bucket
     finally:
