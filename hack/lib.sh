@@ -189,11 +189,12 @@ pid_alive() {
 CONTROL_PLANE=(etcd kwok kube-apiserver kube-controller-manager kube-scheduler kubectl)
 REAL_NODE_PARTS=(kubelet kube-proxy coredns local-path-provisioner pause)
 HOST_SERVICES=(s3proxy registry)  # the object store and the image registry (hack/objectstore.sh, hack/registry.sh)
-# hack/prebuild.sh's order, by when `make test` (unit, then e2e, then integration) first needs each:
-# helm (the chart's unit tests), S3Proxy (the e2e object-store tests), the cluster (the integration
-# tier's first test starts it, and cluster-up builds in this same order), then Kueue (its tests come last).
-# helm and kueue are built on first use otherwise (hack/helm/build.sh, hack/kueue/build.sh).
-PREBUILD_ORDER=(helm s3proxy "${CONTROL_PLANE[@]}" "${REAL_NODE_PARTS[@]}" registry kueue)
+# hack/prebuild.sh's order, by what stands on the run's longest path: S3Proxy (the e2e object-store tests;
+# fetched in seconds), the cluster (the integration tier, the long pole, waits for it; cluster-up builds in
+# this same order), then helm (the chart's tests, run at the end of their tiers: the unit tier's after the
+# e2e tier), then Kueue (its tests come last). helm and kueue are built on first use otherwise
+# (hack/helm/build.sh, hack/kueue/build.sh).
+PREBUILD_ORDER=(s3proxy "${CONTROL_PLANE[@]}" "${REAL_NODE_PARTS[@]}" registry helm kueue)
 
 # The real nodes (kubelet + containerd on this machine): KUBETRAIN_REAL_NODES of them (default 2).
 # Node 1, `kubetrain-node`, lives in this machine's network namespace; node k >= 2,

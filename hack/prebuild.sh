@@ -10,7 +10,7 @@
 #   hack/prebuild.sh wait      until it has finished, with its status every 30 s
 #
 # Two lanes run side by side: the Go builds, one after the other in PREBUILD_ORDER (hack/lib.sh: what
-# `make test` needs first comes first; they share one GOCACHE and GOMODCACHE), and the images (I/O and
+# stands on `make test`'s longest path first; they share one GOCACHE and GOMODCACHE), and the images (I/O and
 # the network more than CPU): hack/node-deps.sh under CI=true, then hack/images.sh operator, trainer.
 # KUBETRAIN_PREBUILD_IMAGES: auto (default: under CI=true, or where `hack/images.sh check` passes), 1, 0.
 # State in ${KUBETRAIN_CACHE}/prebuild/: prebuild.log (every build's output), status (one line per

@@ -2,8 +2,9 @@
 
 Order: unit, then e2e, then integration (pytest would collect them alphabetically: e2e first), and the
 Kueue tests at the end of theirs. The tests that need nothing built run while hack/prebuild.sh builds in
-the background (.ci/run, `make test`): helm for the unit tier's chart tests comes first, S3Proxy for
-the e2e tier next, the cluster for the integration tier, Kueue last. Each line the background build adds to
+the background (.ci/run, `make test`): S3Proxy for the e2e tier first, the cluster for the integration
+tier (the run's long pole) next, then helm, whose tests run at the end of their tier (the unit tier's after
+the e2e tier), Kueue last. Each line the background build adds to
 its progress file (a part started or finished, with what is left) is printed in the test log between tests.
 """
 
@@ -13,11 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import builds, cpu_usage, lanes, objectstore
+from support import builds, cpu_usage, helm_tool, lanes, objectstore
 
 TIERS = {"unit": 0, "e2e": 1, "integration": 2}
-BUILT_LAST = {"kueue"}
-"""Fixtures whose binary hack/prebuild.sh builds last (Kueue): the modules that use them run at the end of their tier."""
+BUILT_LAST = ("helm_ok", "kueue")
+"""Fixtures whose binary hack/prebuild.sh builds after the cluster's parts, in this order: the modules that use
+them run at the end of their tier, in this order, and the unit tier's after the e2e tier."""
 
 
 def _tier(item: pytest.Item) -> int:
@@ -46,8 +48,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """unit, e2e, integration, and within a tier the modules that need a part built last after the others, and
     the tests a lane takes over from another after all of its own (support/lanes.py).
     A stable sort by whole modules: each keeps pytest's own order, and module-scoped fixtures run once."""
-    late = {item.path for item in items if BUILT_LAST & set(getattr(item, "fixturenames", ()))}
-    items.sort(key=lambda item: (_tier(item), item.stash.get(lanes.TAKEN_OVER, False), item.path in late))
+    late: dict[Path, int] = {}
+    for item in items:
+        late[item.path] = max(late.get(item.path, 0), _built_last(item))
+
+    def key(item: pytest.Item) -> tuple[int, bool, int]:
+        tier = _tier(item)
+        if tier == TIERS["unit"] and late[item.path]:
+            tier = TIERS["e2e"]
+        return tier, item.stash.get(lanes.TAKEN_OVER, False), late[item.path]
+
+    items.sort(key=key)
+
+
+def _built_last(item: pytest.Item) -> int:
+    """0, or 1 + the index in BUILT_LAST of the last-built part the test needs."""
+    names = set(getattr(item, "fixturenames", ()))
+    return max((i + 1 for i, fixture in enumerate(BUILT_LAST) if fixture in names), default=0)
 
 
 def pytest_runtest_logfinish() -> None:
@@ -61,6 +78,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("background build (hack/prebuild.sh)")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def helm_ok() -> None:
+    """helm from hack/helm (built on first use, or awaited while the background build makes it); skips where it
+    cannot be had (no Go)."""
+    helm_tool.require_helm()
 
 
 @pytest.fixture(scope="session")

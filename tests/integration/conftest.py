@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
-from support import helm_tool, lanes, real_pods
 from support import kueue as kueue_support
+from support import lanes, real_pods
 from support.builds import shown
 from support.cluster import cache_dir, cluster_down, cluster_running, cluster_up, kubeconfig_path, new_admin_client
 from support.identities import Identity, service_account_identity
@@ -104,12 +104,6 @@ def kube_cluster() -> Iterator[KubeCluster]:
             os.environ["KUBECONFIG"] = previous
         if started_here and os.environ.get("KUBETRAIN_KEEP_CLUSTER") != "1":
             cluster_down()
-
-
-@pytest.fixture(scope="session")
-def helm_ok() -> None:
-    """helm from hack/helm (built on first use); skips where it cannot be had (no Go)."""
-    helm_tool.require_helm()
 
 
 @pytest.fixture(scope="session")

@@ -22,11 +22,6 @@ VALUES_SETS = [pytest.param([], id="defaults")] + [pytest.param([f], id=f"{f.par
                                                     for f in ht.PRESETS + ht.CI_VALUES]
 
 
-@pytest.fixture(scope="module")
-def helm_ok() -> None:
-    ht.require_helm()
-
-
 def test_chart_crd_is_identical_to_crds_dir() -> None:
     ours = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
     assert ours == sorted(p.name for p in (REPO / "crds").glob("*.yaml"))

@@ -14,8 +14,7 @@ from support.paths import CHART, HACK_DIR
 
 
 @pytest.fixture(scope="module")
-def rules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    ht.require_helm()
+def rules_dir(tmp_path_factory: pytest.TempPathFactory, helm_ok: None) -> Path:
     if shutil.which("promtool") is None:
         proc = subprocess.run([str(HACK_DIR / "prometheus.sh"), "install"], capture_output=True, text=True)
         if proc.returncode != 0 or shutil.which("promtool") is None:
