@@ -706,13 +706,16 @@ def test_preflight_names_a_worker_throttled_to_a_hundredth_of_a_cpu(jobs: RealJo
     with the suite's load: at 0.05 CPU a run at load 12 or more was not (rank 0 got about a sixth of a core)."""
     start = time.monotonic()
     name = jobs.create(quickstart(maxSteps=4, checkpoint={"everySteps": 4}), name="preflight")
-    pod = wait_for(lambda: {p.metadata.name: p for p in jobs.pods(name)}.get(f"{name}-worker-1"), 30,
-                   what="worker 1's pod")
+    # Bound to a node first: the other lane's real-pod jobs may hold the node's CPU for minutes, and the kubelet
+    # makes the pod's cgroup only once the pod is bound to it.
+    pod = wait_for(lambda: (w := {p.metadata.name: p for p in jobs.pods(name)}.get(f"{name}-worker-1"))
+                   and w.spec.node_name and w, 600, interval=0.2, what="worker 1's pod bound to a node")
+    print(f"worker 1's pod bound to {pod.spec.node_name} after {elapsed(start)} s")
     # Its start (torch's import) at a fifth of a CPU, which leaves the test a second or more to see its first
     # heartbeat, written before it joins the gang; the least quota cgroups allow (1 ms in 100 ms) from there
     # until rank 0 logs the preflight's figures; then the rest of the run uncapped.
     uid = pod.metadata.uid
-    throttle_pod_cpu(uid, 0.2)
+    throttle_pod_cpu(uid, 0.2, timeout=120)
     [rank] = wait_for(lambda: trainer_ranks(uid), 120, interval=0.05, what="worker 1's trainer rank")
     wait_for(lambda: rank_beat(rank, 1), 120, interval=0.05, what="rank 1's first heartbeat")
     throttle_pod_cpu(uid, 0.01)
