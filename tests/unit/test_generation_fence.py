@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 import time
 from pathlib import Path
@@ -12,6 +14,7 @@ from support.process_group import gloo_world_of_one
 from kubetrain.core.progress import COMMIT_MARKER
 from kubetrain.trainer.checkpoint.directory import TrainerState, commit_checkpoint, prepare_dir, writing_name
 from kubetrain.trainer.checkpoint.fence import FENCE_FILE, Fence, StaleGeneration, on_directory, parse, stale_reason
+from kubetrain.trainer.config import ConfigError
 
 RUN = "3f9c-uid"
 
@@ -164,3 +167,36 @@ def test_the_same_step_committed_first_by_an_older_gang_stands(tmp_path: Path) -
         assert commit_checkpoint(tmp_path, mine, TrainerState(step=8), keep=3) == final
     assert (final / "rng" / "rank-00000.pt").read_bytes() == b"newer"
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000008"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOTSUP, errno.EXDEV])
+def test_a_filesystem_that_renames_no_directory_is_named_as_a_configuration_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """Faked (no FUSE mount here): the claim's filesystem refuses a directory rename, as object-store FUSE mounts
+    do. The save fails once with the field and the way out, not again at every restart, and leaves nothing."""
+    with gloo_world_of_one():
+        path = _private_save(tmp_path, 4, Fence(RUN, 0), b"mine")
+
+        def refuse(self: Path, target: Path) -> None:
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(Path, "rename", refuse)
+        with pytest.raises(ConfigError, match=rf"^spec\.checkpoint: the filesystem under {tmp_path} refused to "
+                           rf"rename {path.name} to step-00000004 \({os.strerror(code)}\): .*checkpoint\.uri"):
+            commit_checkpoint(tmp_path, path, TrainerState(step=4), keep=3)
+    assert list(tmp_path.glob("step-*")) == []
+
+
+def test_a_rename_that_fails_for_another_reason_is_raised_as_it_is(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Faked: an I/O error may pass (a restart retries the save): it is not called a configuration error."""
+    with gloo_world_of_one():
+        path = _private_save(tmp_path, 4, Fence(RUN, 0), b"mine")
+
+        def fail(self: Path, target: Path) -> None:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        monkeypatch.setattr(Path, "rename", fail)
+        with pytest.raises(OSError) as raised:
+            commit_checkpoint(tmp_path, path, TrainerState(step=4), keep=3)
+    assert raised.type is OSError and raised.value.errno == errno.EIO

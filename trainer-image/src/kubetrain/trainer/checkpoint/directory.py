@@ -11,6 +11,7 @@ Ephemeral checkpoints (a directory per pod, nobody else writing there) are writt
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -175,8 +176,12 @@ def publish(root: Path, path: Path, step: int, check: Callable[[], None]) -> Pat
     try:
         path.rename(final)
         return final
-    except OSError:
-        if not final.is_dir():
+    except OSError as exc:
+        if final.is_dir():
+            pass
+        elif exc.errno in RENAME_REFUSED:
+            raise _no_rename(path, final, exc) from exc
+        else:
             raise
     if not (final / COMMIT_MARKER).is_file():  # torn, written in place by an earlier version of the trainer
         shutil.rmtree(final)
@@ -186,6 +191,21 @@ def publish(root: Path, path: Path, step: int, check: Callable[[], None]) -> Pat
     log.warning("checkpoint step %d was committed by another gang of this run first; keeping that one", step)
     shutil.rmtree(path, ignore_errors=True)
     return final
+
+
+RENAME_REFUSED = frozenset({errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV, errno.EPERM})
+"""A directory rename's errors that no retry cures: the filesystem does not rename directories (object-store FUSE
+mounts: Mountpoint for S3, gcsfuse without --rename-dir-limit on a flat bucket)."""
+
+
+def _no_rename(path: Path, final: Path, exc: OSError) -> ConfigError:
+    return ConfigError(
+        "spec.checkpoint",
+        f"the filesystem under {final.parent} refused to rename {path.name} to {final.name} "
+        f"({exc.strerror or exc}): saves are committed by renaming a directory. Keep checkpoints on a filesystem "
+        "that renames directories (NFS, EFS, Filestore, Lustre, a local disk; gcsfuse with --rename-dir-limit or "
+        "a bucket with hierarchical namespace), or in object storage with checkpoint.uri",
+    )
 
 
 def commit_marker(state: TrainerState) -> dict[str, Any]:
